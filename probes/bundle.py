@@ -1,0 +1,223 @@
+"""The run bundle writer (format v1, see docs/bundle-format.md). Needs torch and safetensors only.
+
+Layout::
+
+    BUNDLE/
+      manifest.json                      run name, labels, format version
+      parts/<part>/tensors-00000.safetensors
+      parts/<part>/part.json             written last: the part's tensor records (its presence = complete)
+
+Each rank writes its own part (``part="pp3-tp1"``); parts merge on ingest. Tensors are stored under
+opaque keys (``t000000``), never under their names, so a name can never become a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .shards import Coords, ShardSpec
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "BUNDLE_VERSION",
+    "BundleWriter",
+    "BundleError",
+    "check_tensor_name",
+    "tensor_sha256",
+    "write_json_atomic",
+]
+
+BUNDLE_FORMAT = "validator-bundle"
+BUNDLE_VERSION = 1
+MANIFEST = "manifest.json"
+PART_FILE = "part.json"
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-\[\]]*")
+_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be written or read as asked."""
+
+
+def check_tensor_name(name: str) -> str:
+    """Tensor names are identifiers (letters, digits, ``_ . : - [ ]``), never paths."""
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise BundleError(f"tensor name {name!r} must be a non-empty string of at most 256 characters")
+    if ".." in name or not _NAME_RE.fullmatch(name):
+        raise BundleError(
+            f"tensor name {name!r} is not allowed: use letters, digits and _ . : - [ ] (no path separators or '..')"
+        )
+    return name
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's raw little-endian bytes, row-major (as safetensors stores them)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(tensor_bytes(t)).hexdigest()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class BundleWriter:
+    """Writes one part of a run bundle.
+
+    >>> with BundleWriter("out/run1", run_name="run1", labels={"model": "kimi-k3"}) as w:
+    ...     w.add("ctx.pre_norm", x, step=0, layer=19, shard=ShardSpec.partial(2, 8))
+
+    Tensors are copied to host memory when added (so later in-place changes by the caller do not leak
+    into the bundle) and flushed to a new safetensors file whenever ``max_file_bytes`` is reached.
+    ``close()`` writes ``part.json``; a part without it is incomplete and is refused on ingest.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        run_name: str | None = None,
+        labels: dict[str, str] | None = None,
+        part: str = "part0",
+        manifest: dict[str, Any] | None = None,
+        max_file_bytes: int = 1 << 30,
+    ) -> None:
+        if not _PART_RE.fullmatch(part):
+            raise BundleError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
+        self.root = Path(path)
+        self.part = part
+        self.part_dir = self.root / "parts" / part
+        if (self.part_dir / PART_FILE).exists():
+            raise BundleError(f"{self.part_dir}: part {part!r} already exists in this bundle")
+        self.part_dir.mkdir(parents=True, exist_ok=True)
+        self._write_manifest(run_name or self.root.name, labels or {}, manifest or {})
+        self.max_file_bytes = max_file_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_records: list[dict[str, Any]] = []
+        self._pending_bytes = 0
+        self._records: list[dict[str, Any]] = []
+        self._files = 0
+        self._count = 0
+        self._seen: set[tuple[Any, ...]] = set()
+        self.closed = False
+
+    def _write_manifest(self, run_name: str, labels: dict[str, str], extra: dict[str, Any]) -> None:
+        mpath = self.root / MANIFEST
+        manifest = {
+            "format": BUNDLE_FORMAT,
+            "version": BUNDLE_VERSION,
+            "run": {"name": run_name, "labels": {str(k): str(v) for k, v in labels.items()}},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        manifest["run"].update(extra)
+        if mpath.exists():
+            try:
+                existing = json.loads(mpath.read_text())
+            except (OSError, ValueError) as exc:
+                raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
+            if existing.get("run", {}).get("name") != run_name:
+                raise BundleError(
+                    f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}"
+                )
+            return
+        write_json_atomic(mpath, manifest)
+
+    def add(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        *,
+        shard: ShardSpec | str | None = None,
+        **coords: Any,
+    ) -> dict[str, Any]:
+        """Add one tensor. ``coords``: step, request, tokens, layer, pp_stage, tp_rank, tp_size, or extra keys."""
+        if self.closed:
+            raise BundleError(f"{self.part_dir}: writer is closed")
+        check_tensor_name(name)
+        if not isinstance(tensor, torch.Tensor):
+            raise BundleError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+        spec = shard if isinstance(shard, ShardSpec) else ShardSpec.from_dict(shard)
+        c = Coords.make(**coords)
+        ident = (name, c.identity(), str(spec), c.pp_stage, c.tp_rank)
+        if ident in self._seen:
+            raise BundleError(f"tensor {name!r} ({c.label() or 'no coords'}, {spec}) was already added to this part")
+        self._seen.add(ident)
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        key = f"t{self._count:06d}"
+        self._count += 1
+        record = {
+            "name": name,
+            "key": key,
+            "coords": c.to_dict(),
+            "shard": spec.to_dict(),
+            "dtype": str(host.dtype).removeprefix("torch."),
+            "shape": list(host.shape),
+            "sha256": tensor_sha256(host),
+            "nbytes": host.numel() * host.element_size(),
+        }
+        self._pending[key] = host
+        self._pending_records.append(record)
+        self._pending_bytes += record["nbytes"]
+        if self._pending_bytes >= self.max_file_bytes:
+            self.flush()
+        return record
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        from safetensors.torch import save_file
+
+        fname = f"tensors-{self._files:05d}.safetensors"
+        tmp = self.part_dir / f".tmp-{fname}"
+        save_file(self._pending, str(tmp))
+        os.replace(tmp, self.part_dir / fname)
+        self._files += 1
+        for r in self._pending_records:
+            r["file"] = fname
+        self._records.extend(self._pending_records)
+        self._pending, self._pending_records, self._pending_bytes = {}, [], 0
+
+    def close(self, extra: dict[str, Any] | None = None) -> None:
+        if self.closed:
+            return
+        self.flush()
+        write_json_atomic(
+            self.part_dir / PART_FILE,
+            {"part": self.part, "tensors": self._records, **({"extra": extra} if extra else {})},
+        )
+        self.closed = True
+
+    def __enter__(self) -> BundleWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()

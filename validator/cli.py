@@ -1,0 +1,218 @@
+"""The ``validator`` command. Each command parses its options and calls the service; nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from .config import Settings
+from .errors import InputError, ValidatorError
+
+__all__ = ["main", "build_parser"]
+
+
+def _labels(items: Sequence[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise InputError(f"label {item!r} must be KEY=VALUE")
+        out[k] = v
+    return out
+
+
+@contextmanager
+def _progress(desc: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on a terminal; nothing when output is redirected or --json is given."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=desc, unit="tensor", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _service(args: argparse.Namespace) -> Any:
+    from .service import Service
+
+    settings = Settings.from_env(home=args.home)
+    return Service(replace(settings, database_url=args.db) if args.db else settings)
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=1, default=str))
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    svc = _service(args)
+    with _progress("ingest", not args.json) as prog:
+        run = svc.ingest(args.path, name=args.name, labels=_labels(args.label), progress=prog)
+    if args.json:
+        _print_json(run.to_dict())
+    else:
+        print(f"ingested run {run.name!r} (id {run.id}): {run.n_tensors} tensors, {run.total_bytes} bytes")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from .report import format_rows
+
+    runs = _service(args).list_runs(labels=_labels(args.label), limit=args.limit, offset=args.offset)
+    if args.json:
+        _print_json({"runs": [r.to_dict() for r in runs]})
+        return 0
+    rows = [
+        [str(r.id), r.name, r.created_at[:19], str(r.n_tensors), str(r.total_bytes),
+         " ".join(f"{k}={v}" for k, v in sorted(r.labels.items()))]
+        for r in runs
+    ]
+    print(format_rows(["id", "name", "created", "tensors", "bytes", "labels"], rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .report import format_rows
+
+    doc = _service(args).show_run(args.run)
+    if args.json:
+        _print_json(doc)
+        return 0
+    print(f"run {doc['name']!r} (id {doc['id']}), created {doc['created_at'][:19]}, source {doc['source']}")
+    for k, v in sorted(doc["labels"].items()):
+        print(f"  {k}: {v}")
+    print()
+    rows = [
+        [t["name"], " ".join(f"{k}={v}" for k, v in t["coords"].items()), t["kind"], str(t["shards"]), t["dtype"],
+         "x".join(map(str, t["shape"])), "; ".join(t["notes"])]
+        for t in doc["tensors"]
+    ]
+    print(format_rows(["tensor", "coords", "shards", "n", "dtype", "shape", "notes"], rows))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .policy import Policy
+    from .report import comparison_json, format_comparison, write_junit
+
+    policy = Policy.load(args.policy) if args.policy else None
+    svc = _service(args)
+    with _progress("compare", not args.json) as prog:
+        result = svc.compare(args.a, args.b, policy=policy, floor=tuple(args.floor) if args.floor else None, progress=prog)
+    if args.junit:
+        write_junit(result, args.junit)
+    print(comparison_json(result) if args.json else format_comparison(result))
+    return result.exit_code
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(_service(args), out=args.out, json_out=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="validator",
+        description="Numerical-equivalence and acceptance validation for LLM inference.",
+        epilog="Exit codes: 0 pass, 1 fail, 2 bad input or usage, 3 inconclusive.",
+    )
+    p.add_argument("--home", help="store directory (default: $VALIDATOR_HOME or ~/.validator)")
+    p.add_argument("--db", help="SQLAlchemy database URL (default: SQLite in the home; $VALIDATOR_DATABASE_URL)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    s = sub.add_parser("ingest", help="store a bundle, a .safetensors file or a directory of them as one run")
+    s.add_argument("path")
+    s.add_argument("--name", help="run name (default: the bundle's run name or the file/directory name)")
+    s.add_argument("--label", action="append", metavar="KEY=VALUE", help="add a label (repeatable)")
+    s.add_argument("--json", action="store_true", help="print the stored run as JSON")
+    s.set_defaults(func=cmd_ingest)
+
+    s = sub.add_parser("runs", help="list stored runs")
+    s.add_argument("--label", action="append", metavar="KEY=VALUE", help="only runs with this label (repeatable)")
+    s.add_argument("--limit", type=int, default=100)
+    s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("show", help="show one stored run: manifest, labels and tensor inventory")
+    s.add_argument("run", help="run name or id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_show)
+
+    s = sub.add_parser(
+        "compare",
+        help="compare run B against reference run A",
+        description="A and B may each be a stored run (name or id), a bundle directory, a .safetensors file "
+        "or a directory of them. Exit codes: 0 pass, 1 fail, 2 bad input, 3 inconclusive.",
+    )
+    s.add_argument("a", help="reference run")
+    s.add_argument("b", help="candidate run")
+    s.add_argument("--policy", help="TOML policy file (per-name-glob thresholds); see docs/metrics.md")
+    s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair: thresholds as multiples of it")
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("demo", help="run the projection probe on CPU at reduced shapes, store and compare the paths")
+    s.add_argument("--out", help="where to write the bundles (default: a temporary directory)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_demo)
+
+    probe = sub.add_parser("probe", help="run a probe").add_subparsers(dest="probe", metavar="PROBE")
+    probe.required = True
+    s = probe.add_parser("projection", help="DFlash context projection: concat vs PP-partial vs FP64 reference")
+    try:
+        from .projection import add_arguments, run_from_args
+
+        add_arguments(s)
+        s.set_defaults(func=lambda a: run_from_args(a))
+    except ImportError as exc:  # pragma: no cover - only while the module is missing
+        err = f"validator: error: the projection probe is unavailable ({exc})"
+        s.set_defaults(func=lambda a: print(err, file=sys.stderr) or 2)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValidatorError as exc:
+        print(f"validator: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"validator: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("validator: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a bare traceback for a user; VALIDATOR_DEBUG=1 shows it
+        if os.environ.get("VALIDATOR_DEBUG"):
+            raise
+        print(f"validator: internal error: {type(exc).__name__}: {exc} (set VALIDATOR_DEBUG=1 for details)", file=sys.stderr)
+        return 4
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

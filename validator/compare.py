@@ -1,0 +1,205 @@
+"""Comparing two runs: pair logical tensors, measure each pair, judge it against the policy, give a verdict.
+
+Run A is the reference (``rel_l2 = ||b - a|| / ||a||``). Tensors pair by name and identity coordinates
+(step, request, token range, layer) after shard reassembly, so a TP4 run and a TP32 run line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import MetricInputError, TensorMetrics, compare_tensors
+from .policy import Decision, Policy
+from .shards import LogicalKey, LogicalTensor, group_logical
+from .sources import RunView
+
+__all__ = ["PairResult", "Comparison", "compare_runs", "merge_verdicts", "VERDICT_EXIT"]
+
+VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
+_STATUS_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "pass": 3}
+
+
+@dataclass(frozen=True)
+class PairResult:
+    name: str
+    coords: dict[str, Any]
+    label: str
+    status: str  # pass | fail | inconclusive | error
+    metrics: TensorMetrics | None
+    decision: Decision | None
+    floor_rel_l2: float | None = None
+    shape_a: tuple[int, ...] = ()
+    shape_b: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float | None:
+        """rel_l2 over the threshold applied (>1 fails); the sort key of the table."""
+        if self.metrics is None or self.decision is None or not self.decision.threshold:
+            return None
+        return self.metrics.rel_l2 / self.decision.threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.metrics.to_dict() if self.metrics else None
+        return {
+            "name": self.name,
+            "coords": self.coords,
+            "label": self.label,
+            "status": self.status,
+            "rel_l2": m["rel_l2"] if m else None,
+            "cosine": m["cosine"] if m else None,
+            "max_abs": m["max_abs"] if m else None,
+            "threshold": self.decision.threshold if self.decision else None,
+            "floor_rel_l2": self.floor_rel_l2,
+            "reasons": list(self.decision.reasons) if self.decision else [],
+            "notes": list(self.notes),
+            "shape_a": list(self.shape_a),
+            "shape_b": list(self.shape_b),
+            "metrics": m,
+        }
+
+
+@dataclass
+class Comparison:
+    a: str
+    b: str
+    verdict: str
+    reasons: list[str]
+    pairs: list[PairResult]
+    only_a: list[str]
+    only_b: list[str]
+    floor: tuple[str, str] | None = None
+    policy: str = "defaults"
+    sections: dict[str, Any] = field(default_factory=dict)  # e.g. "acceptance"
+
+    def __bool__(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict]
+
+    def counts(self) -> dict[str, int]:
+        out = {k: 0 for k in _STATUS_ORDER}
+        for p in self.pairs:
+            out[p.status] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "a": self.a,
+            "b": self.b,
+            "floor": list(self.floor) if self.floor else None,
+            "policy": self.policy,
+            "counts": self.counts(),
+            "pairs": [p.to_dict() for p in self.pairs],
+            "only_a": self.only_a,
+            "only_b": self.only_b,
+            **self.sections,
+        }
+
+
+def _measure(la: LogicalTensor, lb: LogicalTensor) -> tuple[TensorMetrics | None, str | None, list[str]]:
+    notes: list[str] = []
+    ta, tb = la.materialize(), lb.materialize()
+    notes += [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+    if tuple(ta.shape) != tuple(tb.shape):
+        return None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}", notes
+    try:
+        return compare_tensors(ta, tb), None, notes
+    except MetricInputError as exc:
+        return None, str(exc), notes
+
+
+def _floor_metrics(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, TensorMetrics]:
+    if floor is None:
+        return {}
+    fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
+    out = {}
+    for key in fa.keys() & fb.keys():
+        m, err, _ = _measure(fa[key], fb[key])
+        if m is not None:
+            out[key] = m
+    return out
+
+
+def compare_runs(
+    a: RunView,
+    b: RunView,
+    *,
+    policy: Policy | None = None,
+    floor: tuple[RunView, RunView] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    policy = policy or Policy()
+    ga, gb = group_logical(a.tensors), group_logical(b.tensors)
+    floor_m = _floor_metrics(floor)
+    keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
+    pairs: list[PairResult] = []
+    for i, key in enumerate(keys):
+        la, lb = ga[key], gb[key]
+        m, err, notes = _measure(la, lb)
+        fm = floor_m.get(key)
+        common = dict(
+            name=la.name,
+            coords=la.coords.to_dict(),
+            label=la.label,
+            floor_rel_l2=fm.rel_l2 if fm else None,
+            shape_a=la.shape(),
+            shape_b=lb.shape(),
+            notes=tuple(notes),
+        )
+        if m is None:
+            pairs.append(PairResult(status="error", metrics=None, decision=Decision("fail", None, (err or "",)), **common))
+        else:
+            d = policy.decide(la.name, m, fm, have_floor=floor is not None, dtypes=(la.dtype, lb.dtype))
+            pairs.append(PairResult(status=d.status, metrics=m, decision=d, **common))
+        if progress:
+            progress(i + 1, len(keys))
+    only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
+    only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())
+    pairs.sort(key=lambda p: (_STATUS_ORDER[p.status], -(p.ratio or 0.0), p.label))
+    verdict, reasons = _verdict(pairs, only_a, only_b, policy)
+    return Comparison(
+        a=a.name,
+        b=b.name,
+        verdict=verdict,
+        reasons=reasons,
+        pairs=pairs,
+        only_a=only_a,
+        only_b=only_b,
+        floor=(floor[0].name, floor[1].name) if floor else None,
+        policy=policy.source,
+    )
+
+
+def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy) -> tuple[str, list[str]]:
+    reasons: list[str] = []
+    failed = [p for p in pairs if p.status in ("fail", "error")]
+    for p in failed[:20]:
+        reasons.append(f"{p.label}: {'; '.join(p.decision.reasons) if p.decision else p.status}")
+    if len(failed) > 20:
+        reasons.append(f"... and {len(failed) - 20} more failing pairs")
+    missing = len(only_a) + len(only_b)
+    if missing:
+        reasons.append(f"{len(only_a)} tensor(s) only in A, {len(only_b)} only in B")
+    if failed or (missing and policy.missing == "fail"):
+        return "fail", reasons
+    undecided = [p for p in pairs if p.status == "inconclusive"]
+    if not pairs:
+        return "inconclusive", reasons + ["no tensors in common to compare"]
+    if undecided:
+        return "inconclusive", reasons + [f"{len(undecided)} pair(s) could not be judged (no noise floor)"]
+    return "pass", reasons or [f"all {len(pairs)} pairs within thresholds"]
+
+
+def merge_verdicts(*verdicts: str) -> str:
+    if "fail" in verdicts:
+        return "fail"
+    if "inconclusive" in verdicts:
+        return "inconclusive"
+    return "pass"

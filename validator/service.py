@@ -1,0 +1,271 @@
+"""The one service layer: every use case the CLI, the API and the dashboard offer goes through here."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from probes.shards import Coords, ShardSpec
+
+from . import store
+from .blobs import LocalBlobStore
+from .compare import Comparison, compare_runs
+from .config import Settings
+from .errors import InputError, NotFoundError
+from .models import Run
+from .policy import Policy
+from .shards import group_logical
+from .sources import RunView, TensorRef, open_path
+from .tensorfile import torch_dtype
+
+__all__ = ["Service", "RunSummary", "Progress"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    id: int
+    name: str
+    created_at: str
+    labels: dict[str, str]
+    n_tensors: int
+    total_bytes: int
+    source: str
+
+    @classmethod
+    def of(cls, run: Run) -> RunSummary:
+        return cls(
+            id=run.id,
+            name=run.name,
+            created_at=run.created_at.isoformat() if run.created_at else "",
+            labels=run.label_dict(),
+            n_tensors=run.n_tensors,
+            total_bytes=run.total_bytes,
+            source=run.source,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Service:
+    """Built once per process from :class:`Settings`; holds the engine and the blob store."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        settings.home.mkdir(parents=True, exist_ok=True)
+        self.engine = store.make_engine(settings.db_url)
+        store.migrate(self.engine)
+        self.sessions = store.make_sessionmaker(self.engine)
+        self.blobs = LocalBlobStore(settings.blob_dir)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.sessions() as s:
+            yield s
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def ingest(
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        labels: dict[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> RunSummary:
+        """Store a bundle / safetensors file / directory as one run, atomically.
+
+        Everything is validated first (headers, records, shard layouts); tensor bytes are copied into the
+        blob store with their sha256 checked against the records; the run and its records become visible
+        in one transaction. On any failure, blobs this ingest created and nothing references are removed.
+        """
+        view = open_path(path)
+        return self.ingest_view(view, name=name, labels=labels, progress=progress)
+
+    def ingest_view(
+        self,
+        view: RunView,
+        *,
+        name: str | None = None,
+        labels: dict[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> RunSummary:
+        run_name = name or view.name
+        if not run_name or len(run_name) > 200:
+            raise InputError(f"run name {run_name!r} must be 1-200 characters")
+        group_logical(view.tensors)  # refuse impossible shard layouts before storing anything
+        with self.session() as s:
+            if store.get_run(s, ref=run_name, include_pending=True) is not None:
+                raise InputError(f"a run named {run_name!r} already exists; choose another with --name")
+        created: list[str] = []
+        try:
+            records, blobs = [], {}
+            for i, ref in enumerate(view.tensors):
+                sha, size = self._store_tensor(ref, created)
+                blobs[sha] = size
+                records.append(
+                    {
+                        "name": ref.name,
+                        "coords": ref.coords.to_dict(),
+                        "shard": ref.shard.to_dict(),
+                        "dtype": ref.dtype,
+                        "shape": list(ref.shape),
+                        "sha256": sha,
+                        "nbytes": size,
+                    }
+                )
+                if progress:
+                    progress(i + 1, len(view.tensors))
+            artifacts = self._store_artifacts(view, created, blobs)
+            all_labels = {**view.labels, **(labels or {})}
+            with self.session() as s, s.begin():
+                store.add_blobs(s, blobs=blobs)
+                run = store.create_run(
+                    s,
+                    name=run_name,
+                    source=view.source,
+                    manifest={**view.manifest, "ingested_from": view.location},
+                    labels=all_labels,
+                    tensors=records,
+                    artifacts=artifacts,
+                )
+            with self.session() as s:
+                got = store.get_run(s, ref=str(run.id))
+                assert got is not None
+                return RunSummary.of(got)
+        except BaseException:
+            self._discard(created)
+            raise
+
+    def _store_tensor(self, ref: TensorRef, created: list[str]) -> tuple[str, int]:
+        t = ref.load()
+        from probes.bundle import tensor_bytes
+
+        data = tensor_bytes(t)
+        try:
+            sha, size, new = self.blobs.put([data], expect_sha256=ref.sha256)
+        except InputError as exc:
+            raise InputError(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
+        if new:
+            created.append(sha)
+        return sha, size
+
+    def _store_artifacts(self, view: RunView, created: list[str], blobs: dict[str, int]) -> list[dict[str, Any]]:
+        if not view.acceptance_files:
+            return []
+        from .acceptance import load_jsonl, to_parquet_bytes  # pandas/pyarrow only when needed
+
+        import pandas as pd
+
+        frames = [load_jsonl(p) for p in view.acceptance_files]
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        data = to_parquet_bytes(df)
+        sha, size, new = self.blobs.put([data])
+        if new:
+            created.append(sha)
+        blobs[sha] = size
+        return [{"kind": "acceptance", "sha256": sha, "nbytes": size}]
+
+    def _discard(self, created: list[str]) -> None:
+        if not created:
+            return
+        with self.session() as s:
+            for sha in store.unreferenced_blobs(s, candidates=created):
+                self.blobs.delete(sha)
+
+    # -- queries --------------------------------------------------------------------------------
+    def list_runs(self, *, labels: dict[str, str] | None = None, limit: int = 100, offset: int = 0) -> list[RunSummary]:
+        with self.session() as s:
+            return [RunSummary.of(r) for r in store.list_runs(s, labels=labels, limit=limit, offset=offset)]
+
+    def get_run(self, ref: str) -> Run:
+        with self.session() as s:
+            run = store.get_run(s, ref=ref)
+            if run is None:
+                raise NotFoundError(f"no run named {ref!r} in the store ({self.settings.home})")
+            return run
+
+    def show_run(self, ref: str) -> dict[str, Any]:
+        run = self.get_run(ref)
+        view = self.stored_view(run)
+        logical = group_logical(view.tensors)
+        return {
+            **RunSummary.of(run).to_dict(),
+            "manifest": run.manifest,
+            "artifacts": [{"kind": a.kind, "nbytes": a.nbytes, "sha256": a.sha256} for a in run.artifacts],
+            "tensors": [
+                {
+                    "name": lt.name,
+                    "coords": lt.coords.to_dict(),
+                    "kind": lt.kind,
+                    "shards": len(lt.shards),
+                    "dtype": lt.dtype,
+                    "shape": list(lt.shape()),
+                    "notes": lt.notes,
+                }
+                for lt in sorted(logical.values(), key=lambda x: (x.name, x.coords.label()))
+            ],
+        }
+
+    def stored_view(self, run: Run) -> RunView:
+        with self.session() as s:
+            rows = store.run_tensors(s, run_id=run.id)
+        refs = []
+        for r in rows:
+            dtype, shape = torch_dtype(r.dtype), tuple(r.shape)
+            refs.append(
+                TensorRef(
+                    name=r.name,
+                    coords=Coords.from_dict(r.coords),
+                    shard=ShardSpec.from_dict(r.shard),
+                    dtype=r.dtype,
+                    shape=shape,
+                    sha256=r.sha256,
+                    nbytes=r.nbytes,
+                    origin=f"run {run.name!r} blob {r.sha256[:12]}",
+                    loader=lambda r=r, dtype=dtype, shape=shape: self.blobs.open_tensor(r.sha256, dtype, shape, r.nbytes),
+                )
+            )
+        return RunView(
+            name=run.name,
+            source="store",
+            location=f"store:{run.id}",
+            labels=run.label_dict(),
+            manifest=run.manifest,
+            tensors=refs,
+            run_id=run.id,
+        )
+
+    def resolve(self, ref: str) -> RunView:
+        """A run named in the store, or a path (bundle, safetensors file or directory)."""
+        p = Path(ref)
+        if p.exists():
+            return open_path(p)
+        with self.session() as s:
+            run = store.get_run(s, ref=ref)
+        if run is None:
+            raise NotFoundError(f"{ref!r} is neither a stored run nor an existing path")
+        return self.stored_view(run)
+
+    # -- compare --------------------------------------------------------------------------------
+    def compare(
+        self,
+        a: str,
+        b: str,
+        *,
+        policy: Policy | None = None,
+        floor: tuple[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> Comparison:
+        va, vb = self.resolve(a), self.resolve(b)
+        fl = (self.resolve(floor[0]), self.resolve(floor[1])) if floor else None
+        return compare_runs(va, vb, policy=policy, floor=fl, progress=progress)

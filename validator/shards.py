@@ -1,0 +1,172 @@
+"""Reassembling logical tensors from the shards a run holds, so that runs with different TP/PP layouts
+compare tensor for tensor.
+
+- ``split``: one shard per rank index is needed (any replica of it); shards are concatenated along the
+  split dim in rank order. Replicas of one slice must be bitwise equal; when not, it is reported.
+- ``replicated``: every copy must agree; the copy of the lowest rank is used and disagreements are reported.
+- ``partial``: pieces are summed in stage order, in float64; a stage may be absent (it had nothing to add).
+- ``full``: exactly one record.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from probes.shards import Coords
+
+from .errors import InputError
+from .sources import TensorRef
+
+__all__ = ["LogicalTensor", "group_logical", "logical_key"]
+
+LogicalKey = tuple[str, tuple[Any, ...]]
+
+
+def logical_key(ref: TensorRef) -> LogicalKey:
+    return (ref.name, ref.coords.identity())
+
+
+@dataclass
+class LogicalTensor:
+    """A tensor as the model sees it, made of one or more stored shards."""
+
+    name: str
+    coords: Coords
+    shards: list[TensorRef]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.shards[0].shard.kind
+
+    @property
+    def label(self) -> str:
+        c = self.coords.label()
+        return f"{self.name} [{c}]" if c else self.name
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the shards were captured in (partial sums are added in float64 on load)."""
+        return self.shards[0].dtype
+
+    def shape(self) -> tuple[int, ...]:
+        s = list(self.shards[0].shape)
+        if self.kind == "split":
+            dim = self.shards[0].shard.dim or 0
+            s[dim] = sum(r.shape[dim] for r in self._split_pieces())
+        return tuple(s)
+
+    def _split_pieces(self) -> list[TensorRef]:
+        by_rank: dict[int, TensorRef] = {}
+        for r in sorted(self.shards, key=lambda r: (r.shard.index, r.shard.replica)):
+            by_rank.setdefault(r.shard.index, r)
+        return [by_rank[i] for i in sorted(by_rank)]
+
+    def materialize(self) -> torch.Tensor:
+        """Load and assemble the logical tensor. Replica disagreements are appended to ``notes``."""
+        kind = self.kind
+        if kind == "full":
+            return self.shards[0].load()
+        if kind == "replicated":
+            first = self.shards[0].load()
+            self._check_replicas(first, self.shards)
+            return first
+        if kind == "split":
+            pieces = []
+            by_index: dict[int, list[TensorRef]] = defaultdict(list)
+            for r in self.shards:
+                by_index[r.shard.index].append(r)
+            for i in sorted(by_index):
+                reps = sorted(by_index[i], key=lambda r: r.shard.replica)
+                t = reps[0].load()
+                self._check_replicas(t, reps)
+                pieces.append(t)
+            return torch.cat(pieces, dim=self.shards[0].shard.dim or 0)
+        # partial: sum in stage order
+        ordered = sorted(self.shards, key=lambda r: r.shard.index)
+        if len(ordered) == 1:
+            return ordered[0].load()
+        total = ordered[0].load().to(torch.float64)
+        for r in ordered[1:]:
+            total = total + r.load().to(torch.float64)
+        return total
+
+    def _check_replicas(self, first: torch.Tensor, reps: list[TensorRef]) -> None:
+        ref0 = reps[0]
+        for r in reps[1:]:
+            if r.sha256 is not None and r.sha256 == ref0.sha256:
+                continue
+            other = r.load()
+            if torch.equal(first, other):
+                continue
+            diff = (other.to(torch.float64) - first.to(torch.float64)).abs()
+            finite = torch.isfinite(diff)
+            worst = float(diff[finite].max()) if bool(finite.any()) else float("nan")
+            self.notes.append(
+                f"replicas disagree: {r.origin} ({r.shard}) differs from {ref0.origin} ({ref0.shard}), max |diff| {worst:.3g}"
+            )
+
+
+def _validate(name: str, coords: Coords, refs: list[TensorRef]) -> list[str]:
+    """Check the shard set describes one complete logical tensor; return notes (non-fatal findings)."""
+    where = f"tensor {name!r}" + (f" ({coords.label()})" if coords.label() else "")
+    kinds = {r.shard.kind for r in refs}
+    if len(kinds) > 1:
+        raise InputError(f"{where}: shards mix kinds {sorted(kinds)} ({refs[0].origin})")
+    kind = kinds.pop()
+    counts = {r.shard.count for r in refs}
+    if len(counts) > 1:
+        raise InputError(f"{where}: shards disagree on their count {sorted(counts)} ({refs[0].origin})")
+    count = counts.pop()
+    slots = [(r.shard.index, r.shard.replica) for r in refs]
+    if len(set(slots)) != len(slots):
+        dup = next(r for r in refs if slots.count((r.shard.index, r.shard.replica)) > 1)
+        raise InputError(f"{where}: shard {dup.shard} recorded twice ({dup.origin})")
+    notes: list[str] = []
+    if kind == "full" and len(refs) > 1:
+        raise InputError(f"{where}: {len(refs)} full copies recorded; mark them replicated(rank, size) ({refs[0].origin})")
+    if kind == "split":
+        dims = {r.shard.dim for r in refs}
+        if len(dims) > 1:
+            raise InputError(f"{where}: shards split along different dims {sorted(d or 0 for d in dims)}")
+        dim = dims.pop() or 0
+        missing = sorted(set(range(count)) - {r.shard.index for r in refs})
+        if missing:
+            raise InputError(f"{where}: incomplete split, rank(s) {missing} of {count} missing")
+        ndims = {len(r.shape) for r in refs}
+        if len(ndims) > 1 or not 0 <= dim < ndims.pop():
+            raise InputError(f"{where}: split dim {dim} does not fit the shard shapes")
+        others = {tuple(s for j, s in enumerate(r.shape) if j != dim) for r in refs}
+        if len(others) > 1:
+            raise InputError(f"{where}: split shards differ in shape outside dim {dim}")
+    elif kind in ("replicated", "partial"):
+        shapes = {r.shape for r in refs}
+        if len(shapes) > 1:
+            raise InputError(f"{where}: {kind} shards differ in shape {sorted(shapes)}")
+        if kind == "replicated" and len(refs) < count:
+            notes.append(f"only {len(refs)} of {count} replicas recorded")
+        if kind == "partial":
+            present = sorted(r.shard.index for r in refs)
+            if len(present) < count:
+                absent = sorted(set(range(count)) - set(present))
+                notes.append(f"partial sum of stages {present} of {count} (stages {absent} contributed nothing)")
+    return notes
+
+
+def group_logical(refs: Iterable[TensorRef]) -> dict[LogicalKey, LogicalTensor]:
+    """Group stored shards into logical tensors, validating each group's layout."""
+    groups: dict[LogicalKey, list[TensorRef]] = defaultdict(list)
+    for r in refs:
+        groups[logical_key(r)].append(r)
+    out: dict[LogicalKey, LogicalTensor] = {}
+    for key, rs in groups.items():
+        rs.sort(key=lambda r: (r.shard.index, r.shard.replica))
+        notes = _validate(rs[0].name, rs[0].coords, rs)
+        coords = replace(rs[0].coords, pp_stage=None, tp_rank=None, tp_size=None)
+        out[key] = LogicalTensor(rs[0].name, coords, rs, notes)
+    return out

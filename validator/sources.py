@@ -1,0 +1,205 @@
+"""Opening the things a user can name as a run: a bundle directory, a ``.safetensors`` file, or a directory
+of plain safetensors files. Each becomes a :class:`RunView`, the one shape the comparison works on
+(the store produces the same shape for stored runs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, BundleError, check_tensor_name
+from probes.shards import Coords, ShardSpec, ShardSpecError
+
+from .errors import InputError
+from .tensorfile import SafetensorsFile, dtype_name, torch_dtype
+
+__all__ = ["TensorRef", "RunView", "open_path", "read_bundle", "read_safetensors_dir", "read_safetensors_file"]
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One stored tensor (one shard of a logical tensor) and how to load it."""
+
+    name: str
+    coords: Coords
+    shard: ShardSpec
+    dtype: str
+    shape: tuple[int, ...]
+    sha256: str | None
+    nbytes: int
+    origin: str  # where it came from, for messages: "path/file.safetensors[t000003]"
+    loader: Callable[[], torch.Tensor] = field(repr=False, compare=False)
+
+    def load(self) -> torch.Tensor:
+        t = self.loader()
+        if tuple(t.shape) != self.shape or dtype_name(t.dtype) != self.dtype:
+            raise InputError(
+                f"{self.origin}: tensor {self.name!r} is {dtype_name(t.dtype)}{list(t.shape)}, "
+                f"its record says {self.dtype}{list(self.shape)}"
+            )
+        return t
+
+
+@dataclass
+class RunView:
+    name: str
+    source: str  # "bundle", "safetensors", "store"
+    location: str
+    labels: dict[str, str] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+    tensors: list[TensorRef] = field(default_factory=list)
+    acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records found in a bundle
+    run_id: int | None = None
+
+
+def open_path(path: str | Path) -> RunView:
+    """A bundle directory, a ``.safetensors`` file or a directory of them."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or directory")
+    if p.is_file():
+        if p.suffix != ".safetensors":
+            raise InputError(f"{p}: expected a .safetensors file or a bundle directory")
+        return read_safetensors_file(p)
+    if (p / MANIFEST).exists():
+        return read_bundle(p)
+    return read_safetensors_dir(p)
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+
+
+def read_bundle(root: Path) -> RunView:
+    """Read and validate a bundle (all parts merged). Nothing is loaded but headers and records."""
+    mpath = root / MANIFEST
+    manifest = _load_json(mpath)
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise InputError(f"{mpath}: not a validator bundle manifest (format must be {BUNDLE_FORMAT!r})")
+    if manifest.get("version") != BUNDLE_VERSION:
+        raise InputError(f"{mpath}: unsupported bundle version {manifest.get('version')!r} (this reads {BUNDLE_VERSION})")
+    run = manifest.get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("name"), str) or not run["name"]:
+        raise InputError(f"{mpath}: manifest needs run.name")
+    labels = run.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise InputError(f"{mpath}: run.labels must be an object")
+    view = RunView(
+        name=run["name"],
+        source="bundle",
+        location=str(root),
+        labels={str(k): str(v) for k, v in labels.items()},
+        manifest=manifest,
+    )
+    parts_dir = root / "parts"
+    parts = sorted(p for p in parts_dir.iterdir() if p.is_dir()) if parts_dir.is_dir() else []
+    for part in parts:
+        ppath = part / PART_FILE
+        if not ppath.exists():
+            raise InputError(f"{part}: incomplete part (no {PART_FILE}; the writer did not close it)")
+        doc = _load_json(ppath)
+        recs = doc.get("tensors") if isinstance(doc, dict) else None
+        if not isinstance(recs, list):
+            raise InputError(f"{ppath}: 'tensors' must be a list of records")
+        files: dict[str, SafetensorsFile] = {}
+        for i, rec in enumerate(recs):
+            view.tensors.append(_record_ref(part, ppath, i, rec, files))
+        acc = part / "acceptance.jsonl"
+        if acc.exists():
+            view.acceptance_files.append(acc)
+    return view
+
+
+def _record_ref(part: Path, ppath: Path, i: int, rec: Any, files: dict[str, SafetensorsFile]) -> TensorRef:
+    where = f"{ppath} record {i}"
+    if not isinstance(rec, dict):
+        raise InputError(f"{where}: not an object")
+    missing = [k for k in ("name", "key", "file", "dtype", "shape", "sha256") if k not in rec]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}")
+    try:
+        name = check_tensor_name(rec["name"])
+        coords = Coords.from_dict(rec.get("coords"))
+        shard = ShardSpec.from_dict(rec.get("shard"))
+    except (BundleError, ShardSpecError) as exc:
+        raise InputError(f"{where}: {exc}") from None
+    fname = rec["file"]
+    if not isinstance(fname, str) or "/" in fname or "\\" in fname or fname.startswith(".") or not fname.endswith(".safetensors"):
+        raise InputError(f"{where}: tensor {name!r}: bad file name {fname!r}")
+    if fname not in files:
+        files[fname] = SafetensorsFile(part / fname)
+    sf = files[fname]
+    key = rec["key"]
+    entry = sf.entries.get(key) if isinstance(key, str) else None
+    if entry is None:
+        raise InputError(f"{sf.path}: tensor {name!r} (key {key!r}) is not in the file")
+    dtype = torch_dtype(str(rec["dtype"]), where=f"{where}: tensor {name!r}: ")
+    shape = tuple(rec["shape"]) if isinstance(rec["shape"], list) else None
+    if entry.dtype != dtype or entry.shape != shape:
+        raise InputError(
+            f"{sf.path}: tensor {name!r} is {dtype_name(entry.dtype)}{list(entry.shape)} in the file "
+            f"but {rec['dtype']}{rec['shape']} in {PART_FILE}"
+        )
+    return TensorRef(
+        name=name,
+        coords=coords,
+        shard=shard,
+        dtype=dtype_name(dtype),
+        shape=entry.shape,
+        sha256=str(rec["sha256"]),
+        nbytes=entry.nbytes,
+        origin=f"{sf.path}[{key}]",
+        loader=lambda sf=sf, key=key: sf.load(key),
+    )
+
+
+def _plain_refs(path: Path, seen: dict[str, str]) -> list[TensorRef]:
+    sf = SafetensorsFile(path)
+    refs = []
+    for key, e in sf.entries.items():
+        try:
+            check_tensor_name(key)
+        except BundleError as exc:
+            raise InputError(f"{path}: {exc}") from None
+        if key in seen:
+            raise InputError(f"{path}: tensor {key!r} also appears in {seen[key]}")
+        seen[key] = str(path)
+        refs.append(
+            TensorRef(
+                name=key,
+                coords=Coords(),
+                shard=ShardSpec.full(),
+                dtype=dtype_name(e.dtype),
+                shape=e.shape,
+                sha256=None,
+                nbytes=e.nbytes,
+                origin=f"{path}[{key}]",
+                loader=lambda sf=sf, key=key: sf.load(key),
+            )
+        )
+    return refs
+
+
+def read_safetensors_file(path: Path) -> RunView:
+    """A plain safetensors file: each key is one tensor (paired with the other side by key)."""
+    return RunView(name=path.stem, source="safetensors", location=str(path), tensors=_plain_refs(path, {}))
+
+
+def read_safetensors_dir(path: Path) -> RunView:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{path}: neither a bundle (no {MANIFEST}) nor a directory of .safetensors files")
+    seen: dict[str, str] = {}
+    refs = [r for f in files for r in _plain_refs(f, seen)]
+    return RunView(name=path.name, source="safetensors", location=str(path), tensors=refs)

@@ -1,0 +1,188 @@
+"""Persistence: the only module that talks SQL. Keyword-only functions that take a session.
+
+The embedded default is SQLite in WAL mode under the configured home; any SQLAlchemy URL works
+(PostgreSQL in production). The schema is created and upgraded only through Alembic migrations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from .errors import ConflictError
+from .models import Artifact, Blob, Run, RunLabel, Tensor
+
+__all__ = [
+    "make_engine",
+    "make_sessionmaker",
+    "migrate",
+    "downgrade",
+    "MIGRATIONS_DIR",
+    "get_run",
+    "list_runs",
+    "create_run",
+    "add_blobs",
+    "run_tensors",
+    "unreferenced_blobs",
+]
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the schema (creates it on an empty database)."""
+    from alembic import command
+
+    cfg = _alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    cfg = _alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+def get_run(session: Session, *, ref: str, include_pending: bool = False) -> Run | None:
+    """A run by name, or by numeric id."""
+    q = select(Run).where(Run.name == ref)
+    run = session.scalars(q).first()
+    if run is None and ref.isdigit():
+        run = session.get(Run, int(ref))
+    if run is not None and run.status != "complete" and not include_pending:
+        return None
+    return run
+
+
+def list_runs(
+    session: Session, *, labels: dict[str, str] | None = None, limit: int = 100, offset: int = 0
+) -> Sequence[Run]:
+    q = select(Run).where(Run.status == "complete")
+    for k, v in (labels or {}).items():
+        q = q.where(Run.labels.any((RunLabel.key == k) & (RunLabel.value == v)))
+    q = q.order_by(Run.id.desc()).limit(limit).offset(offset)
+    return session.scalars(q).all()
+
+
+def add_blobs(session: Session, *, blobs: dict[str, int]) -> None:
+    """Record blobs (sha256 -> size); already known ones are left alone (safe under concurrency)."""
+    if not blobs:
+        return
+    rows = [{"sha256": k, "nbytes": v} for k, v in blobs.items()]
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(postgresql.insert(Blob).values(rows).on_conflict_do_nothing())
+    elif dialect == "sqlite":
+        session.execute(sqlite.insert(Blob).values(rows).on_conflict_do_nothing())
+    else:  # pragma: no cover - other databases
+        known = set(session.scalars(select(Blob.sha256).where(Blob.sha256.in_(list(blobs)))))
+        session.add_all(Blob(sha256=k, nbytes=v) for k, v in blobs.items() if k not in known)
+
+
+def _slot(coords: dict[str, Any], shard: dict[str, Any]) -> str:
+    return json.dumps({"c": coords, "s": shard}, sort_keys=True, separators=(",", ":"))
+
+
+def create_run(
+    session: Session,
+    *,
+    name: str,
+    source: str,
+    manifest: dict[str, Any],
+    labels: dict[str, str],
+    tensors: Sequence[dict[str, Any]],
+    artifacts: Sequence[dict[str, Any]] = (),
+) -> Run:
+    """Insert a complete run with its tensor records in the caller's transaction.
+
+    ``tensors``: dicts with name, coords, shard, dtype, shape, sha256, nbytes (blobs already recorded).
+    """
+    if session.scalars(select(Run.id).where(Run.name == name)).first() is not None:
+        raise ConflictError(f"a run named {name!r} already exists")
+    run = Run(
+        name=name,
+        status="complete",
+        source=source,
+        manifest=manifest,
+        n_tensors=len(tensors),
+        total_bytes=sum(int(t["nbytes"]) for t in tensors),
+    )
+    run.labels = [RunLabel(key=k, value=v) for k, v in sorted(labels.items())]
+    run.artifacts = [Artifact(kind=a["kind"], sha256=a["sha256"], nbytes=a["nbytes"]) for a in artifacts]
+    session.add(run)
+    session.flush()
+    if tensors:
+        session.execute(
+            Tensor.__table__.insert(),
+            [
+                {
+                    "run_id": run.id,
+                    "name": t["name"],
+                    "slot": _slot(t["coords"], t["shard"]),
+                    "coords": t["coords"],
+                    "shard": t["shard"],
+                    "dtype": t["dtype"],
+                    "shape": list(t["shape"]),
+                    "sha256": t["sha256"],
+                    "nbytes": int(t["nbytes"]),
+                }
+                for t in tensors
+            ],
+        )
+    return run
+
+
+def run_tensors(session: Session, *, run_id: int) -> Sequence[Tensor]:
+    return session.scalars(select(Tensor).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()
+
+
+def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:
+    """Which of ``candidates`` no tensor or artifact row points to (safe to delete after a failed ingest)."""
+    if not candidates:
+        return []
+    used = set(session.scalars(select(Tensor.sha256).where(Tensor.sha256.in_(candidates))))
+    used |= set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(candidates))))
+    return [c for c in candidates if c not in used]

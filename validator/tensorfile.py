@@ -1,0 +1,160 @@
+"""Reading safetensors files safely: the header is validated before any tensor is touched.
+
+safetensors never unpickles, but a corrupt or hostile file can still claim offsets beyond its end,
+overlap tensors, or use an unknown dtype. Every such problem becomes an :class:`InputError` naming the
+file and the tensor. Tensor data is memory-mapped, so reading one tensor does not read the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+__all__ = ["DTYPES", "TensorEntry", "SafetensorsFile", "torch_dtype", "dtype_name", "raw_tensor"]
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# safetensors dtype code -> torch dtype
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_BY_NAME = {str(t).removeprefix("torch."): t for t in DTYPES.values()}
+
+
+def torch_dtype(name: str, *, where: str = "") -> torch.dtype:
+    """Torch dtype from a record's dtype name (``bfloat16``) or a safetensors code (``BF16``)."""
+    t = _BY_NAME.get(name) or DTYPES.get(name)
+    if t is None:
+        raise InputError(f"{where}unknown dtype {name!r}")
+    return t
+
+
+def dtype_name(t: torch.dtype) -> str:
+    return str(t).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class SafetensorsFile:
+    """A validated safetensors file. ``entries`` maps key -> :class:`TensorEntry`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metadata: dict[str, str] = {}
+        self.entries: dict[str, TensorEntry] = {}
+        self._parse()
+
+    def _err(self, msg: str, key: str | None = None) -> InputError:
+        where = f"{self.path}" + (f", tensor {key!r}" if key is not None else "")
+        return InputError(f"{where}: {msg}")
+
+    def _parse(self) -> None:
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise self._err("not a safetensors file (shorter than its 8-byte header length)")
+                (hlen,) = struct.unpack("<Q", head)
+                if hlen > MAX_HEADER_BYTES:
+                    raise self._err(f"header of {hlen} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
+                if 8 + hlen > size:
+                    raise self._err(f"truncated: header claims {hlen} bytes but the file has {size - 8}")
+                raw = f.read(hlen)
+        except OSError as exc:
+            raise self._err(f"cannot read: {exc.strerror or exc}") from None
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise self._err("corrupt header (not valid UTF-8 JSON)") from None
+        if not isinstance(header, dict):
+            raise self._err("corrupt header (not a JSON object)")
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise self._err("__metadata__ must be an object")
+        self.metadata = {str(k): str(v) for k, v in meta.items()}
+        data_start = 8 + hlen
+        data_len = size - data_start
+        spans: list[tuple[int, int, str]] = []
+        for key, info in header.items():
+            self.entries[key] = self._entry(key, info, data_start, data_len)
+            e = self.entries[key]
+            if e.nbytes:
+                spans.append((e.begin, e.end, key))
+        spans.sort()
+        for (_, end0, k0), (b1, _, k1) in zip(spans, spans[1:]):
+            if b1 < end0:
+                raise self._err(f"data overlaps tensor {k0!r}", k1)
+
+    def _entry(self, key: str, info: Any, data_start: int, data_len: int) -> TensorEntry:
+        if not isinstance(info, dict):
+            raise self._err("header entry is not an object", key)
+        code = info.get("dtype")
+        if code not in DTYPES:
+            raise self._err(f"unknown dtype {code!r}", key)
+        shape = info.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+            raise self._err(f"bad shape {shape!r}", key)
+        offs = info.get("data_offsets")
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+            or not 0 <= offs[0] <= offs[1]
+        ):
+            raise self._err(f"bad data_offsets {offs!r}", key)
+        dtype = DTYPES[code]
+        expected = math.prod(shape) * dtype.itemsize
+        if offs[1] - offs[0] != expected:
+            raise self._err(f"data_offsets span {offs[1] - offs[0]} bytes but shape {shape} of {code} needs {expected}", key)
+        if offs[1] > data_len:
+            raise self._err(f"truncated: tensor data ends at byte {offs[1]} but the file holds {data_len} data bytes", key)
+        return TensorEntry(key, dtype, tuple(shape), data_start + offs[0], data_start + offs[1])
+
+    def load(self, key: str) -> torch.Tensor:
+        """The tensor, memory-mapped read-only (copy-on-write): nothing else in the file is read."""
+        e = self.entries.get(key)
+        if e is None:
+            raise self._err("no such tensor in file", key)
+        return raw_tensor(self.path, e.begin, e.nbytes, e.dtype, e.shape)
+
+
+def raw_tensor(path: Path, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over ``nbytes`` raw bytes at ``offset`` of ``path``, memory-mapped copy-on-write."""
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    buf = torch.frombuffer(memoryview(mm)[offset : offset + nbytes], dtype=torch.uint8)
+    return buf.view(dtype).reshape(shape)

@@ -123,13 +123,13 @@ def _validate(name: str, coords: Coords, refs: list[TensorRef]) -> list[str]:
     if len(counts) > 1:
         raise InputError(f"{where}: shards disagree on their count {sorted(counts)} ({refs[0].origin})")
     count = counts.pop()
+    if kind == "full" and len(refs) > 1:
+        raise InputError(f"{where}: {len(refs)} full copies recorded; mark them replicated(rank, size) ({refs[0].origin})")
     slots = [(r.shard.index, r.shard.replica) for r in refs]
     if len(set(slots)) != len(slots):
         dup = next(r for r in refs if slots.count((r.shard.index, r.shard.replica)) > 1)
         raise InputError(f"{where}: shard {dup.shard} recorded twice ({dup.origin})")
     notes: list[str] = []
-    if kind == "full" and len(refs) > 1:
-        raise InputError(f"{where}: {len(refs)} full copies recorded; mark them replicated(rank, size) ({refs[0].origin})")
     if kind == "split":
         dims = {r.shard.dim for r in refs}
         if len(dims) > 1:

@@ -1,0 +1,52 @@
+"""Test data: bundles written with the real probes writer, at small shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from probes import BundleWriter, ShardSpec
+
+
+def tensors(seed: int = 0, tokens: int = 8, hidden: int = 16, heads: int = 8, head_dim: int = 4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "ctx": torch.randn(tokens, hidden, generator=g),
+        "k": torch.randn(tokens, heads, head_dim, generator=g),
+    }
+
+
+def write_tp_bundle(
+    root: Path,
+    name: str,
+    full: dict[str, torch.Tensor],
+    *,
+    tp: int,
+    kv_heads: int = 8,
+    dtype: torch.dtype = torch.bfloat16,
+    noise: float = 0.0,
+    seed: int = 1,
+) -> Path:
+    """One part per TP rank. ``ctx`` is replicated; ``k`` is split by heads (replicated when tp > heads)."""
+    path = root / name
+    g = torch.Generator().manual_seed(seed)
+    per = max(1, kv_heads // tp)
+    reps = max(1, tp // kv_heads)
+    for r in range(tp):
+        with BundleWriter(path, run_name=name, part=f"tp{r}", labels={"tp": str(tp)}) as w:
+            ctx = full["ctx"] + noise * torch.randn(full["ctx"].shape, generator=g)
+            w.add("ctx", ctx.to(dtype), step=0, tp_rank=r, tp_size=tp, shard=ShardSpec.replicated(r, tp))
+            idx = r // reps
+            k = full["k"][:, idx * per : (idx + 1) * per]
+            k = k + noise * torch.randn(k.shape, generator=g)
+            w.add(
+                "k",
+                k.to(dtype),
+                step=0,
+                layer=0,
+                tp_rank=r,
+                tp_size=tp,
+                shard=ShardSpec.split(1, idx, kv_heads // per, replica=r % reps, replicas=reps),
+            )
+    return path

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from validator.errors import InputError
+from validator.tensorfile import SafetensorsFile
+
+
+def _raw(path: Path, header: dict, data: bytes, hlen: int | None = None) -> Path:
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h) if hlen is None else hlen) + h + data)
+    return path
+
+
+def test_reads_valid_file_lazily(tmp_path: Path) -> None:
+    p = tmp_path / "ok.safetensors"
+    t = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    save_file(t, str(p))
+    f = SafetensorsFile(p)
+    assert set(f.entries) == {"a", "b"}
+    assert torch.equal(f.load("a"), t["a"]) and torch.equal(f.load("b"), t["b"])
+
+
+@pytest.mark.parametrize(
+    "header, data, hlen, msg",
+    [
+        ({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "truncated"),
+        ({"x": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "unknown dtype 'Q7'"),
+        ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 8, None, "needs 8"),
+        (
+            {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+             "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
+            b"\0" * 12, None, "overlaps",
+        ),
+        ({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "bad shape"),
+        ({}, b"", 10**12, "exceeds"),
+        ({}, b"", 10**6, "header claims"),
+    ],
+)
+def test_bad_files_name_file_and_problem(tmp_path: Path, header: dict, data: bytes, hlen: int | None, msg: str) -> None:
+    p = _raw(tmp_path / "bad.safetensors", header, data, hlen)
+    with pytest.raises(InputError) as exc:
+        SafetensorsFile(p)
+    assert msg in str(exc.value) and "bad.safetensors" in str(exc.value)
+
+
+def test_garbage_and_tiny_files(tmp_path: Path) -> None:
+    p = tmp_path / "g.safetensors"
+    p.write_bytes(b"abc")
+    with pytest.raises(InputError, match="shorter than"):
+        SafetensorsFile(p)
+    p.write_bytes(struct.pack("<Q", 4) + b"\xff\xfe{}")
+    with pytest.raises(InputError, match="corrupt header"):
+        SafetensorsFile(p)
+
+
+def test_truncated_real_file(tmp_path: Path) -> None:
+    p = tmp_path / "t.safetensors"
+    save_file({"w": torch.randn(64, 64)}, str(p))
+    p.write_bytes(p.read_bytes()[:-100])
+    with pytest.raises(InputError, match=r"t\.safetensors, tensor 'w': truncated"):
+        SafetensorsFile(p)

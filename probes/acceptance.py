@@ -29,9 +29,9 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-__all__ = ["ACCEPTANCE_FILE", "AcceptanceRecorder", "AcceptanceRecordError"]
+__all__ = ["ACCEPTANCE_FILE", "AcceptanceRecordError", "AcceptanceRecorder"]
 
 ACCEPTANCE_FILE = "acceptance.jsonl"
 # Same values as probes.bundle (kept here so that this module does not import torch); a test checks them.
@@ -153,7 +153,10 @@ class AcceptanceRecorder:
         manifest = {
             "format": _BUNDLE_FORMAT,
             "version": _BUNDLE_VERSION,
-            "run": {"name": run_name or self.root.name, "labels": {str(k): str(v) for k, v in labels.items()}},
+            "run": {
+                "name": run_name or self.root.name,
+                "labels": {str(k): str(v) for k, v in labels.items()},
+            },
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
@@ -204,7 +207,7 @@ class AcceptanceRecorder:
             rec["bonus"] = False
         if draft_logprobs is not None:
             rec["draft_logprobs"] = _logprobs("draft_logprobs", draft_logprobs, (len(prop),))
-        target_lengths = (len(prop), len(prop) + 1)
+        target_lengths: tuple[int, ...] = (len(prop), len(prop) + 1)
         if target_tokens is not None:
             rec["target_tokens"] = _int_list("target_tokens", target_tokens)
             if len(rec["target_tokens"]) not in target_lengths:
@@ -285,10 +288,10 @@ class AcceptanceRecorder:
             self._buffer.clear()
             self.closed = True
 
-    def __enter__(self) -> AcceptanceRecorder:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -33,26 +33,26 @@ from .shards import ShardSpec
 
 __all__ = [
     "DTYPES",
+    "Kernels",
+    "PathResult",
+    "ProbeRun",
     "ProjectionConfig",
     "ProjectionConfigError",
     "ProjectionLayout",
-    "StagePlan",
     "ProjectionWeights",
-    "PathResult",
     "StageOutput",
-    "ProbeRun",
-    "Kernels",
-    "even_split",
-    "parse_pp_split",
-    "plan_layout",
+    "StagePlan",
+    "compute_path",
     "default_paths",
+    "even_split",
+    "handoff_bytes",
+    "load_hidden_states",
     "make_hidden_states",
     "make_weights",
-    "load_hidden_states",
-    "select_kernels",
-    "compute_path",
-    "handoff_bytes",
+    "parse_pp_split",
+    "plan_layout",
     "run_probe",
+    "select_kernels",
 ]
 
 DTYPES: dict[str, torch.dtype] = {
@@ -61,8 +61,15 @@ DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "fp64": torch.float64,
 }
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-            "float64": "fp64", "double": "fp64"}
+_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float64": "fp64",
+    "double": "fp64",
+}
 HIDDEN_NAME = "target.hidden"
 
 
@@ -78,7 +85,9 @@ def short_dtype(name: str | torch.dtype) -> str:
         raise ProjectionConfigError(f"unsupported dtype {name}")
     key = _ALIASES.get(name.lower(), name.lower())
     if key not in DTYPES:
-        raise ProjectionConfigError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} (or bfloat16, ...)")
+        raise ProjectionConfigError(
+            f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} (or bfloat16, ...)"
+        )
     return key
 
 
@@ -130,8 +139,12 @@ class StagePlan:
     features: tuple[int, ...]  # their positions in the feature order (column blocks of W)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "layers": [self.start, self.end],
-                "capture_layers": list(self.capture_layers), "features": list(self.features)}
+        return {
+            "stage": self.stage,
+            "layers": [self.start, self.end],
+            "capture_layers": list(self.capture_layers),
+            "features": list(self.features),
+        }
 
 
 @dataclass(frozen=True)
@@ -204,8 +217,12 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ProjectionConfigError(f"{name} must be a positive integer, got {v!r}")
     if cfg.head_dim % 2:
-        raise ProjectionConfigError(f"head_dim {cfg.head_dim} must be even for neox RoPE (rotary dim = head_dim)")
-    if not (cfg.eps > 0 and math.isfinite(cfg.eps)) or not (cfg.rope_theta > 1 and math.isfinite(cfg.rope_theta)):
+        raise ProjectionConfigError(
+            f"head_dim {cfg.head_dim} must be even for neox RoPE (rotary dim = head_dim)"
+        )
+    if not (cfg.eps > 0 and math.isfinite(cfg.eps)) or not (
+        cfg.rope_theta > 1 and math.isfinite(cfg.rope_theta)
+    ):
         raise ProjectionConfigError(f"eps must be > 0 and rope_theta > 1, got {cfg.eps}, {cfg.rope_theta}")
     short_dtype(cfg.dtype)
     if cfg.norm != "after_sum":
@@ -218,10 +235,14 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         raise ProjectionConfigError("no capture layers given")
     for c in caps:
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < cfg.layers:
-            raise ProjectionConfigError(f"capture layer {c!r} is out of range for a {cfg.layers}-layer target")
+            raise ProjectionConfigError(
+                f"capture layer {c!r} is out of range for a {cfg.layers}-layer target"
+            )
     dup = sorted({c for c in caps if caps.count(c) > 1})
     if dup:
-        raise ProjectionConfigError(f"capture layer(s) {dup} listed twice: each feature block must be a distinct layer")
+        raise ProjectionConfigError(
+            f"capture layer(s) {dup} listed twice: each feature block must be a distinct layer"
+        )
     for i in range(1, len(caps)):
         if caps[i] < caps[i - 1]:
             raise ProjectionConfigError(
@@ -253,14 +274,18 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         )
     missing = [layer for layer in range(cfg.layers) if layer not in owner]
     if missing:
-        raise ProjectionConfigError(f"layer(s) {_ranges_text(missing)} are in no stage (split {_fmt_ranges(ranges)})")
+        raise ProjectionConfigError(
+            f"layer(s) {_ranges_text(missing)} are in no stage (split {_fmt_ranges(ranges)})"
+        )
     overlap = sorted(layer for layer, o in owner.items() if len(o) > 1)
     if overlap:
         raise ProjectionConfigError(f"layer(s) {_ranges_text(overlap)} are in more than one stage")
     for s in range(1, len(ranges)):
         if ranges[s][0] != ranges[s - 1][1]:
-            raise ProjectionConfigError(f"stages are not in layer order: stage {s} starts at {ranges[s][0]}, "
-                                        f"stage {s - 1} ends at {ranges[s - 1][1]}")
+            raise ProjectionConfigError(
+                f"stages are not in layer order: stage {s} starts at {ranges[s][0]}, "
+                f"stage {s - 1} ends at {ranges[s - 1][1]}"
+            )
     stages = []
     for s, (a, b) in enumerate(ranges):
         own = tuple(c for c in caps if a <= c < b)
@@ -283,7 +308,9 @@ def _check_path(name: str) -> str | None:
         return None
     if name.startswith("partial-") and name.removeprefix("partial-") in DTYPES:
         return name.removeprefix("partial-")
-    raise ProjectionConfigError(f"unknown path {name!r}; expected concat, ref or partial-<{'|'.join(DTYPES)}>")
+    raise ProjectionConfigError(
+        f"unknown path {name!r}; expected concat, ref or partial-<{'|'.join(DTYPES)}>"
+    )
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -293,7 +320,9 @@ def _check_path(name: str) -> str | None:
 class ProjectionWeights:
     fc: torch.Tensor  # [hidden, n_capture * hidden], bias-free
     hidden_norm: torch.Tensor  # [hidden]
-    kv: tuple[torch.Tensor, ...]  # per draft layer: K rows then V rows of the fused QKV weight, [2*kv*hd, hidden]
+    kv: tuple[
+        torch.Tensor, ...
+    ]  # per draft layer: K rows then V rows of the fused QKV weight, [2*kv*hd, hidden]
     k_norm: tuple[torch.Tensor, ...]  # per draft layer: [head_dim]
 
 
@@ -373,8 +402,10 @@ def load_hidden_states(
                 continue
             kind = (r.get("shard") or {}).get("kind", "full")
             if kind not in ("full", "replicated"):
-                raise ProjectionConfigError(f"{pj}: {name} layer={coords['layer']} is a {kind} shard; "
-                                            "the probe needs whole hidden states")
+                raise ProjectionConfigError(
+                    f"{pj}: {name} layer={coords['layer']} is a {kind} shard; "
+                    "the probe needs whole hidden states"
+                )
             found.setdefault(coords["layer"], []).append((pj.parent, r))
     missing = [c for c in capture_layers if c not in found]
     if missing:
@@ -386,7 +417,9 @@ def load_hidden_states(
     for c in capture_layers:
         recs = found[c]
         if kind_of(recs[0][1]) == "full" and len(recs) > 1:
-            raise ProjectionConfigError(f"{root}: {len(recs)} {name!r} tensors for layer {c}; pass step= to pick one")
+            raise ProjectionConfigError(
+                f"{root}: {len(recs)} {name!r} tensors for layer {c}; pass step= to pick one"
+            )
         part_dir, r = recs[0]
         with safe_open(str(part_dir / r["file"]), framework="pt") as f:
             t = f.get_tensor(r["key"])
@@ -419,7 +452,9 @@ class Kernels:
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         if self.flashinfer is not None and x.dtype in (torch.bfloat16, torch.float16):
             shape = x.shape
-            out: torch.Tensor = self.flashinfer.norm.rmsnorm(x.reshape(-1, shape[-1]).contiguous(), w, eps=eps)
+            out: torch.Tensor = self.flashinfer.norm.rmsnorm(
+                x.reshape(-1, shape[-1]).contiguous(), w, eps=eps
+            )
             return out.reshape(shape)
         return torch_rmsnorm(x, w, eps)
 
@@ -432,7 +467,9 @@ class Kernels:
             pos = torch.arange(t, device=k.device, dtype=torch.int64)
             key = k.reshape(t, h * d).contiguous()
             query = key.clone()  # the kernel rotates a query too; this one is thrown away
-            self.flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(pos, query, key, d, cache, is_neox=True)
+            self.flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+                pos, query, key, d, cache, is_neox=True
+            )
             return key.reshape(t, h, d)
         return torch_rope(k, theta)
 
@@ -491,7 +528,9 @@ def select_kernels(mode: str, device: torch.device) -> Kernels:
         return k
     except Exception as exc:  # an import failure, a JIT build failure or a wrong answer
         if mode == "flashinfer":
-            raise ProjectionConfigError(f"flashinfer kernels unavailable: {type(exc).__name__}: {exc}") from exc
+            raise ProjectionConfigError(
+                f"flashinfer kernels unavailable: {type(exc).__name__}: {exc}"
+            ) from exc
         return Kernels(note=f"flashinfer unavailable: {type(exc).__name__}: {str(exc)[:300]}")
 
 
@@ -614,7 +653,9 @@ def handoff_bytes(cfg: ProjectionConfig, layout: ProjectionLayout) -> dict[str, 
         "boundaries": cfg.pp - 1,
         # boundaries that must carry a non-zero sum (from the first stage owning a capture layer on)
         "boundaries_carrying_sum": cfg.pp - 1 - layout.first_contributing_stage,
-        "raw_features_instead_bytes_per_token": len(cfg.capture_layers) * cfg.hidden * cfg.torch_dtype.itemsize,
+        "raw_features_instead_bytes_per_token": len(cfg.capture_layers)
+        * cfg.hidden
+        * cfg.torch_dtype.itemsize,
     }
     for acc in ("bf16", "fp32"):
         per_token = cfg.hidden * DTYPES[acc].itemsize
@@ -656,9 +697,7 @@ def environment(device: torch.device, kernels: Kernels) -> dict[str, Any]:
     return env
 
 
-def _write_bundle(
-    out_dir: Path, prefix: str, res: PathResult, run: ProbeRun, write_stages: bool
-) -> str:
+def _write_bundle(out_dir: Path, prefix: str, res: PathResult, run: ProbeRun, write_stages: bool) -> str:
     cfg, layout = run.config, run.layout
     kern = res.kernels
     labels = {
@@ -694,8 +733,13 @@ def _write_bundle(
         if write_stages:
             for so in res.stages:
                 if so.partial is not None:
-                    w.add("ctx.partial", so.partial, tokens=tok, pp_stage=so.stage,
-                          shard=ShardSpec.partial(so.stage, cfg.pp))
+                    w.add(
+                        "ctx.partial",
+                        so.partial,
+                        tokens=tok,
+                        pp_stage=so.stage,
+                        shard=ShardSpec.partial(so.stage, cfg.pp),
+                    )
                 w.add("ctx.running", so.running, tokens=tok, pp_stage=so.stage, after_stage=so.stage)
     return str(root)
 
@@ -724,7 +768,11 @@ def run_probe(
         _check_path(n)
     if len(set(names)) != len(names):
         raise ProjectionConfigError(f"paths listed twice: {names}")
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    dev = (
+        torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "auto"
+        else torch.device(device)
+    )
     kern = select_kernels(kernels, dev)
     if hidden is None:
         hs = make_hidden_states(cfg, dev)

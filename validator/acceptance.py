@@ -124,7 +124,9 @@ def _logprob(where: str, key: str, v: Any) -> float:
 def _split_logprobs(where: str, key: str, v: Any, lengths: tuple[int, ...]) -> tuple[Any, Any, Any]:
     """``[float | None | {top_ids, top_logprobs[, logprob]}]`` -> (logprob list, top_ids, top_logprobs)."""
     if not isinstance(v, list):
-        raise AcceptanceInputError(f"{where}: {key!r} must be a list (one entry per position), got {type(v).__name__}")
+        raise AcceptanceInputError(
+            f"{where}: {key!r} must be a list (one entry per position), got {type(v).__name__}"
+        )
     if len(v) not in lengths:
         want = " or ".join(str(n) for n in lengths)
         raise AcceptanceInputError(f"{where}: {key!r} has {len(v)} entries, expected {want}")
@@ -134,7 +136,9 @@ def _split_logprobs(where: str, key: str, v: Any, lengths: tuple[int, ...]) -> t
     for i, item in enumerate(v):
         at = f"{key!r}[{i}]"
         if item is None:
-            lps.append(None), ids.append(None), tops.append(None)
+            lps.append(None)
+            ids.append(None)
+            tops.append(None)
         elif isinstance(item, dict):
             for need in ("top_ids", "top_logprobs"):
                 if need not in item:
@@ -153,7 +157,8 @@ def _split_logprobs(where: str, key: str, v: Any, lengths: tuple[int, ...]) -> t
             lps.append(None if lp is None else _logprob(where, f"{at}.logprob", lp))
         else:
             lps.append(_logprob(where, at, item))
-            ids.append(None), tops.append(None)
+            ids.append(None)
+            tops.append(None)
     has_top = any(x is not None for x in ids)
     return lps, (ids if has_top else None), (tops if has_top else None)
 
@@ -182,7 +187,9 @@ def normalize_record(obj: Any, *, where: str = "record", strict: bool = False) -
     n = len(proposed)
     acc = obj["accepted"]
     if not _is_int(acc) or not 0 <= acc <= n:
-        raise AcceptanceInputError(f"{where}: 'accepted' must be an int between 0 and len(proposed)={n}, got {acc!r}")
+        raise AcceptanceInputError(
+            f"{where}: 'accepted' must be an int between 0 and len(proposed)={n}, got {acc!r}"
+        )
     bonus = obj.get("bonus", True)
     if bonus is None:
         bonus = True
@@ -198,7 +205,7 @@ def normalize_record(obj: Any, *, where: str = "record", strict: bool = False) -
             raise AcceptanceInputError(
                 f"{where}: 'output_tokens' has {len(out_tokens)} entries, more than accepted + bonus = {acc + bonus}"
             )
-    target_lengths = (n, n + 1)
+    target_lengths: tuple[int, ...] = (n, n + 1)
     target_tokens = obj.get("target_tokens")
     if target_tokens is not None:
         _int_list(where, "target_tokens", target_tokens)
@@ -218,7 +225,10 @@ def normalize_record(obj: Any, *, where: str = "record", strict: bool = False) -
         "output_tokens": None if out_tokens is None else list(out_tokens),
         "target_tokens": None if target_tokens is None else list(target_tokens),
     }
-    for src, prefix, lengths in (("draft_logprobs", "draft", (n,)), ("target_logprobs", "target", target_lengths)):
+    for src, prefix, lengths in (
+        ("draft_logprobs", "draft", (n,)),
+        ("target_logprobs", "target", target_lengths),
+    ):
         v = obj.get(src)
         lp, ids, tops = (None, None, None) if v is None else _split_logprobs(where, src, v, lengths)
         row[f"{prefix}_logprob"], row[f"{prefix}_top_ids"], row[f"{prefix}_top_logprobs"] = lp, ids, tops
@@ -260,7 +270,9 @@ def frame_to_records(df: pd.DataFrame) -> Iterator[dict[str, Any]]:
             if r[key] is not None:
                 rec[key] = [int(x) for x in r[key]]
         for key, prefix in (("draft_logprobs", "draft"), ("target_logprobs", "target")):
-            joined = _join_logprobs(r[f"{prefix}_logprob"], r[f"{prefix}_top_ids"], r[f"{prefix}_top_logprobs"])
+            joined = _join_logprobs(
+                r[f"{prefix}_logprob"], r[f"{prefix}_top_ids"], r[f"{prefix}_top_logprobs"]
+            )
             if joined is not None:
                 rec[key] = joined
         yield rec
@@ -342,7 +354,9 @@ def _read_jsonl(path: Path, col: _Collector, strict: bool) -> None:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise AcceptanceInputError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+                raise AcceptanceInputError(
+                    f"{where}: not valid JSON: {exc.msg} (column {exc.colno})"
+                ) from None
             except UnicodeDecodeError:  # pragma: no cover - open() decodes first
                 raise AcceptanceInputError(f"{where}: not UTF-8") from None
             col.add(normalize_record(obj, where=where, strict=strict), where)
@@ -376,10 +390,14 @@ def read_acceptance_bundle(bundle: str | os.PathLike[str], *, strict: bool = Fal
     return col.frame()
 
 
-def write_acceptance_jsonl(records: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | os.PathLike[str]) -> int:
+def write_acceptance_jsonl(
+    records: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | os.PathLike[str]
+) -> int:
     """Write records (a frame or record dicts) as JSONL, atomically. Returns the number of lines."""
     path = Path(path)
-    rows: Iterable[Mapping[str, Any]] = frame_to_records(records) if isinstance(records, pd.DataFrame) else records
+    rows: Iterable[Mapping[str, Any]] = (
+        frame_to_records(records) if isinstance(records, pd.DataFrame) else records
+    )
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".jsonl", dir=path.parent)
     count = 0
     try:
@@ -413,7 +431,10 @@ def check_frame(df: pd.DataFrame, *, source: str = "frame") -> None:
             "'accepted' must be between 0 and len(proposed)",
         ),
         (df.duplicated(["request_id", "step"]).to_numpy(), "duplicate (request_id, step)"),
-        (df.groupby("request_id")["prompt_hash"].transform("nunique").to_numpy() > 1, "request has several prompt_hash"),
+        (
+            df.groupby("request_id")["prompt_hash"].transform("nunique").to_numpy() > 1,
+            "request has several prompt_hash",
+        ),
     )
     for bad, msg in checks:
         if bad.any():

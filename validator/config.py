@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Settings"]
 
 
+def _int(env: dict[str, str], key: str, default: int) -> int:
+    v = env.get(key)
+    return int(v) if v else default
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Where the store lives.
+    """Where the store lives, and how the service guards it.
 
-    ``home`` holds the embedded default: ``validator.db`` (SQLite, WAL) and ``blobs/`` (content-addressed
-    tensor bytes). ``database_url`` overrides the database with any SQLAlchemy URL (PostgreSQL in
-    production).
+    ``home`` holds the embedded default: ``validator.db`` (SQLite, WAL), ``blobs/`` (content-addressed
+    tensor bytes) and ``staging/`` (uploads in progress). ``database_url`` overrides the database with
+    any SQLAlchemy URL (PostgreSQL in production).
     """
 
     home: Path
     database_url: str | None = None
+    tokens: tuple[str, ...] = field(default=(), repr=False)  # bearer tokens accepted by mutating routes
+    protect_reads: bool = False  # also require a token on GET routes
+    max_upload_bytes: int = 64 << 30  # per uploaded file
+    max_json_bytes: int = 1 << 20  # request bodies that are JSON
 
     @property
     def db_url(self) -> str:
@@ -29,8 +38,19 @@ class Settings:
     def blob_dir(self) -> Path:
         return self.home / "blobs"
 
+    @property
+    def staging_dir(self) -> Path:
+        return self.home / "staging"
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, home: str | None = None) -> Settings:
         env = dict(os.environ) if env is None else env
         h = home or env.get("VALIDATOR_HOME") or str(Path.home() / ".validator")
-        return cls(home=Path(h).expanduser(), database_url=env.get("VALIDATOR_DATABASE_URL") or None)
+        tokens = tuple(t.strip() for t in env.get("VALIDATOR_TOKENS", "").split(",") if t.strip())
+        return cls(
+            home=Path(h).expanduser(),
+            database_url=env.get("VALIDATOR_DATABASE_URL") or None,
+            tokens=tokens,
+            protect_reads=env.get("VALIDATOR_PROTECT_READS", "") in ("1", "true", "yes"),
+            max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),
+        )

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Run", "RunLabel", "Tensor", "Blob", "Artifact"]
+__all__ = ["Base", "Run", "RunLabel", "Tensor", "Blob", "Artifact", "Upload", "ComparisonRecord"]
 
 
 class Base(DeclarativeBase):
@@ -82,3 +82,30 @@ class Artifact(Base):
     sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))
     nbytes: Mapped[int] = mapped_column(BigInteger)
     __table_args__ = (UniqueConstraint("run_id", "kind", name="uq_artifacts_run_kind"),)
+
+
+class Upload(Base):
+    """A bundle file received for a pending run (stored as a blob; names validated, never used as paths)."""
+
+    __tablename__ = "uploads"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    part: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))
+    nbytes: Mapped[int] = mapped_column(BigInteger)
+    __table_args__ = (UniqueConstraint("run_id", "part", "filename", name="uq_uploads_run_part_file"),)
+
+
+class ComparisonRecord(Base):
+    """A comparison computed once and cached under a key of its inputs."""
+
+    __tablename__ = "comparisons"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))  # queued | running | done | error
+    verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

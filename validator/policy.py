@@ -15,7 +15,7 @@ TOML form (``--policy FILE``)::
 
 Without a matching rule, the default depends on the dtypes: rel_l2 <= 8 units of roundoff of the
 less precise of the two (bf16 0.03, fp16 0.004, fp8 0.25), 1e-4 for fp32 and 1e-9 for fp64; when a
-floor pair is given, the default is ``floor_multiple = 2``. See docs/metrics.md.
+floor pair is given, the default is ``floor_multiple = 2``. See docs/policy.md.
 """
 
 from __future__ import annotations

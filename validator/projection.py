@@ -38,17 +38,17 @@ from probes.projection import (
 from .metrics import TensorMetrics, compare_tensors
 
 __all__ = [
-    "Comparison",
-    "StageComparison",
-    "ProjectionReport",
-    "run_projection_report",
-    "build_report",
     "TOLERANCES",
-    "format_table",
+    "Comparison",
+    "ProjectionReport",
+    "StageComparison",
     "add_arguments",
+    "build_report",
     "config_from_args",
-    "run_from_args",
+    "format_table",
     "main",
+    "run_from_args",
+    "run_projection_report",
 ]
 
 
@@ -62,8 +62,13 @@ class Comparison:
     ulp_vs_rounded_ref: tuple[int | None, int | None] | None = None  # (max, p99) vs ref rounded to b's dtype
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"candidate": self.candidate, "reference": self.reference, "point": self.point,
-                             "metrics": self.metrics.to_dict(), "floor_ratio": self.floor_ratio}
+        d: dict[str, Any] = {
+            "candidate": self.candidate,
+            "reference": self.reference,
+            "point": self.point,
+            "metrics": self.metrics.to_dict(),
+            "floor_ratio": self.floor_ratio,
+        }
         if self.ulp_vs_rounded_ref is not None:
             d["ulp_vs_rounded_ref"] = {"max": self.ulp_vs_rounded_ref[0], "p99": self.ulp_vs_rounded_ref[1]}
         return d
@@ -77,8 +82,12 @@ class StageComparison:
     metrics: TensorMetrics  # running sum after this stage vs the float64 running sum
 
     def to_dict(self) -> dict[str, Any]:
-        return {"candidate": self.candidate, "stage": self.stage, "capture_layers": list(self.capture_layers),
-                "metrics": self.metrics.to_dict()}
+        return {
+            "candidate": self.candidate,
+            "stage": self.stage,
+            "capture_layers": list(self.capture_layers),
+            "metrics": self.metrics.to_dict(),
+        }
 
 
 @dataclass
@@ -104,14 +113,22 @@ class ProjectionReport:
         for cand, ref in self.pairs():
             rows = [c for c in self.comparisons if (c.candidate, c.reference) == (cand, ref)]
             entry: dict[str, Any] = {"candidate": cand, "reference": ref}
-            for label, prefix in (("pre_norm", "ctx.pre_norm"), ("normed", "ctx.normed"),
-                                  ("k_worst", "draft.k"), ("v_worst", "draft.v")):
+            for label, prefix in (
+                ("pre_norm", "ctx.pre_norm"),
+                ("normed", "ctx.normed"),
+                ("k_worst", "draft.k"),
+                ("v_worst", "draft.v"),
+            ):
                 sel = [c for c in rows if c.point.startswith(prefix)]
                 if sel:
                     worst = max(sel, key=lambda c: c.metrics.rel_l2)
-                    entry[label] = {"point": worst.point, "rel_l2": worst.metrics.rel_l2,
-                                    "cosine": worst.metrics.cosine, "max_abs": worst.metrics.max_abs,
-                                    "floor_ratio": worst.floor_ratio}
+                    entry[label] = {
+                        "point": worst.point,
+                        "rel_l2": worst.metrics.rel_l2,
+                        "cosine": worst.metrics.cosine,
+                        "max_abs": worst.metrics.max_abs,
+                        "floor_ratio": worst.floor_ratio,
+                    }
             out.append(entry)
         return out
 
@@ -145,7 +162,10 @@ def _ulp_spec_ok(dt: torch.dtype) -> bool:
 
 # torch.testing.assert_close's default tolerances per dtype; they set pass_ratio only.
 TOLERANCES: dict[str, tuple[float, float]] = {
-    "bf16": (1e-5, 1.6e-2), "fp16": (1e-5, 1e-3), "fp32": (1e-5, 1.3e-6), "fp64": (1e-7, 1e-7),
+    "bf16": (1e-5, 1.6e-2),
+    "fp16": (1e-5, 1e-3),
+    "fp32": (1e-5, 1.3e-6),
+    "fp64": (1e-7, 1e-7),
 }
 
 
@@ -187,8 +207,14 @@ def build_report(run: ProbeRun, *, atol: float | None = None, rtol: float | None
                 continue
             for so, rs in zip(run.paths[p].stages, ref_stages):
                 plan = run.layout.stages[so.stage]
-                report.stage_view.append(StageComparison(
-                    p, so.stage, plan.capture_layers, compare_tensors(rs.running, so.running, atol=atol, rtol=rtol)))
+                report.stage_view.append(
+                    StageComparison(
+                        p,
+                        so.stage,
+                        plan.capture_layers,
+                        compare_tensors(rs.running, so.running, atol=atol, rtol=rtol),
+                    )
+                )
     return report
 
 
@@ -199,8 +225,15 @@ def _run_info(run: ProbeRun) -> dict[str, Any]:
         "kernels": run.kernels.describe(),
         "environment": run.environment,
         "inputs": run.input_source,
-        "paths": {n: {"compute_dtype": r.compute_dtype, "accum_dtype": r.accum_dtype, "kernels": r.kernels,
-                      "seconds": round(r.seconds, 4)} for n, r in run.paths.items()},
+        "paths": {
+            n: {
+                "compute_dtype": r.compute_dtype,
+                "accum_dtype": r.accum_dtype,
+                "kernels": r.kernels,
+                "seconds": round(r.seconds, 4),
+            }
+            for n, r in run.paths.items()
+        },
         "handoff_bytes": run.handoff,
         "bundles": dict(run.bundles),
     }
@@ -231,8 +264,15 @@ def run_projection_report(
     if from_bundle is not None:
         hidden = load_hidden_states(from_bundle, config.capture_layers, name=hidden_name, step=step)
         source = f"bundle {from_bundle} ({hidden_name})"
-    run = run_probe(config, out_dir if write_bundles else None, device=device, paths=paths, kernels=kernels,
-                    hidden=hidden, input_source=source)
+    run = run_probe(
+        config,
+        out_dir if write_bundles else None,
+        device=device,
+        paths=paths,
+        kernels=kernels,
+        hidden=hidden,
+        input_source=source,
+    )
     report = build_report(run, atol=atol, rtol=rtol)
     del run
     return report
@@ -254,23 +294,29 @@ def format_table(report: ProjectionReport) -> str:
     cfg, lay = r["config"], r["layout"]
     env = r["environment"]
     lines = [
-        f"Projection probe: hidden {cfg['hidden']}, {cfg['layers']} layers, capture {cfg['capture_layers']}, "
-        f"PP{cfg['pp']} split {','.join(map(str, lay['sizes']))} ({lay['split']}), {cfg['draft_layers']} draft "
-        f"layers x {cfg['kv_heads']} KV heads x {cfg['head_dim']}, tokens {cfg['tokens']}, {cfg['dtype']}, "
-        f"seed {cfg['seed']}, inputs {r['inputs']}",
+        (
+            f"Projection probe: hidden {cfg['hidden']}, {cfg['layers']} layers, capture {cfg['capture_layers']}, "
+            f"PP{cfg['pp']} split {','.join(map(str, lay['sizes']))} ({lay['split']}), {cfg['draft_layers']} draft "
+            f"layers x {cfg['kv_heads']} KV heads x {cfg['head_dim']}, tokens {cfg['tokens']}, {cfg['dtype']}, "
+            f"seed {cfg['seed']}, inputs {r['inputs']}"
+        ),
         f"device {env.get('gpu', env['device'])}, torch {env['torch']}"
         + (f", CUDA {env['cuda']}" if env.get("cuda") else "")
         + f", kernels rmsnorm={r['kernels']['rmsnorm']} rope={r['kernels']['rope']}"
         + (f" ({env['kernels_note']})" if env.get("kernels_note") else ""),
-        "stages: " + "  ".join(
+        "stages: "
+        + "  ".join(
             f"{s['stage']}:[{s['layers'][0]},{s['layers'][1]})"
             + ("<-" + ",".join(map(str, s["capture_layers"])) if s["capture_layers"] else " pass")
-            for s in lay["stages"]),
+            for s in lay["stages"]
+        ),
         "",
         "Summary (worst draft layer by rel_l2; x floor = rel_l2 / rel_l2(concat vs ref)):",
         "",
-        "| candidate | reference | pre_norm rel_l2 | normed rel_l2 | normed cosine | K worst rel_l2 | V worst rel_l2 "
-        "| K x floor | V x floor |",
+        (
+            "| candidate | reference | pre_norm rel_l2 | normed rel_l2 | normed cosine | K worst rel_l2 | V worst rel_l2 "
+            "| K x floor | V x floor |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in report.summary():
@@ -280,13 +326,16 @@ def format_table(report: ProjectionReport) -> str:
             f"| {s['candidate']} | {s['reference']} | {_e(s['pre_norm']['rel_l2'])} | {_e(s['normed']['rel_l2'])} "
             f"| {s['normed']['cosine']:.8f} | {_e(k.get('rel_l2'))} ({k.get('point', '-')}) "
             f"| {_e(v.get('rel_l2'))} ({v.get('point', '-')}) "
-            f"| {'-' if fr_k is None else f'{fr_k:.2f}'} | {'-' if fr_v is None else f'{fr_v:.2f}'} |")
+            f"| {'-' if fr_k is None else f'{fr_k:.2f}'} | {'-' if fr_v is None else f'{fr_v:.2f}'} |"
+        )
     lines += [
         "",
         "Per capture point:",
         "",
-        "| candidate | reference | point | rel_l2 | cosine | max_abs | sqnr_db | pass_ratio | x floor "
-        "| ulp max/p99 |",
+        (
+            "| candidate | reference | point | rel_l2 | cosine | max_abs | sqnr_db | pass_ratio | x floor "
+            "| ulp max/p99 |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report.comparisons:
@@ -295,26 +344,46 @@ def format_table(report: ProjectionReport) -> str:
         lines.append(
             f"| {c.candidate} | {c.reference} | {c.point} | {_e(m.rel_l2)} | {m.cosine:.8f} | {_e(m.max_abs)} "
             f"| {m.sqnr_db:.1f} | {m.pass_ratio:.4f} | {'-' if c.floor_ratio is None else f'{c.floor_ratio:.2f}'} "
-            f"| {'-' if ulp is None else f'{ulp[0]}/{ulp[1]}'} |")
+            f"| {'-' if ulp is None else f'{ulp[0]}/{ulp[1]}'} |"
+        )
     if report.stage_view:
         cands = list(dict.fromkeys(s.candidate for s in report.stage_view))
-        lines += ["", "Stage view: running sum after each stage vs the float64 running sum (rel_l2):", "",
-                  "| stage | capture | " + " | ".join(cands) + " |", "|---|---|" + "---|" * len(cands)]
+        lines += [
+            "",
+            "Stage view: running sum after each stage vs the float64 running sum (rel_l2):",
+            "",
+            "| stage | capture | " + " | ".join(cands) + " |",
+            "|---|---|" + "---|" * len(cands),
+        ]
         for st in lay["stages"]:
-            vals = [next(s for s in report.stage_view if s.candidate == c and s.stage == st["stage"])
-                    for c in cands]
+            vals = [
+                next(s for s in report.stage_view if s.candidate == c and s.stage == st["stage"])
+                for c in cands
+            ]
             cap = ",".join(map(str, st["capture_layers"])) or "(pass on)"
-            lines.append(f"| {st['stage']} | {cap} | " + " | ".join(_e(v.metrics.rel_l2) for v in vals) + " |")
+            lines.append(
+                f"| {st['stage']} | {cap} | " + " | ".join(_e(v.metrics.rel_l2) for v in vals) + " |"
+            )
     hb = r["handoff_bytes"]
-    lines += ["", f"PP hand-off of the running sum ({hb['tokens']} tokens x {hb['hidden']}; "
-              f"{hb['boundaries_carrying_sum']} of {hb['boundaries']} stage boundaries carry a non-zero sum):", "",
-              "| accumulation | bytes/token/stage | per hand-off | per chunk (all carrying boundaries) |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            f"PP hand-off of the running sum ({hb['tokens']} tokens x {hb['hidden']}; "
+            f"{hb['boundaries_carrying_sum']} of {hb['boundaries']} stage boundaries carry a non-zero sum):"
+        ),
+        "",
+        "| accumulation | bytes/token/stage | per hand-off | per chunk (all carrying boundaries) |",
+        "|---|---|---|---|",
+    ]
     for acc in ("bf16", "fp32"):
         h = hb[acc]
-        lines.append(f"| {acc} | {h['bytes_per_token_per_stage']:,} | {_mb(h['bytes_per_handoff'])} "
-                     f"| {_mb(h['bytes_per_chunk_all_boundaries'])} |")
-    lines.append(f"(forwarding the raw features instead: {hb['raw_features_instead_bytes_per_token']:,} bytes/token)")
+        lines.append(
+            f"| {acc} | {h['bytes_per_token_per_stage']:,} | {_mb(h['bytes_per_handoff'])} "
+            f"| {_mb(h['bytes_per_chunk_all_boundaries'])} |"
+        )
+    lines.append(
+        f"(forwarding the raw features instead: {hb['raw_features_instead_bytes_per_token']:,} bytes/token)"
+    )
     secs = ", ".join(f"{n} {p['seconds']:.2f}s" for n, p in r["paths"].items())
     lines += ["", f"path wall time: {secs}"]
     return "\n".join(lines)
@@ -336,31 +405,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("shapes")
     g.add_argument("--hidden", type=int, default=d.hidden, help="target hidden size (default %(default)s)")
     g.add_argument("--layers", type=int, default=d.layers, help="target layers (default %(default)s)")
-    g.add_argument("--capture-layers", type=_int_list, default=d.capture_layers,
-                   help="capture layer ids in feature order, e.g. 19,37,54,66,78,90")
+    g.add_argument(
+        "--capture-layers",
+        type=_int_list,
+        default=d.capture_layers,
+        help="capture layer ids in feature order, e.g. 19,37,54,66,78,90",
+    )
     g.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (default %(default)s)")
-    g.add_argument("--pp-split", default=None,
-                   help="layers per stage ('12,12,12,12,12,11,11,11') or ranges ('0:12,12:24,...'); "
-                        "default: even split, first stages take the remainder")
+    g.add_argument(
+        "--pp-split",
+        default=None,
+        help="layers per stage ('12,12,12,12,12,11,11,11') or ranges ('0:12,12:24,...'); "
+        "default: even split, first stages take the remainder",
+    )
     g.add_argument("--draft-layers", type=int, default=d.draft_layers)
     g.add_argument("--kv-heads", type=int, default=d.kv_heads)
     g.add_argument("--head-dim", type=int, default=d.head_dim)
     g.add_argument("--rope-theta", type=float, default=d.rope_theta)
     g.add_argument("--eps", type=float, default=d.eps)
     g.add_argument("--tokens", type=int, default=d.tokens)
-    g.add_argument("--dtype", default=d.dtype, help="model dtype: bf16, fp16, fp32, fp64 (default %(default)s)")
+    g.add_argument(
+        "--dtype", default=d.dtype, help="model dtype: bf16, fp16, fp32, fp64 (default %(default)s)"
+    )
     g.add_argument("--seed", type=int, default=d.seed)
     r = parser.add_argument_group("run")
-    r.add_argument("--paths", default=None,
-                   help="comma-separated paths (default: concat,partial-<dtype>,partial-fp32,ref)")
-    r.add_argument("--kernels", choices=("auto", "torch", "flashinfer"), default="auto",
-                   help="RMSNorm/RoPE kernels for the non-float64 paths (default: flashinfer on CUDA if importable)")
+    r.add_argument(
+        "--paths",
+        default=None,
+        help="comma-separated paths (default: concat,partial-<dtype>,partial-fp32,ref)",
+    )
+    r.add_argument(
+        "--kernels",
+        choices=("auto", "torch", "flashinfer"),
+        default="auto",
+        help="RMSNorm/RoPE kernels for the non-float64 paths (default: flashinfer on CUDA if importable)",
+    )
     r.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    r.add_argument("--out", default=None, help="write one bundle per path under OUT/<path>/ and report.{json,md}")
+    r.add_argument(
+        "--out", default=None, help="write one bundle per path under OUT/<path>/ and report.{json,md}"
+    )
     r.add_argument("--no-bundles", action="store_true", help="with --out: write only the report files")
     r.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
-    r.add_argument("--from-bundle", default=None,
-                   help=f"take hidden states from a captured bundle: tensors named {HIDDEN_NAME!r}, coords layer=<id>")
+    r.add_argument(
+        "--from-bundle",
+        default=None,
+        help=f"take hidden states from a captured bundle: tensors named {HIDDEN_NAME!r}, coords layer=<id>",
+    )
     r.add_argument("--hidden-name", default=HIDDEN_NAME, help="tensor name to read with --from-bundle")
     r.add_argument("--step", type=int, default=None, help="with --from-bundle: the step to read")
     r.add_argument("--atol", type=float, default=None, help="pass_ratio tolerance (default: per dtype)")
@@ -371,9 +461,19 @@ def config_from_args(args: argparse.Namespace) -> ProjectionConfig:
     split = parse_pp_split(args.pp_split) if args.pp_split else None
     dtype = args.dtype
     return ProjectionConfig(
-        hidden=args.hidden, layers=args.layers, capture_layers=tuple(args.capture_layers), pp=args.pp,
-        pp_split=split, draft_layers=args.draft_layers, kv_heads=args.kv_heads, head_dim=args.head_dim,
-        rope_theta=args.rope_theta, eps=args.eps, tokens=args.tokens, dtype=dtype, seed=args.seed,
+        hidden=args.hidden,
+        layers=args.layers,
+        capture_layers=tuple(args.capture_layers),
+        pp=args.pp,
+        pp_split=split,
+        draft_layers=args.draft_layers,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        rope_theta=args.rope_theta,
+        eps=args.eps,
+        tokens=args.tokens,
+        dtype=dtype,
+        seed=args.seed,
     )
 
 
@@ -383,9 +483,17 @@ def run_from_args(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         paths = [p.strip() for p in args.paths.split(",")] if args.paths else None
         report = run_projection_report(
-            cfg, args.out, device=args.device, paths=paths, kernels=args.kernels, from_bundle=args.from_bundle,
-            hidden_name=args.hidden_name, step=args.step, write_bundles=not args.no_bundles,
-            atol=args.atol, rtol=args.rtol,
+            cfg,
+            args.out,
+            device=args.device,
+            paths=paths,
+            kernels=args.kernels,
+            from_bundle=args.from_bundle,
+            hidden_name=args.hidden_name,
+            step=args.step,
+            write_bundles=not args.no_bundles,
+            atol=args.atol,
+            rtol=args.rtol,
         )
     except ProjectionConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -402,7 +510,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validator.projection", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m validator.projection", description=__doc__.split("\n")[0]
+    )
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

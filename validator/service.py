@@ -16,7 +16,7 @@ from . import store
 from .blobs import LocalBlobStore
 from .compare import Comparison, compare_runs
 from .config import Settings
-from .errors import InputError, NotFoundError
+from .errors import ConflictError, InputError, NotFoundError
 from .models import Run
 from .policy import Policy
 from .shards import group_logical
@@ -98,14 +98,17 @@ class Service:
         name: str | None = None,
         labels: dict[str, str] | None = None,
         progress: Progress | None = None,
+        pending: int | None = None,
     ) -> RunSummary:
+        """Store a run view. ``pending``: id of a pending run (uploaded over the API) to complete."""
         run_name = name or view.name
         if not run_name or len(run_name) > 200:
             raise InputError(f"run name {run_name!r} must be 1-200 characters")
         group_logical(view.tensors)  # refuse impossible shard layouts before storing anything
-        with self.session() as s:
-            if store.get_run(s, ref=run_name, include_pending=True) is not None:
-                raise InputError(f"a run named {run_name!r} already exists; choose another with --name")
+        if pending is None:
+            with self.session() as s:
+                if store.get_run(s, ref=run_name, include_pending=True) is not None:
+                    raise InputError(f"a run named {run_name!r} already exists; choose another with --name")
         created: list[str] = []
         try:
             records, blobs = [], {}
@@ -129,15 +132,14 @@ class Service:
             all_labels = {**view.labels, **(labels or {})}
             with self.session() as s, s.begin():
                 store.add_blobs(s, blobs=blobs)
-                run = store.create_run(
-                    s,
-                    name=run_name,
-                    source=view.source,
-                    manifest={**view.manifest, "ingested_from": view.location},
-                    labels=all_labels,
-                    tensors=records,
-                    artifacts=artifacts,
-                )
+                manifest = {**view.manifest, "ingested_from": view.location}
+                if pending is None:
+                    run = store.create_run(s, name=run_name, source=view.source, manifest=manifest, labels=all_labels)
+                else:
+                    run = s.get(Run, pending, with_for_update=True)
+                    if run is None or run.status != "pending":
+                        raise ConflictError(f"run {run_name!r} is not pending (already finalized?)")
+                store.complete_run(s, run=run, tensors=records, artifacts=artifacts, manifest=manifest, labels=all_labels)
             with self.session() as s:
                 got = store.get_run(s, ref=str(run.id))
                 assert got is not None

@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import ConflictError
-from .models import Artifact, Blob, Run, RunLabel, Tensor
+from .models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
 
 __all__ = [
     "make_engine",
@@ -27,6 +27,11 @@ __all__ = [
     "get_run",
     "list_runs",
     "create_run",
+    "complete_run",
+    "add_upload",
+    "run_uploads",
+    "get_comparison",
+    "save_comparison",
     "add_blobs",
     "run_tensors",
     "unreferenced_blobs",
@@ -133,27 +138,42 @@ def create_run(
     source: str,
     manifest: dict[str, Any],
     labels: dict[str, str],
-    tensors: Sequence[dict[str, Any]],
-    artifacts: Sequence[dict[str, Any]] = (),
 ) -> Run:
-    """Insert a complete run with its tensor records in the caller's transaction.
-
-    ``tensors``: dicts with name, coords, shard, dtype, shape, sha256, nbytes (blobs already recorded).
-    """
+    """Insert a pending run (invisible to listings and comparisons until :func:`complete_run`)."""
     if session.scalars(select(Run.id).where(Run.name == name)).first() is not None:
         raise ConflictError(f"a run named {name!r} already exists")
-    run = Run(
-        name=name,
-        status="complete",
-        source=source,
-        manifest=manifest,
-        n_tensors=len(tensors),
-        total_bytes=sum(int(t["nbytes"]) for t in tensors),
-    )
+    run = Run(name=name, status="pending", source=source, manifest=manifest, n_tensors=0, total_bytes=0)
     run.labels = [RunLabel(key=k, value=v) for k, v in sorted(labels.items())]
-    run.artifacts = [Artifact(kind=a["kind"], sha256=a["sha256"], nbytes=a["nbytes"]) for a in artifacts]
     session.add(run)
     session.flush()
+    return run
+
+
+def complete_run(
+    session: Session,
+    *,
+    run: Run,
+    tensors: Sequence[dict[str, Any]],
+    artifacts: Sequence[dict[str, Any]] = (),
+    manifest: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+) -> Run:
+    """Attach tensor records (blobs already recorded) and mark the run complete, in the caller's transaction.
+
+    ``tensors``: dicts with name, coords, shard, dtype, shape, sha256, nbytes.
+    """
+    if manifest is not None:
+        run.manifest = manifest
+    if labels is not None:
+        have = run.label_dict()
+        run.labels.extend(RunLabel(key=k, value=v) for k, v in sorted(labels.items()) if k not in have)
+        for lb in run.labels:
+            if lb.key in labels:
+                lb.value = labels[lb.key]
+    run.artifacts = [Artifact(kind=a["kind"], sha256=a["sha256"], nbytes=a["nbytes"]) for a in artifacts]
+    run.n_tensors = len(tensors)
+    run.total_bytes = sum(int(t["nbytes"]) for t in tensors)
+    run.status = "complete"
     if tensors:
         session.execute(
             Tensor.__table__.insert(),
@@ -172,6 +192,7 @@ def create_run(
                 for t in tensors
             ],
         )
+    session.flush()
     return run
 
 
@@ -186,3 +207,38 @@ def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[s
     used = set(session.scalars(select(Tensor.sha256).where(Tensor.sha256.in_(candidates))))
     used |= set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(candidates))))
     return [c for c in candidates if c not in used]
+
+
+# -- uploads and cached comparisons -------------------------------------------------------------
+
+
+def add_upload(session: Session, *, run_id: int, part: str, filename: str, sha256: str, nbytes: int) -> bool:
+    """Record an uploaded file. Returns False when the same content was already recorded (a retry);
+    raises ConflictError when different content was."""
+    existing = session.scalars(
+        select(Upload).where(Upload.run_id == run_id, Upload.part == part, Upload.filename == filename)
+    ).first()
+    if existing is not None:
+        if existing.sha256 != sha256:
+            raise ConflictError(f"{part}/{filename} was already uploaded with different content ({existing.sha256[:12]})")
+        return False
+    session.add(Upload(run_id=run_id, part=part, filename=filename, sha256=sha256, nbytes=nbytes))
+    session.flush()
+    return True
+
+
+def run_uploads(session: Session, *, run_id: int) -> Sequence[Upload]:
+    return session.scalars(select(Upload).where(Upload.run_id == run_id).order_by(Upload.part, Upload.filename)).all()
+
+
+def get_comparison(session: Session, *, key: str | None = None, id: int | None = None) -> ComparisonRecord | None:
+    if id is not None:
+        return session.get(ComparisonRecord, id)
+    return session.scalars(select(ComparisonRecord).where(ComparisonRecord.key == key)).first()
+
+
+def save_comparison(session: Session, *, key: str, request: dict[str, Any]) -> ComparisonRecord:
+    rec = ComparisonRecord(key=key, request=request, status="queued")
+    session.add(rec)
+    session.flush()
+    return rec

@@ -32,8 +32,15 @@ from probes.projection import (
 
 # Small shapes with the deployment's structure: 6 capture layers, PP4 with two stages owning none.
 SMALL = ProjectionConfig(
-    hidden=128, layers=24, capture_layers=(9, 13, 14, 17, 20, 22), pp=4, draft_layers=2, kv_heads=2,
-    head_dim=32, tokens=48, seed=3,
+    hidden=128,
+    layers=24,
+    capture_layers=(9, 13, 14, 17, 20, 22),
+    pp=4,
+    draft_layers=2,
+    kv_heads=2,
+    head_dim=32,
+    tokens=48,
+    seed=3,
 )
 PASS_ON = dataclasses.replace(SMALL, capture_layers=(7, 10, 20), pp=4)  # stages 0 and 2 own no capture layer
 
@@ -189,7 +196,14 @@ def test_partial_fp32_keeps_stage_outputs_in_fp32() -> None:
     lay = plan_layout(SMALL)
     hs = make_hidden_states(SMALL)
     w = make_weights(SMALL)
-    res = compute_path("partial-fp32", [hs[c] for c in SMALL.capture_layers], w, SMALL, lay, select_kernels("torch", torch.device("cpu")))
+    res = compute_path(
+        "partial-fp32",
+        [hs[c] for c in SMALL.capture_layers],
+        w,
+        SMALL,
+        lay,
+        select_kernels("torch", torch.device("cpu")),
+    )
     assert res.accum_dtype == "fp32"
     assert all(s.running.dtype == torch.float32 for s in res.stages)
     assert res.pre_norm.dtype == torch.bfloat16  # rounded once, where hidden_norm consumes it
@@ -224,7 +238,7 @@ def test_torch_rmsnorm_and_rope_match_definitions() -> None:
     y = torch_rope(x, 100.0)
     pos = torch.arange(5, dtype=torch.float64)[:, None, None]
     freq = 100.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
-    z = torch.complex(x[..., :8], x[..., 8:]) * torch.polar(torch.ones(()), pos * freq)
+    z = torch.complex(x[..., :8], x[..., 8:]) * torch.polar(torch.ones((), dtype=torch.float64), pos * freq)
     torch.testing.assert_close(y, torch.cat([z.real, z.imag], dim=-1))
     torch.testing.assert_close(y[0], x[0])  # position 0 is the identity
     yb = torch_rope(x.to(torch.bfloat16), 100.0)
@@ -251,7 +265,11 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
         assert man["run"]["name"] == f"t-{name}"
         labels = man["run"]["labels"]
         assert labels["topology"] == "pp4" and labels["dtype"] == "bf16" and labels["tokens"] == "48"
-        assert labels["seed"] == "3" and labels["path"] == name and labels["kernels"] == "rmsnorm=torch,rope=torch"
+        assert (
+            labels["seed"] == "3"
+            and labels["path"] == name
+            and labels["kernels"] == "rmsnorm=torch,rope=torch"
+        )
         assert man["run"]["kernels"] == {"rmsnorm": "torch", "rope": "torch"}
         assert man["run"]["layout"]["sizes"] == [6, 6, 6, 6]
         recs = _records(root_p)
@@ -269,8 +287,10 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
         if name in ("partial-bf16", "partial-fp32", "ref"):
             partials = [r for r in recs if r["name"] == "ctx.partial"]
             assert [r["coords"]["pp_stage"] for r in partials] == [1, 3]  # type: ignore[index]
-            assert all(r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4}  # type: ignore[index]
-                       for r in partials)
+            assert all(
+                r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4}  # type: ignore[index]
+                for r in partials
+            )
             running = [r for r in recs if r["name"] == "ctx.running"]
             assert len(running) == 4
             # stage 2 owns no capture layer: the sum it hands on is byte-identical to the one it got
@@ -291,7 +311,9 @@ def test_hidden_states_from_a_bundle(tmp_path: Path) -> None:
     loaded = load_hidden_states(tmp_path / "cap", SMALL.capture_layers)
     assert all(torch.equal(loaded[c], hs[c]) for c in hs)
     a = run_probe(SMALL, device="cpu", paths=["concat"])
-    b = run_probe(dataclasses.replace(SMALL, tokens=1, hidden=8), device="cpu", paths=["concat"], hidden=loaded)
+    b = run_probe(
+        dataclasses.replace(SMALL, tokens=1, hidden=8), device="cpu", paths=["concat"], hidden=loaded
+    )
     assert b.config.tokens == SMALL.tokens and b.config.hidden == SMALL.hidden
     assert torch.equal(a.paths["concat"].k[1], b.paths["concat"].k[1])
     with pytest.raises(ProjectionConfigError, match=r"capture layer\(s\) \[23\]"):

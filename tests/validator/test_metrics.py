@@ -43,11 +43,16 @@ def _value_table(np_dtype: Any) -> np.ndarray:
     patterns = np.arange(1 << (8 * width), dtype=np.uint8 if width == 1 else np.uint16)
     with np.errstate(invalid="ignore"):  # NaN patterns
         values = patterns.view(np_dtype).astype(np.float64)
-    return np.unique(values[np.isfinite(values)])
+    table: np.ndarray = np.unique(values[np.isfinite(values)])
+    return table
 
 
 def _np_ulp(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
-    """ULP distance = how many representable steps apart (counted, not computed from bits)."""
+    """ULP distance, computed without the module's ordinal mapping.
+
+    8/16-bit types: the number of representable finite values stepped over (looked up in a table
+    of every value). float32: sign-magnitude bit arithmetic.
+    """
     x, y = _f64(a), _f64(b)
     if a.dtype == torch.float32:  # sign-magnitude: same sign -> |mx-my|, else mx+my
         bx = x.astype(np.float32).view(np.uint32).astype(np.int64)
@@ -56,7 +61,8 @@ def _np_ulp(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
         same_sign = ((bx >> 31) == (by >> 31)) | (mx == 0) | (my == 0)
         return np.where(same_sign, np.abs(mx - my), mx + my)
     table = _value_table(NP_TWIN[a.dtype])
-    return np.abs(np.searchsorted(table, x) - np.searchsorted(table, y))
+    steps: np.ndarray = np.abs(np.searchsorted(table, x) - np.searchsorted(table, y))
+    return steps
 
 
 def _np_metrics(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> dict[str, Any]:
@@ -168,10 +174,11 @@ def test_integer_and_bool_inputs_are_upcast() -> None:
 
 
 def test_sums_are_float64_not_input_precision() -> None:
-    # 2**24 + 1 ones: a float32 accumulator would stall at 2**24.
-    a = torch.ones((1 << 24) + 1, dtype=torch.float32)
+    # |a|^2 = 2**48 + 1, which float32 cannot hold (it rounds to 2**48)
+    a = torch.tensor([2.0**24, 1.0], dtype=torch.float32)
     m = compare_tensors(a, torch.zeros_like(a))
-    assert m.norm_a == math.sqrt((1 << 24) + 1)
+    assert m.norm_a == math.sqrt(2.0**48 + 1) != 2.0**24
+    assert m.mean_abs == (2.0**24 + 1) / 2
 
 
 # ---------------------------------------------------------------- edges
@@ -325,7 +332,7 @@ def _bf16(bits: list[int]) -> torch.Tensor:
 
 def test_ulp_known_cases() -> None:
     one = torch.tensor([1.0], dtype=torch.bfloat16)
-    next_up = torch.tensor([1.0 + float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)], dtype=torch.bfloat16)
+    next_up = torch.tensor([1.0 + 2.0**-7], dtype=torch.bfloat16)  # bf16 has 7 fraction bits
     assert compare_tensors(one, next_up).max_ulp == 1
     pz, nz = torch.tensor([0.0], dtype=torch.bfloat16), torch.tensor([-0.0], dtype=torch.bfloat16)
     assert compare_tensors(pz, nz).max_ulp == 0

@@ -109,18 +109,94 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def _policy_doc(path: str | None) -> dict[str, Any] | None:
+    """The policy file's content (validated), to apply locally or send to a server."""
+    if not path:
+        return None
     from .policy import Policy
-    from .report import comparison_json, format_comparison, write_junit
 
-    policy = Policy.load(args.policy) if args.policy else None
+    Policy.load(path)  # validate with a message naming the file
+    import tomllib
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(comparison document, pre-rendered extra tables), computed locally or by the server."""
+    floor = tuple(args.floor) if args.floor else None
+    policy = _policy_doc(args.policy)
+    if args.server:
+        client = _client(args)
+        try:
+            return client.compare(a, b, floor=floor, policy=policy), {}
+        finally:
+            client.close()
+    from .policy import Policy
+    from .report import comparison_doc
+
+    pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     svc = _service(args)
     with _progress("compare", not args.json) as prog:
-        result = svc.compare(args.a, args.b, policy=policy, floor=tuple(args.floor) if args.floor else None, progress=prog)
+        c = svc.compare(a, b, policy=pol, floor=floor, progress=prog)
+    tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
+    return comparison_doc(c), tables
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .report import EXIT_CODES, format_comparison, write_junit
+
+    doc, tables = _comparison(args, args.a, args.b)
     if args.junit:
-        write_junit(result, args.junit)
-    print(comparison_json(result) if args.json else format_comparison(result))
-    return result.exit_code
+        write_junit(doc, args.junit)
+    print(json.dumps(doc, indent=1) if args.json else format_comparison(doc, tables=tables))
+    return EXIT_CODES[doc["verdict"]]
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """Like compare, for CI: prints Markdown, appends it to $GITHUB_STEP_SUMMARY, optional JUnit."""
+    from .report import EXIT_CODES, markdown_summary, write_junit
+
+    doc, _ = _comparison(args, args.baseline, args.candidate)
+    link = f"{args.server.rstrip('/')}/api/v1/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
+    md = markdown_summary(doc, link=link)
+    if args.junit:
+        write_junit(doc, args.junit)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(md + "\n")
+    print(json.dumps(doc, indent=1) if args.json else md)
+    return EXIT_CODES[doc["verdict"]]
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    if not args.server:
+        raise InputError("push needs --server URL (to store locally, use `validator ingest`)")
+    client = _client(args)
+    try:
+        run = client.push(args.bundle, name=args.name, labels=_labels(args.label))
+    finally:
+        client.close()
+    print(json.dumps(run, indent=1) if args.json else f"pushed run {run['name']!r} (id {run['id']}): {run['n_tensors']} tensors")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    settings = Settings.from_env(home=args.home)
+    if args.db:
+        settings = replace(settings, database_url=args.db)
+    if args.token:
+        settings = replace(settings, tokens=settings.tokens + tuple(args.token))
+    return serve(settings, host=args.host, port=args.port, allow_open=args.insecure_no_token)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client import Client
+
+    return Client(args.server, args.token_value or os.environ.get("VALIDATOR_TOKEN"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -137,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--home", help="store directory (default: $VALIDATOR_HOME or ~/.validator)")
     p.add_argument("--db", help="SQLAlchemy database URL (default: SQLite in the home; $VALIDATOR_DATABASE_URL)")
+    p.add_argument("--server", default=os.environ.get("VALIDATOR_SERVER"), help="work against a validator server (URL)")
+    p.add_argument("--token", dest="token_value", help="bearer token for --server (default: $VALIDATOR_TOKEN)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -172,6 +250,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser(
+        "gate",
+        help="CI gate: compare, print a Markdown summary (also to $GITHUB_STEP_SUMMARY), exit 0/1/2/3",
+    )
+    s.add_argument("baseline", help="reference run")
+    s.add_argument("candidate", help="candidate run")
+    s.add_argument("--policy", help="TOML policy file")
+    s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair")
+    s.add_argument("--json", action="store_true", help="print the comparison JSON instead of Markdown")
+    s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    s.set_defaults(func=cmd_gate)
+
+    s = sub.add_parser("push", help="upload a bundle to a server (--server URL) as one run")
+    s.add_argument("bundle")
+    s.add_argument("--name", help="run name (default: the bundle's)")
+    s.add_argument("--label", action="append", metavar="KEY=VALUE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_push)
+
+    s = sub.add_parser("serve", help="serve the JSON API (and dashboard) over the store")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--token", action="append", help="accept this bearer token (repeatable; also $VALIDATOR_TOKENS)")
+    s.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow serving on a non-loopback address without any token (anyone can write)",
+    )
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("demo", help="run the projection probe on CPU at reduced shapes, store and compare the paths")
     s.add_argument("--out", help="where to write the bundles (default: a temporary directory)")

@@ -31,6 +31,9 @@ _P99_NUM, _P99_DEN = 99, 100
 # On CPU, pieces above ~2**20 elements run 4-5x slower (fresh allocations fault in new pages
 # every piece), so CPU work uses at most this many elements per piece whatever chunk_elems says.
 _CPU_PIECE = 1 << 19
+# On accelerators each histogram is kept in this many interleaved copies (element i adds to
+# copy i % copies), so that a pile of equal distances does not serialise on one atomic counter.
+_ACCEL_COPIES = 64
 
 
 class MetricInputError(ValueError):
@@ -100,11 +103,12 @@ def compare_tensors(
     device = _compute_device(a, b)
     ulp = _ULP_DTYPES.get(a.dtype) if a.dtype == b.dtype else None
     piece = min(chunk_elems, _CPU_PIECE) if device.type == "cpu" else chunk_elems
-    acc = _Accumulator(device, atol, rtol, ulp is not None, a.dtype == torch.float32)
+    piece = max(1, min(piece, a.numel()))
+    acc = _Accumulator(device, atol, rtol, piece, ulp is not None, a.dtype == torch.float32)
     with torch.no_grad():
         for ca, cb in _chunk_pairs(a.detach(), b.detach(), piece):
             acc.add(ca.to(device), cb.to(device), ulp)
-        return acc.finish(a, b, ulp, piece)
+        return acc.finish(a, b, ulp)
 
 
 def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: int) -> None:
@@ -168,10 +172,35 @@ def _ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, i
     return (ordinal(ca) - ordinal(cb)).abs()
 
 
+def _histogram_copies(device: torch.device) -> int:
+    return 1 if device.type == "cpu" else _ACCEL_COPIES
+
+
+class _Histogram:
+    """Exact int64 counts of integers in [0, _FINE_BINS], added without a host sync."""
+
+    def __init__(self, device: torch.device, piece: int) -> None:
+        self.bins = _FINE_BINS + 1
+        copies = _histogram_copies(device)
+        self.counts = torch.zeros(copies * self.bins, dtype=torch.int64, device=device)
+        self.offset = None if copies == 1 else (torch.arange(piece, device=device) % copies) * self.bins
+
+    def add(self, index: torch.Tensor, weight: torch.Tensor) -> None:
+        if self.offset is not None:
+            index = index + self.offset[: index.numel()]
+        self.counts.scatter_add_(0, index, weight)
+
+    def total(self) -> torch.Tensor:
+        """The counts on CPU, copies summed."""
+        return self.counts.view(-1, self.bins).sum(0).cpu()
+
+
 class _Accumulator:
     """Running float64 sums, int64 counts and ULP histograms, all on one device."""
 
-    def __init__(self, device: torch.device, atol: float, rtol: float, ulp: bool, coarse: bool) -> None:
+    def __init__(
+        self, device: torch.device, atol: float, rtol: float, piece: int, ulp: bool, coarse: bool
+    ) -> None:
         self.atol, self.rtol = float(atol), float(rtol)
         # sum a^2, sum b^2, sum a*b, sum d^2, sum |d|   (over elements finite in both; d = b - a)
         self.sums = torch.zeros(5, dtype=torch.float64, device=device)
@@ -179,9 +208,10 @@ class _Accumulator:
         # finite in both, passed, non-finite in a, non-finite in b, non-finite mismatch
         self.counts = torch.zeros(5, dtype=torch.int64, device=device)
         self.max_ulp = torch.zeros((), dtype=torch.int64, device=device)
-        self.fine = torch.zeros(_FINE_BINS + 1, dtype=torch.int64, device=device) if ulp else None
+        self.device, self.piece = device, piece
+        self.fine = _Histogram(device, piece) if ulp else None
         # float32 only: histogram of distance >> 16 (distances of finite float32 are < 2**32)
-        self.coarse = torch.zeros(1 << 16, dtype=torch.int64, device=device) if ulp and coarse else None
+        self.coarse = _Histogram(device, piece) if ulp and coarse else None
 
     def add(self, ca: torch.Tensor, cb: torch.Tensor, ulp: tuple[torch.dtype, int] | None) -> None:
         xa, xb = ca.to(torch.float64), cb.to(torch.float64)
@@ -212,13 +242,11 @@ class _Accumulator:
             dist = _ulp_distance(ca, cb, ulp).masked_fill(~both, 0)
             weight = both.to(torch.int64)
             self.max_ulp = torch.maximum(self.max_ulp, dist.max())
-            self.fine.scatter_add_(0, dist.clamp(max=_FINE_BINS), weight)
+            self.fine.add(dist.clamp(max=_FINE_BINS), weight)
             if self.coarse is not None:
-                self.coarse.scatter_add_(0, dist >> 16, weight)
+                self.coarse.add(dist >> 16, weight)
 
-    def finish(
-        self, a: torch.Tensor, b: torch.Tensor, ulp: tuple[torch.dtype, int] | None, chunk: int
-    ) -> TensorMetrics:
+    def finish(self, a: torch.Tensor, b: torch.Tensor, ulp: tuple[torch.dtype, int] | None) -> TensorMetrics:
         sum_a2, sum_b2, sum_ab, sum_d2, sum_absd = self.sums.cpu().tolist()  # the one sync
         max_abs = float(self.max_abs.cpu())
         n_both, n_pass, nonfinite_a, nonfinite_b, mismatch = self.counts.cpu().tolist()
@@ -242,7 +270,7 @@ class _Accumulator:
         p99_ulp: int | None = None
         if ulp is not None:
             max_ulp = int(self.max_ulp.cpu())
-            p99_ulp = _p99_from_hist(self, a, b, ulp, chunk, n_both)
+            p99_ulp = _p99_from_hist(self, a, b, ulp, n_both)
         return TensorMetrics(
             numel=numel,
             dtype_a=_dtype_name(a.dtype),
@@ -278,7 +306,7 @@ def _first_reaching(hist: torch.Tensor, rank: int) -> int:
 
 
 def _p99_from_hist(
-    acc: _Accumulator, a: torch.Tensor, b: torch.Tensor, ulp: tuple[torch.dtype, int], chunk: int, n: int
+    acc: _Accumulator, a: torch.Tensor, b: torch.Tensor, ulp: tuple[torch.dtype, int], n: int
 ) -> int:
     """Exact nearest-rank p99 of the ULP distances of the elements finite in both.
 
@@ -291,23 +319,21 @@ def _p99_from_hist(
         return 0
     assert acc.fine is not None
     rank = _nearest_rank(n)
-    fine = acc.fine.cpu()
-    idx = _first_reaching(fine, rank)
+    idx = _first_reaching(acc.fine.total(), rank)
     if idx < _FINE_BINS:
         return idx
     assert acc.coarse is not None
-    coarse = acc.coarse.cpu()
+    coarse = acc.coarse.total()
     bucket = _first_reaching(coarse, rank)
     rank_in_bucket = rank - int(coarse[:bucket].sum())
-    device = acc.fine.device
-    low = torch.zeros(_FINE_BINS, dtype=torch.int64, device=device)
+    low = _Histogram(acc.device, acc.piece)
     with torch.no_grad():
-        for ca, cb in _chunk_pairs(a.detach(), b.detach(), chunk):
-            ca, cb = ca.to(device), cb.to(device)
+        for ca, cb in _chunk_pairs(a.detach(), b.detach(), acc.piece):
+            ca, cb = ca.to(acc.device), cb.to(acc.device)
             dist = _ulp_distance(ca, cb, ulp)
             sel = torch.isfinite(ca) & torch.isfinite(cb) & ((dist >> 16) == bucket)
-            low.scatter_add_(0, dist & (_FINE_BINS - 1), sel.to(torch.int64))
-    return (bucket << 16) + _first_reaching(low.cpu(), rank_in_bucket)
+            low.add(dist & (_FINE_BINS - 1), sel.to(torch.int64))
+    return (bucket << 16) + _first_reaching(low.total(), rank_in_bucket)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,4 +1,8 @@
-"""Rendering a comparison for people (a table) and for CI (JSON, JUnit XML). No computation here."""
+"""Rendering a comparison for people (a table, Markdown) and for CI (JSON, JUnit XML).
+
+Everything here works on the comparison's JSON document (``comparison_doc``), so a comparison computed
+locally and one fetched from a server print the same.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,20 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from .compare import Comparison
+from .compare import VERDICT_EXIT, Comparison
 
-__all__ = ["format_comparison", "comparison_json", "write_junit", "fmt_num", "format_rows"]
+__all__ = [
+    "comparison_doc",
+    "comparison_json",
+    "format_comparison",
+    "markdown_summary",
+    "write_junit",
+    "fmt_num",
+    "format_rows",
+    "EXIT_CODES",
+]
+
+EXIT_CODES = VERDICT_EXIT
 
 
 def fmt_num(v: Any, digits: int = 3) -> str:
@@ -28,98 +43,134 @@ def fmt_num(v: Any, digits: int = 3) -> str:
 
 
 def format_rows(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(out)
 
 
-def format_comparison(c: Comparison, *, limit: int | None = 50) -> str:
-    lines = [f"A (reference): {c.a}", f"B (candidate): {c.b}"]
-    if c.floor:
-        lines.append(f"noise floor:   {c.floor[0]} vs {c.floor[1]}")
-    lines.append(f"policy:        {c.policy}")
-    lines.append("")
-    header = ["status", "tensor", "rel_l2", "cosine", "max_abs", "threshold", "floor", "ratio"]
-    rows = []
-    shown = c.pairs if limit is None else c.pairs[:limit]
-    for p in shown:
-        m = p.metrics
-        rows.append(
-            [
-                p.status.upper() if p.status != "pass" else "ok",
-                p.label,
-                fmt_num(m.rel_l2) if m else "-",
-                f"{m.cosine:.6f}" if m and not math.isnan(m.cosine) else "-",
-                fmt_num(m.max_abs) if m else "-",
-                fmt_num(p.decision.threshold) if p.decision else "-",
-                fmt_num(p.floor_rel_l2),
-                fmt_num(p.ratio, 2),
-            ]
-        )
-    lines.append(format_rows(header, rows))
-    if limit is not None and len(c.pairs) > limit:
-        lines.append(f"... {len(c.pairs) - limit} more pairs (use --json for all)")
-    for p in shown:
-        for n in p.notes:
-            lines.append(f"note: {p.label}: {n}")
-        if p.status == "error" and p.decision:
-            lines.append(f"error: {p.label}: {'; '.join(p.decision.reasons)}")
-    if c.only_a:
-        lines.append(f"only in A ({len(c.only_a)}): " + ", ".join(c.only_a[:20]) + (" ..." if len(c.only_a) > 20 else ""))
-    if c.only_b:
-        lines.append(f"only in B ({len(c.only_b)}): " + ", ".join(c.only_b[:20]) + (" ..." if len(c.only_b) > 20 else ""))
-    for name, section in c.sections.items():
-        text = section.get("table") if isinstance(section, dict) else None
-        if text:
-            lines += ["", f"[{name}]", text]
-    counts = c.counts()
-    lines.append("")
-    lines.append(
-        f"verdict: {c.verdict.upper()}  ({len(c.pairs)} pairs: {counts['pass']} ok, {counts['fail']} fail, "
-        f"{counts['error']} error, {counts['inconclusive']} inconclusive)"
-    )
-    lines += [f"  - {r}" for r in c.reasons[:25]]
-    return "\n".join(lines)
+def _num(v: Any) -> Any:
+    """JSON-safe numbers: non-finite floats become the strings 'inf', '-inf', 'nan'."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _num(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_num(x) for x in v]
+    return v
 
 
-def _json_default(o: Any) -> Any:
-    return str(o)
+def comparison_doc(c: Comparison) -> dict[str, Any]:
+    doc: dict[str, Any] = _num(c.to_dict())
+    for sec in doc.values():
+        if isinstance(sec, dict):
+            sec.pop("table", None)
+    return doc
 
 
 def comparison_json(c: Comparison) -> str:
-    doc = c.to_dict()
-    for sec in c.sections.values():
-        if isinstance(sec, dict):
-            sec.pop("table", None)
-    return json.dumps(doc, indent=1, default=_json_default, allow_nan=False)
+    return json.dumps(comparison_doc(c), indent=1, default=str, allow_nan=False)
 
 
-def write_junit(c: Comparison, path: str | Path) -> None:
-    """One testcase per pair (and one per one-sided tensor and per extra section)."""
-    suite = ET.Element("testsuite", name=f"validator compare {c.a} vs {c.b}")
+def _ratio(p: dict[str, Any]) -> str:
+    r, t = p.get("rel_l2"), p.get("threshold")
+    if isinstance(r, (int, float)) and isinstance(t, (int, float)) and t:
+        return fmt_num(r / t, 2)
+    return "-"
+
+
+def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: dict[str, str] | None = None) -> str:
+    """The human table, worst pair first. ``tables``: extra sections' pre-rendered text (acceptance...)."""
+    lines = [f"A (reference): {doc['a']}", f"B (candidate): {doc['b']}"]
+    if doc.get("floor"):
+        lines.append(f"noise floor:   {doc['floor'][0]} vs {doc['floor'][1]}")
+    lines += [f"policy:        {doc.get('policy', 'defaults')}", ""]
+    pairs = doc["pairs"]
+    shown = pairs if limit is None else pairs[:limit]
+    rows = []
+    for p in shown:
+        cos = p.get("cosine")
+        rows.append(
+            [
+                "ok" if p["status"] == "pass" else p["status"].upper(),
+                p["label"],
+                fmt_num(p.get("rel_l2")),
+                f"{cos:.6f}" if isinstance(cos, float) else fmt_num(cos),
+                fmt_num(p.get("max_abs")),
+                fmt_num(p.get("threshold")),
+                fmt_num(p.get("floor_rel_l2")),
+                _ratio(p),
+            ]
+        )
+    lines.append(format_rows(["status", "tensor", "rel_l2", "cosine", "max_abs", "threshold", "floor", "ratio"], rows))
+    if limit is not None and len(pairs) > limit:
+        lines.append(f"... {len(pairs) - limit} more pairs (use --json for all)")
+    for p in shown:
+        lines += [f"note: {p['label']}: {n}" for n in p.get("notes", [])]
+        if p["status"] == "error":
+            lines.append(f"error: {p['label']}: {'; '.join(p.get('reasons', []))}")
+    for side in ("a", "b"):
+        names = doc.get(f"only_{side}", [])
+        if names:
+            more = " ..." if len(names) > 20 else ""
+            lines.append(f"only in {side.upper()} ({len(names)}): " + ", ".join(names[:20]) + more)
+    for name, text in (tables or {}).items():
+        lines += ["", f"[{name}]", text]
+    c = doc.get("counts", {})
+    lines += [
+        "",
+        f"verdict: {doc['verdict'].upper()}  ({len(pairs)} pairs: {c.get('pass', 0)} ok, {c.get('fail', 0)} fail, "
+        f"{c.get('error', 0)} error, {c.get('inconclusive', 0)} inconclusive)",
+    ]
+    lines += [f"  - {r}" for r in doc.get("reasons", [])[:25]]
+    return "\n".join(lines)
+
+
+def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None = None) -> str:
+    """A short Markdown report for a CI step summary."""
+    icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(doc["verdict"], "")
+    out = [f"### validator: {icon} {doc['verdict'].upper()} — `{doc['b']}` vs reference `{doc['a']}`", ""]
+    if doc.get("floor"):
+        out.append(f"Noise floor: `{doc['floor'][0]}` vs `{doc['floor'][1]}`\n")
+    out += [f"- {r}" for r in doc.get("reasons", [])[:10]]
+    out += ["", "| status | tensor | rel_l2 | cosine | threshold | ratio |", "|---|---|---|---|---|---|"]
+    for p in doc["pairs"][:limit]:
+        cos = p.get("cosine")
+        out.append(
+            f"| {p['status']} | `{p['label']}` | {fmt_num(p.get('rel_l2'))} | "
+            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {fmt_num(p.get('threshold'))} | {_ratio(p)} |"
+        )
+    if len(doc["pairs"]) > limit:
+        out.append(f"\n{len(doc['pairs']) - limit} more pairs not shown.")
+    if link:
+        out.append(f"\n[Full comparison]({link})")
+    return "\n".join(out) + "\n"
+
+
+def write_junit(doc: dict[str, Any], path: str | Path) -> None:
+    """One testcase per pair, per one-sided tensor and per extra section with a verdict."""
+    suite = ET.Element("testsuite", name=f"validator compare {doc['a']} vs {doc['b']}")
     n_fail = 0
-    for p in c.pairs:
-        case = ET.SubElement(suite, "testcase", classname="validator.tensors", name=p.label)
-        if p.status in ("fail", "error"):
+    for p in doc["pairs"]:
+        case = ET.SubElement(suite, "testcase", classname="validator.tensors", name=p["label"])
+        if p["status"] in ("fail", "error"):
             n_fail += 1
-            reason = "; ".join(p.decision.reasons) if p.decision else p.status
-            ET.SubElement(case, "failure", message=reason).text = json.dumps(p.to_dict(), default=_json_default)
-        elif p.status == "inconclusive":
-            ET.SubElement(case, "skipped", message="inconclusive: " + "; ".join(p.decision.reasons if p.decision else ()))
-    for side, names in (("A", c.only_a), ("B", c.only_b)):
-        for n in names:
-            case = ET.SubElement(suite, "testcase", classname="validator.coverage", name=f"{n} (only in {side})")
+            ET.SubElement(case, "failure", message="; ".join(p.get("reasons", [])) or p["status"]).text = json.dumps(p)
+        elif p["status"] == "inconclusive":
+            ET.SubElement(case, "skipped", message="inconclusive: " + "; ".join(p.get("reasons", [])))
+    for side in ("a", "b"):
+        for n in doc.get(f"only_{side}", []):
+            case = ET.SubElement(suite, "testcase", classname="validator.coverage", name=f"{n} (only in {side.upper()})")
             n_fail += 1
-            ET.SubElement(case, "failure", message=f"present only in run {side}")
-    for name, sec in c.sections.items():
+            ET.SubElement(case, "failure", message=f"present only in run {side.upper()}")
+    for name, sec in doc.items():
+        if not isinstance(sec, dict) or "verdict" not in sec:
+            continue
         case = ET.SubElement(suite, "testcase", classname=f"validator.{name}", name=name)
-        v = sec.get("verdict") if isinstance(sec, dict) else None
-        if v == "fail":
+        if sec["verdict"] == "fail":
             n_fail += 1
             ET.SubElement(case, "failure", message="; ".join(sec.get("reasons", [])))
-        elif v == "inconclusive":
+        elif sec["verdict"] == "inconclusive":
             ET.SubElement(case, "skipped", message="inconclusive")
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(n_fail))

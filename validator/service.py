@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from probes.shards import Coords, ShardSpec
@@ -17,8 +22,9 @@ from .blobs import LocalBlobStore
 from .compare import Comparison, compare_runs
 from .config import Settings
 from .errors import ConflictError, InputError, NotFoundError
-from .models import Run
+from .models import ComparisonRecord, Run
 from .policy import Policy
+from .report import comparison_json
 from .shards import group_logical
 from .sources import RunView, TensorRef, open_path
 from .tensorfile import torch_dtype
@@ -26,6 +32,18 @@ from .tensorfile import torch_dtype
 __all__ = ["Service", "RunSummary", "Progress"]
 
 Progress = Callable[[int, int], None]
+BACKGROUND_BYTES = 256 << 20  # comparisons of more input bytes than this run in the background
+
+
+def _comparison_dict(rec: ComparisonRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "status": rec.status,
+        "verdict": rec.verdict,
+        "request": rec.request,
+        "error": rec.error,
+        "result": rec.result,
+    }
 
 
 @dataclass(frozen=True)
@@ -64,8 +82,10 @@ class Service:
         store.migrate(self.engine)
         self.sessions = store.make_sessionmaker(self.engine)
         self.blobs = LocalBlobStore(settings.blob_dir)
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compare")
 
     def close(self) -> None:
+        self._executor.shutdown(wait=True)
         self.engine.dispose()
 
     @contextlib.contextmanager
@@ -247,10 +267,10 @@ class Service:
             run_id=run.id,
         )
 
-    def resolve(self, ref: str) -> RunView:
-        """A run named in the store, or a path (bundle, safetensors file or directory)."""
+    def resolve(self, ref: str, *, allow_paths: bool = True) -> RunView:
+        """A run named in the store, or (locally only) a path: bundle, safetensors file or directory."""
         p = Path(ref)
-        if p.exists():
+        if allow_paths and p.exists():
             return open_path(p)
         with self.session() as s:
             run = store.get_run(s, ref=ref)
@@ -267,7 +287,72 @@ class Service:
         policy: Policy | None = None,
         floor: tuple[str, str] | None = None,
         progress: Progress | None = None,
+        allow_paths: bool = True,
     ) -> Comparison:
-        va, vb = self.resolve(a), self.resolve(b)
-        fl = (self.resolve(floor[0]), self.resolve(floor[1])) if floor else None
+        va, vb = self.resolve(a, allow_paths=allow_paths), self.resolve(b, allow_paths=allow_paths)
+        fl = (self.resolve(floor[0], allow_paths=allow_paths), self.resolve(floor[1], allow_paths=allow_paths)) if floor else None
         return compare_runs(va, vb, policy=policy, floor=fl, progress=progress)
+
+    def cached_comparison(
+        self,
+        a: str,
+        b: str,
+        *,
+        floor: tuple[str, str] | None = None,
+        policy: dict[str, Any] | None = None,
+        background: bool | None = None,
+    ) -> dict[str, Any]:
+        """A comparison of stored runs, computed once per (a, b, floor, policy) and cached.
+
+        Stored runs are immutable, so the cache never goes stale. Large comparisons run in the background
+        (``background=None`` decides by size); the record's ``status`` says queued/running/done/error.
+        """
+        pol = Policy.from_dict(policy or {}, source="request") if policy else None
+        runs = [self.get_run(r) for r in (a, b, *(floor or ()))]
+        request = {"a": runs[0].name, "b": runs[1].name, "floor": [r.name for r in runs[2:]] or None, "policy": policy or {}}
+        key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        with self.session() as s, s.begin():
+            rec = store.get_comparison(s, key=key)
+            if rec is None:
+                try:
+                    with s.begin_nested():
+                        rec = store.save_comparison(s, key=key, request=request)
+                except IntegrityError:  # a concurrent request created it first
+                    rec = store.get_comparison(s, key=key)
+                    assert rec is not None
+                    return _comparison_dict(rec)
+            elif rec.status != "error":
+                return _comparison_dict(rec)
+            rec.status, rec.error = "queued", None
+            rec_id = rec.id
+        size = sum(r.total_bytes for r in runs)
+        run_bg = background if background is not None else size > BACKGROUND_BYTES
+        job = functools.partial(self._run_comparison, rec_id, request, pol)
+        if run_bg:
+            self._executor.submit(job)
+        else:
+            job()
+        return self.get_comparison(rec_id)
+
+    def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None) -> None:
+        with self.session() as s, s.begin():
+            rec = store.get_comparison(s, id=rec_id)
+            assert rec is not None
+            rec.status = "running"
+        try:
+            floor = tuple(request["floor"]) if request["floor"] else None
+            c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False)  # type: ignore[arg-type]
+            result, verdict, status, error = json.loads(comparison_json(c)), c.verdict, "done", None
+        except Exception as exc:  # recorded, shown to the client; never lost
+            result, verdict, status, error = None, None, "error", f"{type(exc).__name__}: {exc}"[:2000]
+        with self.session() as s, s.begin():
+            rec = store.get_comparison(s, id=rec_id)
+            assert rec is not None
+            rec.status, rec.verdict, rec.result, rec.error = status, verdict, result, error
+
+    def get_comparison(self, id: int) -> dict[str, Any]:
+        with self.session() as s:
+            rec = store.get_comparison(s, id=id)
+            if rec is None:
+                raise NotFoundError(f"no comparison {id}")
+            return _comparison_dict(rec)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from validator import metrics
 from validator.metrics import MetricInputError, TensorMetrics, compare_tensors
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -431,6 +432,16 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     expected = compare_tensors(a, b, chunk_elems=999)
     _assert_equivalent(compare_tensors(a.cuda(), b.cuda(), chunk_elems=999), expected, rel=1e-10)
     _assert_equivalent(compare_tensors(a, b.cuda(), chunk_elems=999), expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=_name)
+def test_interleaved_histogram_copies(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    # accelerators keep several interleaved histogram copies; force that layout on CPU too
+    a, b = _pair(dtype, n=1001, seed=6)
+    b[:20] = -a[:20]
+    expected = compare_tensors(a, b, chunk_elems=97)
+    monkeypatch.setattr(metrics, "_histogram_copies", lambda device: 7)
+    _assert_equivalent(compare_tensors(a, b, chunk_elems=97), expected)
 
 
 @CUDA

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+
+from probes.bundle import MANIFEST
+from tests.api.helpers import push
+from tests.factories import tensors, write_tp_bundle
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_push_list_get_finalize(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    bundle = write_tp_bundle(tmp_path, "p-tp4", tensors(), tp=4)
+    run = await push(client, bundle, "p-tp4")
+    assert run["status"] == "complete" and run["n_tensors"] == 8
+    assert run["labels"] == {"tp": "4", "via": "api"}
+    r = await client.get("/api/v1/runs", params={"label": "tp=4"})
+    assert [x["name"] for x in r.json()["data"]] == ["p-tp4"]
+    r = await client.get("/api/v1/runs/p-tp4/tensors")
+    assert {t["name"] for t in r.json()["data"]} == {"ctx", "k"}
+    r = await client.post("/api/v1/runs/p-tp4/finalize")
+    assert r.status_code == 409
+
+
+async def test_pending_runs_are_invisible(client: httpx.AsyncClient) -> None:
+    await client.post("/api/v1/runs", json={"name": "half"})
+    assert (await client.get("/api/v1/runs")).json()["data"] == []
+    assert (await client.get("/api/v1/runs/half")).status_code == 404
+    r = await client.post("/api/v1/runs/half/finalize")
+    assert r.status_code == 400 and "manifest.json was not uploaded" in r.json()["detail"]
+
+
+async def test_upload_is_idempotent_and_resumable(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    await client.post("/api/v1/runs", json={"name": "r"})
+    data = b"x" * 1000
+    url = "/api/v1/runs/r/files/p0/acceptance.jsonl"
+    r = await client.put(url, content=data[:300], params={"final": False})
+    assert r.json() == {"complete": False, "received": 300, "sha256": None, "created": False}
+    assert (await client.get(url)).json()["received"] == 300
+    r = await client.put(url, content=data[:300], params={"offset": 0})
+    assert r.status_code == 409 and "offset 0 but 300" in r.json()["detail"]
+    sha = hashlib.sha256(data).hexdigest()
+    r = await client.put(url, content=data[300:], params={"offset": 300, "sha256": sha})
+    assert r.json() == {"complete": True, "received": 1000, "sha256": sha, "created": True}
+    r = await client.put(url, content=data)  # a retry of the whole file: no-op
+    assert r.status_code == 200 and r.json()["created"] is False
+    r = await client.put(url, content=b"y" * 1000)
+    assert r.status_code == 409
+
+
+async def test_bad_sha_and_size_cap(client: httpx.AsyncClient) -> None:
+    await client.post("/api/v1/runs", json={"name": "r"})
+    r = await client.put("/api/v1/runs/r/files/p0/acceptance.jsonl", content=b"abc", params={"sha256": "0" * 64})
+    assert r.status_code == 400 and "hash mismatch" in r.json()["detail"]
+    r = await client.put("/api/v1/runs/r/files/p0/tensors-00000.safetensors", content=b"z" * ((1 << 20) + 1))
+    assert r.status_code == 400 and "upload limit" in r.json()["detail"]
+    st = (await client.get("/api/v1/runs/r/files/p0/tensors-00000.safetensors")).json()
+    assert st["received"] == 0  # nothing kept of the refused upload
+
+
+@pytest.mark.parametrize(
+    "part, filename",
+    [("..", "part.json"), ("p0", "..%2Fx"), ("p0", "evil.sh"), ("_root", "part.json"), ("a b", "part.json"),
+     ("p0", "tensors-1.safetensors")],
+)
+async def test_client_names_never_become_paths(client: httpx.AsyncClient, part: str, filename: str, tmp_path: Path) -> None:
+    await client.post("/api/v1/runs", json={"name": "r"})
+    r = await client.put(f"/api/v1/runs/r/files/{part}/{filename}", content=b"{}")
+    assert r.status_code in (400, 404, 405), r.text
+    home = tmp_path / "home"
+    names = {p.name for p in home.rglob("*")}
+    assert not any(n in names for n in ("x", "evil.sh"))
+
+
+async def test_corrupt_bundle_is_refused_on_finalize(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    bundle = write_tp_bundle(tmp_path, "b", tensors(), tp=1)
+    f = bundle / "parts" / "tp0" / "tensors-00000.safetensors"
+    f.write_bytes(f.read_bytes()[:-10])
+    r = await client.post("/api/v1/runs", json={"name": "b"})
+    for part, path in (("_root", bundle / MANIFEST), ("tp0", f), ("tp0", bundle / "parts" / "tp0" / "part.json")):
+        await client.put(f"/api/v1/runs/b/files/{part}/{path.name}", content=path.read_bytes())
+    r = await client.post("/api/v1/runs/b/finalize")
+    assert r.status_code == 400 and "truncated" in r.json()["detail"]
+    assert (await client.get("/api/v1/runs")).json()["data"] == []

@@ -1,0 +1,221 @@
+"""CUDA-only: asynchronous capture on a side stream, and capture points inside CUDA graphs.
+
+Skipped without a CUDA device; run on the GPU machine with
+``python -m pytest --noconftest tests/probes/test_cudagraph_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from probes.capture import ProbeSession, ProbeWarning
+from probes.config import ProbeConfig
+from probes.cudagraph import GraphCaptureError
+from probes.summary import SUMMARY_FIELDS, summarize
+from tests.probes.test_capture import np_summary, np_values, raw, read_part
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (side-stream copies, CUDA graphs); run it on the GPU machine",
+)
+
+DEV = "cuda"
+
+
+def session(tmp_path: Path, **kw: Any) -> ProbeSession:
+    return ProbeSession(ProbeConfig(bundle=str(tmp_path / "b"), **kw))
+
+
+def assert_device_summary(got: torch.Tensor, t: torch.Tensor) -> None:
+    """float32 accumulation on the device: norm/mean to 1e-5 relative; the rest exact."""
+    ref = np_summary(t.cpu())
+    g = got.tolist()
+    for i, field in enumerate(SUMMARY_FIELDS):
+        if math.isnan(ref[i]):
+            assert math.isnan(g[i]), field
+        elif field == "mean":
+            scale = float(np.mean(np.abs(np_values(t.cpu()))))
+            assert abs(g[i] - ref[i]) <= 1e-5 * scale, (field, g[i], ref[i])
+        elif field == "norm":
+            assert g[i] == pytest.approx(ref[i], rel=1e-5), (field, g[i], ref[i])
+        else:
+            assert g[i] == ref[i], (field, g[i], ref[i])
+
+
+@pytest.mark.parametrize("mode", ["full", "summary"])
+def test_async_capture_bf16_views(tmp_path: Path, mode: str) -> None:
+    g = torch.Generator(device=DEV).manual_seed(0)
+    base = torch.randn(300, 1000, device=DEV, generator=g).to(torch.bfloat16)
+    views = {"c": base, "t": base.t(), "s": base[1::3, ::2]}
+    before = {k: (raw(v.cpu()), v._version) for k, v in views.items()}
+    s = session(tmp_path, mode=mode)
+    for k, v in views.items():
+        s.capture(k, v, step=0)
+    s.close()
+    _, items = read_part(tmp_path / "b")
+    stored = {r["name"].removesuffix(".summary"): t for r, t in items}
+    for k, v in views.items():
+        assert (raw(v.cpu()), v._version) == before[k]  # never modified
+        if mode == "full":
+            assert raw(stored[k]) == raw(v.cpu())
+        else:
+            assert_device_summary(stored[k], v)
+
+
+def test_summary_non_finite_on_device() -> None:
+    t = torch.randn(5000, device=DEV).to(torch.bfloat16)
+    t[7] = float("nan")
+    t[9] = float("inf")
+    got = summarize(t)
+    assert math.isnan(got[0].item()) and math.isnan(got[1].item()) and got[3].item() == 2
+    assert got[4].item() == np_summary(t.cpu())[4]
+    u = torch.randn(5000, device=DEV)
+    u[3] = -float("inf")
+    got = summarize(u).tolist()
+    assert got[0] == math.inf and got[1] == math.inf and got[3] == 1
+
+
+def _busy(a: torch.Tensor, n: int) -> torch.Tensor:
+    y = a
+    for _ in range(n):
+        y = y @ a
+    return y
+
+
+def test_capture_does_not_synchronise_the_serving_stream(tmp_path: Path) -> None:
+    a = torch.randn(8192, 8192, device=DEV).div_(90.5).to(torch.bfloat16)
+    s = session(tmp_path)
+    s.capture("warm", a[:1024], step=-1)  # pinned buffer of this size now in the host cache
+    s.flush()
+    torch.cuda.synchronize()
+    y = _busy(a, 60)  # ~80 ms of queued matrix products
+    t0 = time.perf_counter()
+    s.capture("y", y[:1024], step=0)
+    dt = time.perf_counter() - t0
+    still_busy = not torch.cuda.current_stream().query()
+    expected = y[:1024].cpu()
+    s.close()
+    assert still_busy, "capture() waited for the serving stream"
+    assert dt < 0.02, f"capture() took {dt * 1e3:.1f} ms on the host"
+    _, items = read_part(tmp_path / "b")
+    assert raw(items[1][1]) == raw(expected)
+
+
+def test_snapshot_is_safe_against_later_in_place_updates(tmp_path: Path) -> None:
+    a = torch.randn(4096, 4096, device=DEV).div_(64).to(torch.bfloat16)
+    s = session(tmp_path, snapshot=True)
+    y = _busy(a, 20)
+    ref = y.clone()
+    s.capture("y", y, step=0)
+    y.add_(1.0)  # the serving code reuses the buffer in place right away
+    s.close()
+    _, [(_, stored)] = read_part(tmp_path / "b")
+    assert raw(stored) == raw(ref.cpu())
+
+
+def _graph(step_fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step_fn(False)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step_fn(True)
+    return g, out
+
+
+class Step:
+    def __init__(self, s: ProbeSession) -> None:
+        self.s = s
+        self.x = torch.randn(32, 256, device=DEV).to(torch.bfloat16)
+        self.w = torch.randn(512, 256, device=DEV).div_(16).to(torch.bfloat16)
+
+    def __call__(self, probe: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.x @ self.w.t()
+        n = torch.nn.functional.rms_norm(h, (512,))
+        if probe:
+            self.s.capture("h", h, layer=1)
+            self.s.capture("n", n[:, ::2], layer=1)
+        return h, n
+
+    def new_input(self) -> None:
+        self.x.copy_(torch.randn(32, 256, device=DEV).to(torch.bfloat16))
+
+
+def test_graph_capture_without_slots_is_refused(tmp_path: Path) -> None:
+    s = session(tmp_path)
+    step = Step(s)
+    with pytest.raises(GraphCaptureError, match="CUDA graph capture"):
+        _graph(step)
+    s.close()
+
+
+def test_graph_slots_need_prepare(tmp_path: Path) -> None:
+    s = session(tmp_path, graph_slots=True)
+    with pytest.raises(GraphCaptureError, match="prepare_graphs"):
+        _graph(Step(s))
+    s.close()
+
+
+@pytest.mark.parametrize("mode", ["full", "summary"])
+def test_graph_slots_record_every_replay(tmp_path: Path, mode: str) -> None:
+    s = session(tmp_path, graph_slots=True, mode=mode)
+    s.prepare_graphs(DEV)
+    step = Step(s)
+    with s.graph_scope("bs32"):
+        g, (h, n) = _graph(step)
+    refs = []
+    for i in range(4):
+        step.new_input()
+        g.replay()
+        s.after_replay(step=i, graph="bs32")
+        refs.append((h.clone(), n[:, ::2].clone()))
+    s.after_replay(step=99)  # the default graph has no slots: nothing to do
+    s.close()
+    meta, items = read_part(tmp_path / "b")
+    assert meta["extra"]["probe"]["graph_slots"] == 2
+    suffix = ".summary" if mode == "summary" else ""
+    got = {(r["name"], r["coords"]["step"]): (r["coords"], t) for r, t in items}
+    assert len(got) == 8
+    for i, (h_ref, n_ref) in enumerate(refs):
+        for name, ref in (("h", h_ref), ("n", n_ref)):
+            coords, t = got[(name + suffix, i)]
+            assert coords == {"layer": 1, "step": i}
+            if mode == "full":
+                assert raw(t) == raw(ref.cpu())
+            else:
+                assert_device_summary(t, ref)
+    p = meta["extra"]["probe"]
+    assert p["graph_missed_replays"] == p["graph_stale_reads"] == p["graph_unread_replays"] == 0
+
+
+def test_missed_stale_and_unread_replays_are_reported(tmp_path: Path) -> None:
+    s = session(tmp_path, graph_slots=True, mode="summary", names=("h",))
+    s.prepare_graphs(DEV)
+    g, _ = _graph(Step(s))
+    with pytest.warns(ProbeWarning) as rec:
+        g.replay()
+        s.after_replay(step=0)  # fine
+        g.replay()
+        g.replay()
+        s.after_replay(step=1)  # one replay was never read
+        s.after_replay(step=2)  # no replay since the last read: stale
+        g.replay()  # never read out before close
+        s.close()
+    text = " | ".join(str(w.message) for w in rec)
+    assert "never read out (after_replay" in text and "stale" in text and "after the last after_replay" in text
+    meta, items = read_part(tmp_path / "b")
+    assert sorted(r["coords"]["step"] for r, _ in items) == [0, 1]
+    p = meta["extra"]["probe"]
+    assert (p["graph_missed_replays"], p["graph_stale_reads"], p["graph_unread_replays"]) == (1, 1, 1)
+    assert p["filtered"] == 1 and p["captured"] == 2  # "n" is filtered out when the graph is captured

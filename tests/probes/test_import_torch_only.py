@@ -1,0 +1,54 @@
+"""probes/ must import, and capture, with torch and safetensors alone (no server or analysis stack)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKED = ("sqlalchemy", "fastapi", "pandas", "scipy", "validator", "alembic", "uvicorn", "httpx", "pyarrow")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, tempfile
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ImportError(f"blocked import of {name} (probes must not need it)")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    import probes, probes.capture, probes.hooks, probes.summary, probes.cudagraph, probes.config, probes.transfer
+    import torch
+    from probes.capture import ProbeSession
+    from probes.config import ProbeConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        s = ProbeSession(ProbeConfig(bundle=d, mode="summary"))
+        s.capture("x", torch.ones(3), step=0)
+        s.close()
+        s = ProbeSession(ProbeConfig(bundle=d, part="p1"))
+        s.capture("x", torch.ones(3), step=0)
+        s.close()
+    loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
+    assert not loaded, loaded
+    print("ok")
+    """
+)
+
+
+def test_probes_import_and_capture_with_torch_only() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ",".join(BLOCKED)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"

@@ -1,0 +1,28 @@
+"""/api/v1/gates: the CI verdict. A decided verdict (pass, fail or inconclusive) is always HTTP 200."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from ...report import markdown_summary
+from ..deps import ServiceDep, WriteAuth
+from ..schemas import GateCreate, GatePublic
+
+router = APIRouter(prefix="/gates", tags=["gates"])
+
+
+@router.post("", dependencies=[WriteAuth])
+def create_gate(body: GateCreate, svc: ServiceDep) -> GatePublic:
+    rec = svc.cached_comparison(
+        body.baseline, body.candidate, floor=tuple(body.floor) if body.floor else None, policy=body.policy, background=False
+    )
+    if rec["status"] != "done" or rec["result"] is None:
+        raise HTTPException(status_code=422, detail=f"comparison could not be computed: {rec['error']}")
+    doc = rec["result"]
+    return GatePublic(
+        verdict=doc["verdict"],
+        reasons=doc["reasons"],
+        comparison_id=rec["id"],
+        counts=doc["counts"],
+        markdown=markdown_summary(doc),
+    )

@@ -1,0 +1,178 @@
+"""Runs pushed over the network: a pending run, its bundle files uploaded one by one, then finalize.
+
+Client-chosen names are checked against a strict pattern and never become paths: a file in progress
+lives under a name derived from a hash, a received file becomes a content-addressed blob, and
+finalize assembles the bundle in a private temporary directory from those blobs.
+
+Uploads are idempotent (the same content again is a no-op) and resumable per file (``offset`` appends
+to the bytes received so far; ``status`` says how many arrived). The size cap is enforced while
+streaming.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probes.bundle import MANIFEST, PART_FILE
+
+from . import store
+from .errors import ConflictError, InputError, NotFoundError
+from .models import Run
+from .sources import read_bundle
+
+if TYPE_CHECKING:
+    from .service import RunSummary, Service
+
+__all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
+
+_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+_FILE_RE = re.compile(r"(tensors-\d{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl)")
+ROOT_PART = "_root"  # the manifest's pseudo-part
+
+
+def check_file_name(part: str, filename: str) -> None:
+    if part == ROOT_PART:
+        if filename != MANIFEST:
+            raise InputError(f"only {MANIFEST} may be uploaded at the bundle root, not {filename!r}")
+        return
+    if not _PART_RE.fullmatch(part) or ".." in part:
+        raise InputError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
+    if not _FILE_RE.fullmatch(filename):
+        raise InputError(
+            f"file name {filename!r} is not a bundle file (tensors-NNNNN.safetensors, part.json, acceptance.jsonl, gsm8k.jsonl)"
+        )
+
+
+def _pending_run(svc: Service, ref: str) -> Run:
+    with svc.session() as s:
+        run = store.get_run(s, ref=ref, include_pending=True)
+    if run is None:
+        raise NotFoundError(f"no run named {ref!r}")
+    if run.status != "pending":
+        raise ConflictError(f"run {run.name!r} is already finalized")
+    return run
+
+
+def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Create a pending run; a retry with the same name of a still-pending run returns it again."""
+    if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
+        raise InputError("run name must be 1-200 printable characters")
+    with svc.session() as s, s.begin():
+        run = store.get_run(s, ref=name, include_pending=True)
+        if run is not None:
+            if run.status == "pending" and run.name == name:
+                return {"id": run.id, "name": run.name, "status": run.status}
+            raise ConflictError(f"a run named {name!r} already exists")
+        run = store.create_run(s, name=name, source="upload", manifest={}, labels=labels or {})
+        return {"id": run.id, "name": run.name, "status": run.status}
+
+
+def _partial_path(svc: Service, run_id: int, part: str, filename: str) -> Path:
+    key = hashlib.sha256(f"{run_id}\0{part}\0{filename}".encode()).hexdigest()
+    d = svc.settings.staging_dir
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{key}.partial"
+
+
+def upload_status(svc: Service, *, run: str, part: str, filename: str) -> dict[str, Any]:
+    check_file_name(part, filename)
+    r = _pending_run(svc, run)
+    with svc.session() as s:
+        done = {(u.part, u.filename): u for u in store.run_uploads(s, run_id=r.id)}
+    if (part, filename) in done:
+        u = done[(part, filename)]
+        return {"complete": True, "received": u.nbytes, "sha256": u.sha256}
+    p = _partial_path(svc, r.id, part, filename)
+    return {"complete": False, "received": p.stat().st_size if p.exists() else 0, "sha256": None}
+
+
+def upload_file(
+    svc: Service,
+    *,
+    run: str,
+    part: str,
+    filename: str,
+    chunks: Iterable[bytes],
+    offset: int = 0,
+    final: bool = True,
+    expect_sha256: str | None = None,
+) -> dict[str, Any]:
+    """Receive (part of) one file. ``offset`` must equal the bytes already received; ``final`` ends it."""
+    check_file_name(part, filename)
+    r = _pending_run(svc, run)
+    st = upload_status(svc, run=run, part=part, filename=filename)
+    if st["complete"]:
+        # a retry of a finished file: drain and compare
+        h, n = hashlib.sha256(), 0
+        for c in chunks:
+            h.update(c)
+            n += len(c)
+        if offset == 0 and h.hexdigest() != st["sha256"]:
+            raise ConflictError(f"{part}/{filename} was already uploaded with different content")
+        return {**st, "created": False}
+    if offset != st["received"]:
+        raise ConflictError(f"{part}/{filename}: offset {offset} but {st['received']} bytes were received so far")
+    cap = svc.settings.max_upload_bytes
+    p = _partial_path(svc, r.id, part, filename)
+    size = offset
+    with open(p, "ab" if offset else "wb") as f:
+        for c in chunks:
+            size += len(c)
+            if size > cap:
+                f.close()
+                p.unlink(missing_ok=True)
+                raise InputError(f"{part}/{filename}: larger than the {cap}-byte upload limit")
+            f.write(c)
+    if not final:
+        return {"complete": False, "received": size, "sha256": None, "created": False}
+
+    def read() -> Iterable[bytes]:
+        with open(p, "rb") as f:
+            while b := f.read(1 << 20):
+                yield b
+
+    try:
+        sha, n, _ = svc.blobs.put(read(), expect_sha256=expect_sha256)
+    except InputError as exc:
+        p.unlink(missing_ok=True)
+        raise InputError(f"{part}/{filename}: {exc}") from None
+    with svc.session() as s, s.begin():
+        store.add_blobs(s, blobs={sha: n})
+        created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
+    p.unlink(missing_ok=True)
+    return {"complete": True, "received": n, "sha256": sha, "created": created}
+
+
+def finalize(svc: Service, *, run: str) -> RunSummary:
+    """Validate the uploaded bundle and make the run visible, atomically."""
+    r = _pending_run(svc, run)
+    with svc.session() as s:
+        ups = list(store.run_uploads(s, run_id=r.id))
+    if not any(u.part == ROOT_PART for u in ups):
+        raise InputError(f"run {r.name!r}: {MANIFEST} was not uploaded")
+    svc.settings.staging_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="finalize-", dir=svc.settings.staging_dir))
+    try:
+        for u in ups:
+            dest = tmp / MANIFEST if u.part == ROOT_PART else tmp / "parts" / u.part / u.filename
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src = svc.blobs.path(u.sha256)
+            try:
+                os.link(src, dest)
+            except OSError:
+                shutil.copyfile(src, dest)
+        for part_dir in (tmp / "parts").iterdir() if (tmp / "parts").exists() else []:
+            if not (part_dir / PART_FILE).exists():
+                raise InputError(f"run {r.name!r}: part {part_dir.name!r} has no {PART_FILE} (upload incomplete)")
+        view = read_bundle(tmp)
+        view.location = f"upload:{r.id}"
+        return svc.ingest_view(view, name=r.name, pending=r.id)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

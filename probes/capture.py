@@ -82,6 +82,8 @@ class ProbeSession:
     # -- default coordinates --------------------------------------------------------------------
     def set_coords(self, **coords: Any) -> None:
         """Coordinates merged into every later capture (e.g. ``step``, ``request``); ``None`` removes one."""
+        if not self.enabled:
+            return
         for k, v in coords.items():
             if v is None:
                 self._coords.pop(k, None)

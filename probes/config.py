@@ -171,7 +171,7 @@ class ProbeConfig:
     drain: Drain = "thread"  # who writes completed copies to the bundle
     graph_slots: bool = False  # allow capture points inside CUDA graph capture
     max_graph_slots: int = 1024  # per device
-    summary_chunk: int = 1 << 22  # elements per reduction chunk (bounds summary temporaries)
+    summary_chunk: int = 1 << 24  # elements per reduction chunk (bounds summary temporaries, ~9 B each)
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:

@@ -465,7 +465,7 @@ class Kernels:
             cos, sin = rope_cos_sin(t, d, theta, torch.float32, k.device)
             cache = torch.cat([cos, sin], dim=-1).contiguous()
             pos = torch.arange(t, device=k.device, dtype=torch.int64)
-            key = k.reshape(t, h * d).contiguous()
+            key = k.reshape(t, h * d).clone()  # the kernel works in place: never on the caller's tensor
             query = key.clone()  # the kernel rotates a query too; this one is thrown away
             self.flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
                 pos, query, key, d, cache, is_neox=True
@@ -521,10 +521,12 @@ def select_kernels(mode: str, device: torch.device) -> Kernels:
         import flashinfer.rope
 
         k = Kernels(flashinfer, str(getattr(flashinfer, "__version__", "?")))
-        x = torch.randn(16, 2, 64, device=device, dtype=torch.bfloat16)
-        w = torch.ones(64, device=device, dtype=torch.bfloat16)
+        x = torch.randn(64, 2, 128, device=device, dtype=torch.bfloat16)
+        w = 1 + 0.1 * torch.randn(128, device=device, dtype=torch.bfloat16)
+        x0 = x.clone()
         torch.testing.assert_close(k.rmsnorm(x, w, 1e-6), torch_rmsnorm(x, w, 1e-6), atol=0.02, rtol=0.02)
         torch.testing.assert_close(k.rope(x, 1e4), torch_rope(x, 1e4), atol=0.05, rtol=0.02)
+        assert torch.equal(x, x0), "a kernel changed its input"
         return k
     except Exception as exc:  # an import failure, a JIT build failure or a wrong answer
         if mode == "flashinfer":

@@ -1126,9 +1126,13 @@ def compare_acceptance(
             f"accept length differs: {accept_length.a:.3f} -> {accept_length.b:.3f}"
             f" (B-A {accept_length.diff:+.3f}, CI [{accept_length.diff_ci[0]:+.3f}, {accept_length.diff_ci[1]:+.3f}])"
         )
-    sig_mc = [p.position for p in out if p.mcnemar is not None and p.mcnemar.significant]
+    bonferroni = alpha / max(n_pos, 1)
+    sig_mc = [p.position for p in out if p.mcnemar is not None and p.mcnemar.p_value < bonferroni]
     if sig_mc:
-        notes.append(f"McNemar (paired steps) significant at positions {_ranges(sig_mc)}")
+        notes.append(
+            f"McNemar (paired steps) rejects at positions {_ranges(sig_mc)} (p < {bonferroni:.2g},"
+            f" Bonferroni over {n_pos} positions)"
+        )
     if divergence is not None and divergence.diverged:
         notes.append(
             f"{divergence.diverged}/{divergence.requests} paired requests diverge"

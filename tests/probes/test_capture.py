@@ -122,10 +122,11 @@ def test_summary_non_finite_and_empty() -> None:
     assert e[[0, 1, 3, 4]].tolist() == [0, 0, 0, 0] and math.isnan(e[2].item())
 
 
-def test_checksum_multi_chunk_matches_numpy() -> None:
-    # more than one checksum chunk (65521 * 64 words) plus a ragged tail
-    t = torch.randint(-128, 127, (CHECKSUM_PERIOD * 64 + 12345,), dtype=torch.int8, generator=torch.Generator())
-    assert summarize(t)[4].item() == np_checksum(t)
+@pytest.mark.parametrize("chunk", [1 << 24, CHECKSUM_PERIOD, 2 * CHECKSUM_PERIOD + 5, 1000])
+def test_checksum_chunking_matches_numpy(chunk: int) -> None:
+    # several checksum chunks (whole 65521-word periods) plus a ragged tail
+    t = torch.randint(-128, 127, (CHECKSUM_PERIOD * 5 + 12345,), dtype=torch.int8, generator=torch.Generator())
+    assert summarize(t, chunk=chunk)[4].item() == np_checksum(t)
 
 
 def test_checksum_is_deterministic_and_position_sensitive() -> None:

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from probes.bundle import BundleWriter, tensor_sha256
 from probes.projection import (
+    Kernels,
     ProjectionConfig,
     ProjectionConfigError,
     compute_path,
@@ -243,6 +244,53 @@ def test_torch_rmsnorm_and_rope_match_definitions() -> None:
     torch.testing.assert_close(y[0], x[0])  # position 0 is the identity
     yb = torch_rope(x.to(torch.bfloat16), 100.0)
     assert yb.dtype == torch.bfloat16 and rel_l2(y, yb) < 1e-2
+
+
+class _FakeFlashinfer:
+    """Stands in for flashinfer with the documented semantics of the two calls the probe makes:
+    ``norm.rmsnorm(input [n, d], weight, eps)`` and ``rope.apply_rope_with_cos_sin_cache_inplace(positions,
+    query [nnz, Hq*D], key [nnz, Hk*D], head_size, cos_sin_cache [max_pos, D] = cat(cos, sin), is_neox)``,
+    which rotates query and key in place."""
+
+    class norm:
+        @staticmethod
+        def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+            assert x.dim() == 2
+            return torch_rmsnorm(x, w, eps)
+
+    class rope:
+        @staticmethod
+        def apply_rope_with_cos_sin_cache_inplace(
+            positions: torch.Tensor,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            head_size: int,
+            cos_sin_cache: torch.Tensor,
+            is_neox: bool = True,
+        ) -> None:
+            assert is_neox and cos_sin_cache.dtype == torch.float32 and positions.dtype == torch.int64
+            half = cos_sin_cache.shape[1] // 2
+            cos = cos_sin_cache[positions, :half][:, None, :]
+            sin = cos_sin_cache[positions, half:][:, None, :]
+            for t in (query, key):
+                v = t.view(t.shape[0], -1, head_size).float()
+                x1, x2 = v[..., :half], v[..., half:]
+                t.copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).reshape(t.shape))
+
+
+def test_flashinfer_wrapper_plumbing_leaves_inputs_alone() -> None:
+    k = Kernels(_FakeFlashinfer(), "fake")
+    assert k.describe() == {"rmsnorm": "flashinfer fake", "rope": "flashinfer fake"}
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 3, 32, generator=g).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(32, generator=g)).to(torch.bfloat16)
+    x0 = x.clone()
+    torch.testing.assert_close(k.rmsnorm(x, w, 1e-6), torch_rmsnorm(x, w, 1e-6))
+    torch.testing.assert_close(k.rope(x, 1e4), torch_rope(x, 1e4), atol=0.02, rtol=0.01)
+    assert torch.equal(x, x0)  # the in-place kernel worked on a copy
+    # float64 (the reference path) never goes to the kernels
+    xd = x.double()
+    assert torch.equal(k.rope(xd, 1e4), torch_rope(xd, 1e4))
 
 
 # -- bundles ----------------------------------------------------------------------------------

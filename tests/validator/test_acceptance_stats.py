@@ -317,3 +317,13 @@ def test_format_table_and_json() -> None:
     json.dumps(d, allow_nan=False)
     assert d["verdict"] == c.verdict and d["settings"]["labels"] == ["main", "pp8"]
     assert len(d["positions"]) == 4 and d["divergence"]["requests"] == 40
+
+
+def test_identical_runs_pass_with_paired_analyses() -> None:
+    a = make_frame(3000, RATES, seed=71, output_tokens=True)
+    c = compare_acceptance(a, a, **FAST)
+    assert c.verdict == "pass" and c.joint_bootstrap and c.pairing == "request_id"
+    assert all(p.se_bootstrap == 0 and p.diff == 0 for p in c.positions)
+    assert all(p.mcnemar is not None and p.mcnemar.a_only == p.mcnemar.b_only == 0 for p in c.positions)
+    assert c.divergence is not None and c.divergence.diverged == 0 and bool(c.divergence)
+    assert c.histogram.statistic == 0 and c.histogram.js_distance == 0

@@ -14,25 +14,31 @@ from validator.errors import InputError
 from validator.models import Blob, Run
 
 
-def test_migration_upgrade_downgrade_upgrade_sqlite(tmp_path: Path) -> None:
-    engine = store.make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+def test_migration_upgrade_downgrade_upgrade(settings) -> None:
+    """On SQLite and (when available) PostgreSQL: every revision, down to base and up again."""
+    settings.home.mkdir(parents=True)
+    engine = store.make_engine(settings.db_url)
     store.migrate(engine)
     tables = set(inspect(engine).get_table_names())
-    assert {"runs", "run_labels", "tensors", "blobs", "artifacts", "alembic_version"} <= tables
+    assert {"runs", "run_labels", "tensors", "blobs", "artifacts", "uploads", "comparisons", "alembic_version"} <= tables
+    store.downgrade(engine, "0001")
+    assert "uploads" not in set(inspect(engine).get_table_names())
     store.downgrade(engine, "base")
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     store.migrate(engine)
-    assert {"runs", "tensors"} <= set(inspect(engine).get_table_names())
-    with engine.connect() as c:
-        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    assert {"runs", "tensors", "uploads"} <= set(inspect(engine).get_table_names())
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     engine.dispose()
 
 
-def test_models_match_migrations(tmp_path: Path) -> None:
+def test_models_match_migrations(settings) -> None:
     """The migrated schema has every column the models declare."""
     from validator.models import Base
 
-    engine = store.make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    settings.home.mkdir(parents=True)
+    engine = store.make_engine(settings.db_url)
     store.migrate(engine)
     insp = inspect(engine)
     for table in Base.metadata.sorted_tables:

@@ -59,8 +59,8 @@ IN_VOCAB = 258
 
 @dataclass(frozen=True)
 class HarnessConfig:
-    """Shapes and the knobs that set how good the draft is. Defaults give a mean accept length of about
-    2.5 at block 4 on CPU in a few milliseconds per verify step."""
+    """Shapes and the knobs that set how good the draft is. Defaults (seed 0, block 4): mean accept length
+    about 2.6 (d-only and pd), about 2.0 in pd-broken; about 1 ms per output token on one CPU core."""
 
     window: int = 8  # tokens the LM looks at
     embed: int = 32
@@ -68,9 +68,9 @@ class HarnessConfig:
     layers: int = 6
     stages: int = 3  # pipeline stages; layers are split evenly
     prompt_decay: float = 0.97  # prompt vector: sum of decay**age * embedding, normalised
-    later_scale: float = 0.5  # output scale of the layers after stage 0 (smaller = easier to draft)
-    draft_noise: float = 0.04  # relative noise on the draft's copies of stage 0 and the LM head
-    broken_stage: int = 0  # the stage whose contribution is missing in "pd-broken" mode
+    later_scale: float = 0.6  # output scale of the layers after stage 0 (smaller = easier to draft)
+    draft_noise: float = 0.1  # relative noise on the draft's copy of the target's weights
+    broken_stage: int = -1  # the stage whose contribution is missing in "pd-broken" mode (-1: the last)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,8 +179,9 @@ class Harness:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         self.cfg = config or HarnessConfig()
-        if not 0 <= self.cfg.broken_stage < self.cfg.stages:
+        if not -self.cfg.stages <= self.cfg.broken_stage < self.cfg.stages:
             raise ValueError(f"broken_stage {self.cfg.broken_stage} is not a stage of {self.cfg.stages}")
+        self.broken_stage = self.cfg.broken_stage % self.cfg.stages
         self.seed, self.mode, self.block = seed, mode, block
         self.device = torch.device(device)
         self.w = _Weights(self.cfg, seed, self.device)
@@ -227,7 +228,7 @@ class Harness:
         p = self.w.proj.to(torch.bfloat16)
         running = torch.zeros_like(feats[0], dtype=torch.bfloat16)
         for s, f in enumerate(feats):
-            if self.mode == "pd-broken" and s == self.cfg.broken_stage:
+            if self.mode == "pd-broken" and s == self.broken_stage:
                 continue  # this stage's partial never reaches the running sum
             running = running + f.to(torch.bfloat16) @ p.T  # bf16 GEMM, bf16 running sum
         return running.float()

@@ -9,7 +9,8 @@ with 4 capture points (x, h, n, kv). Variants, timed in the same process on the 
 - ``none``: no capture calls at all (the reference every ratio is taken against);
 - ``disabled``: the 4 ``session.capture`` calls on the disabled session;
 - ``summary``: summary mode (5 statistics per point computed on the device, 40 bytes copied back);
-- ``full``: full capture (a device snapshot per point, async copy to pinned host memory).
+- ``full``: full capture (a device snapshot per point, async copy to pinned host memory);
+- ``none-again``: the reference once more, last, to show the run-to-run spread.
 
 Enabled sessions write into a writer that discards what it receives, so the numbers are the capture cost
 seen by the serving process (the bundle files are written by a background thread in production).
@@ -36,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.capture import DISABLED, ProbeSession  # noqa: E402
-from probes.config import ProbeConfig  # noqa: E402
+from probes.capture import DISABLED, ProbeSession
+from probes.config import ProbeConfig
 
 HIDDEN = 7168
 FEATURES = 6 * HIDDEN
@@ -187,18 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [("eager", eager_case)] + ([("graph", graph_case)] if args.graph and tokens < 1024 else [])
         for kind, case in kinds:
             base = None
-            for mode in ("none", "disabled", "summary", "full"):
+            for label in ("none", "disabled", "summary", "full", "none-again"):
+                mode = label.removesuffix("-again")
                 if kind == "graph" and mode == "disabled":
                     continue  # a disabled session adds no kernel: the graph is the uninstrumented one
                 r = case(model, tokens, mode, iters, args.reps)
-                base = r if mode == "none" else base
+                base = r if label == "none" else base
                 assert base is not None
-                r.update(tokens=tokens, kind=kind, mode=mode,
+                r.update(tokens=tokens, kind=kind, mode=label,
                          ratio=r["stream_ms"] / base["stream_ms"],
                          drained_ratio=r["drained_ms"] / base["stream_ms"],
                          added_us_per_point=(r["stream_ms"] - base["stream_ms"]) * 1e3 / POINTS)
                 rows.append(r)
-                print(f"{tokens:>6} {kind:<5} {mode:<8} step {r['stream_ms']:8.3f} ms  x{r['ratio']:6.3f}  "
+                print(f"{tokens:>6} {kind:<5} {label:<10} step {r['stream_ms']:8.3f} ms  x{r['ratio']:6.3f}  "
                       f"drained {r['drained_ms']:8.3f} ms (x{r['drained_ratio']:6.3f})  "
                       f"+{r['added_us_per_point']:8.1f} us/point", flush=True)
     result = {"env": env, "points_per_step": POINTS, "rows": rows}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -42,6 +42,11 @@ _STAT_KEYS = (
     "captured", "captured_bytes", "dropped_captures", "dropped_bytes", "filtered",
     "graph_stale_reads", "graph_missed_replays", "graph_unread_replays",
 )  # fmt: skip
+
+
+def _capturing_any() -> bool:
+    """Is this thread's current CUDA stream capturing a graph (False when CUDA was never initialised)?"""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 class ProbeError(RuntimeError):
@@ -142,8 +147,8 @@ class ProbeSession:
             return
         transfer = self._transfer
         assert transfer is not None
-        if transfer.pending:
-            transfer.poll()
+        if transfer.pending and (t.is_cuda or not _capturing_any()):
+            transfer.poll()  # event queries: never during graph capture
         if transfer.write_errors:
             self._report_write_errors()
         stored = name + ".summary" if self._summary else name
@@ -338,10 +343,10 @@ class ProbeSession:
             self._warned.add(kind)
             warnings.warn(message, ProbeWarning, stacklevel=3)
 
-    def __enter__(self) -> ProbeSession:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None:
             self.close()
         elif self._transfer is not None:  # keep the data files, leave the part incomplete (no part.json)

@@ -15,8 +15,8 @@ Hooks only read; they return ``None`` and never replace a module's inputs or out
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, Self
 
 import torch
 from torch import nn
@@ -29,17 +29,29 @@ What = Literal["output", "input", "both"]
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
-class HookHandles(list[Any]):
+class HookHandles:
     """The hook handles ``attach`` registered; ``remove()`` detaches them all (also as a context manager)."""
 
-    def remove(self) -> None:
-        while self:
-            self.pop().remove()
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
 
-    def __enter__(self) -> HookHandles:
+    def append(self, handle: Any) -> None:
+        self.handles.append(handle)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.handles)
+
+    def remove(self) -> None:
+        while self.handles:
+            self.handles.pop().remove()
+
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.remove()
 
 

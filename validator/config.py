@@ -25,6 +25,7 @@ class Settings:
 
     home: Path
     database_url: str | None = None
+    blob_url: str | None = None  # None: blobs/ under home; s3://BUCKET/PREFIX?endpoint=URL for object storage
     tokens: tuple[str, ...] = field(default=(), repr=False)  # bearer tokens accepted by mutating routes
     protect_reads: bool = False  # also require a token on GET routes
     max_upload_bytes: int = 64 << 30  # per uploaded file
@@ -39,6 +40,10 @@ class Settings:
         return self.home / "blobs"
 
     @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+    @property
     def staging_dir(self) -> Path:
         return self.home / "staging"
 
@@ -50,6 +55,7 @@ class Settings:
         return cls(
             home=Path(h).expanduser(),
             database_url=env.get("VALIDATOR_DATABASE_URL") or None,
+            blob_url=env.get("VALIDATOR_BLOB_URL") or None,
             tokens=tokens,
             protect_reads=env.get("VALIDATOR_PROTECT_READS", "") in ("1", "true", "yes"),
             max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),

@@ -189,21 +189,21 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 def format_summary(s: Mapping[str, Any]) -> str:
     lines = [
-        f"GSM8K  {s.get('questions')} questions  concurrency {s.get('concurrency')}  "
-        f"prompt {s.get('prompt_style', '?')}  {s.get('url', '')}",
-        f"  accuracy {_fmt(s.get('accuracy'))} (sglang rule)   strict-match {_fmt(s.get('accuracy_strict'))}"
-        f"   flexible-extract {_fmt(s.get('accuracy_flexible'))}",
-        f"  shots overlapping evaluated questions: {s.get('shot_overlap', 0)}"
-        f"   accuracy without them {_fmt(s.get('accuracy_excluding_shots'))}",
-        f"  completed {s.get('completed')}/{s.get('questions')} (rate {_fmt(s.get('completion_rate'))})"
+        (f"GSM8K  {s.get('questions')} questions  concurrency {s.get('concurrency')}  "
+        f"prompt {s.get('prompt_style', '?')}  {s.get('url', '')}"),
+        (f"  accuracy {_fmt(s.get('accuracy'))} (sglang rule)   strict-match {_fmt(s.get('accuracy_strict'))}"
+        f"   flexible-extract {_fmt(s.get('accuracy_flexible'))}"),
+        (f"  shots overlapping evaluated questions: {s.get('shot_overlap', 0)}"
+        f"   accuracy without them {_fmt(s.get('accuracy_excluding_shots'))}"),
+        (f"  completed {s.get('completed')}/{s.get('questions')} (rate {_fmt(s.get('completion_rate'))})"
         f"   errors {s.get('errors') or 'none'}   truncated {s.get('truncated')}"
-        f"   invalid answers {s.get('invalid_answers')}",
-        f"  accept length {_fmt(s.get('mean_accept_length'), '.3f')} (incl. bonus)"
+        f"   invalid answers {s.get('invalid_answers')}"),
+        (f"  accept length {_fmt(s.get('mean_accept_length'), '.3f')} (incl. bonus)"
         f"   accepted drafts/step {_fmt(s.get('mean_accepted_drafts'), '.3f')}"
-        f"   accept rate {_fmt(s.get('accept_rate'), '.3f')}   histogram {s.get('accept_histogram')}",
-        f"  {s.get('completion_tokens')} output tokens in {_fmt(s.get('total_time_s'), '.2f')} s"
+        f"   accept rate {_fmt(s.get('accept_rate'), '.3f')}   histogram {s.get('accept_histogram')}"),
+        (f"  {s.get('completion_tokens')} output tokens in {_fmt(s.get('total_time_s'), '.2f')} s"
         f" = {_fmt(s.get('output_tokens_per_s'), '.1f')} tok/s   latency mean {_fmt(s.get('latency_mean_s'), '.3f')} s"
-        f" p90 {_fmt(s.get('latency_p90_s'), '.3f')} s",
+        f" p90 {_fmt(s.get('latency_p90_s'), '.3f')} s"),
     ]
     return "\n".join(lines)
 
@@ -305,11 +305,11 @@ def _short(text: Any, width: int = 60) -> str:
 def format_comparison(c: Mapping[str, Any], max_listed: int = 50) -> str:
     na, nb = c["names"]
     lines = [
-        f"GSM8K  {nb} vs {na}  ({c['matched']} matched questions, rule {c['rule']};"
-        f" only in {na}: {c['only_in_a']}, only in {nb}: {c['only_in_b']})",
+        (f"GSM8K  {nb} vs {na}  ({c['matched']} matched questions, rule {c['rule']};"
+        f" only in {na}: {c['only_in_a']}, only in {nb}: {c['only_in_b']})"),
         f"  accuracy {na} {_fmt(c['accuracy_a'])}   {nb} {_fmt(c['accuracy_b'])}   delta {_fmt(c['delta'], '+.4f')}",
-        f"  flipped: {c['lost']} lost (right in {na}, wrong in {nb}), {c['gained']} gained;"
-        f" exact McNemar p = {c['mcnemar_p']:.3g}",
+        (f"  flipped: {c['lost']} lost (right in {na}, wrong in {nb}), {c['gained']} gained;"
+        f" exact McNemar p = {c['mcnemar_p']:.3g}"),
     ]
     for f in c["flips"][:max_listed]:
         a = f["answer_a"] if f["error_a"] is None else f"error: {f['error_a']}"

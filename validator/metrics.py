@@ -94,8 +94,8 @@ def compare_tensors(
 ) -> TensorMetrics:
     """Compare candidate ``b`` against reference ``a`` (same shape, any real dtypes).
 
-    ``chunk_elems`` bounds the elements processed at once (the float64 working set is a small
-    multiple of it); on CPU the pieces are further capped at 2**19 elements for speed.
+    ``chunk_elems`` bounds the elements processed at once (working set about 100 bytes per
+    element of it); on CPU the pieces are further capped at 2**19 elements for speed.
     Raises :class:`MetricInputError` for non-tensors, complex/quantized/sparse/meta tensors,
     shape mismatch, negative or non-finite tolerances and ``chunk_elems < 1``.
     """

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from probes.shards import Coords, ShardSpec
 
 from . import store
-from .blobs import LocalBlobStore
+from .blobs import open_blob_store
 from .compare import Comparison, compare_runs
 from .config import Settings
 from .errors import ConflictError, InputError, NotFoundError
@@ -81,7 +81,7 @@ class Service:
         self.engine = store.make_engine(settings.db_url)
         store.migrate(self.engine)
         self.sessions = store.make_sessionmaker(self.engine)
-        self.blobs = LocalBlobStore(settings.blob_dir)
+        self.blobs = open_blob_store(settings.blob_url, local_dir=settings.blob_dir, cache_dir=settings.cache_dir)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compare")
 
     def close(self) -> None:

@@ -233,11 +233,14 @@ def test_token_window_slices_rows_and_records_coords(tmp_path: Path) -> None:
 def test_budget_stops_capture_counts_and_warns_once(tmp_path: Path) -> None:
     s = session(tmp_path, budget_bytes=100)
     x = torch.zeros(10)  # 40 bytes
+    s.capture("x", x, step=0)
+    s.capture("x", x, step=1)
     with pytest.warns(ProbeWarning, match="budget") as rec:
-        for i in range(5):
-            s.capture("x", x, step=i)
-        s.capture("small", torch.zeros(1), step=0)  # stopped: even a small one is dropped
-        s.close()
+        s.capture("x", x, step=2)  # 120 > 100 bytes
+    for i in range(3, 5):  # no second warning (warnings are errors here)
+        s.capture("x", x, step=i)
+    s.capture("small", torch.zeros(1), step=0)  # stopped: even a small one is dropped
+    s.close()
     assert len(rec) == 1
     meta, items = read_part(tmp_path / "b")
     assert len(items) == 2

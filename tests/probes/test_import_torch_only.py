@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -44,11 +45,12 @@ SCRIPT = textwrap.dedent(
 def test_probes_import_and_capture_with_torch_only() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, ",".join(BLOCKED)],
+        check=False,
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -105,9 +106,9 @@ def test_given_split_is_recorded() -> None:
         ({"pp": 30}, r"cannot split 24 layers over 30"),
     ],
 )
-def test_structural_errors(change: dict[str, object], match: str) -> None:
+def test_structural_errors(change: dict[str, Any], match: str) -> None:
     with pytest.raises(ProjectionConfigError, match=match):
-        plan_layout(dataclasses.replace(SMALL, **change))  # type: ignore[arg-type]
+        plan_layout(dataclasses.replace(SMALL, **change))
 
 
 def test_checks_run_before_any_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,6 +188,7 @@ def test_stage_without_capture_layer_passes_the_sum_on() -> None:
     st = run.paths["partial-bf16"].stages
     assert st[0].partial is None and not st[0].running.any()
     assert st[2].partial is None and st[2].running is st[1].running
+    assert st[1].partial is not None and st[3].partial is not None
     assert torch.equal(st[1].running, st[1].partial)  # 0 + x is exact
     assert torch.equal(st[3].running, st[1].running + st[3].partial)
     assert torch.equal(run.paths["partial-bf16"].pre_norm, st[3].running)
@@ -296,9 +298,9 @@ def test_flashinfer_wrapper_plumbing_leaves_inputs_alone() -> None:
 # -- bundles ----------------------------------------------------------------------------------
 
 
-def _records(bundle: Path) -> list[dict[str, object]]:
+def _records(bundle: Path) -> list[dict[str, Any]]:
     part = json.loads((bundle / "parts" / "part0" / "part.json").read_text())
-    recs: list[dict[str, object]] = part["tensors"]
+    recs: list[dict[str, Any]] = part["tensors"]
     return recs
 
 
@@ -325,7 +327,7 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
         data = {k: v for f in files for k, v in load_file(str(root_p / "parts" / "part0" / str(f))).items()}
         for r in recs:
             assert tensor_sha256(data[str(r["key"])]) == r["sha256"]
-        names = [(r["name"], (r["coords"] or {}).get("layer")) for r in recs]  # type: ignore[union-attr]
+        names = [(r["name"], (r["coords"] or {}).get("layer")) for r in recs]
         assert ("ctx.pre_norm", None) in names and ("ctx.normed", None) in names
         assert {("draft.k", 0), ("draft.v", 0), ("draft.k", 1), ("draft.v", 1)} <= set(names)
         by_name = {r["name"]: r for r in recs}
@@ -334,9 +336,9 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
         assert by_name["ctx.normed"]["dtype"] == expect_dtype
         if name in ("partial-bf16", "partial-fp32", "ref"):
             partials = [r for r in recs if r["name"] == "ctx.partial"]
-            assert [r["coords"]["pp_stage"] for r in partials] == [1, 3]  # type: ignore[index]
+            assert [r["coords"]["pp_stage"] for r in partials] == [1, 3]
             assert all(
-                r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4}  # type: ignore[index]
+                r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4}
                 for r in partials
             )
             running = [r for r in recs if r["name"] == "ctx.running"]
@@ -345,7 +347,7 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
             assert running[2]["sha256"] == running[1]["sha256"]
         else:
             assert not [r for r in recs if r["name"] in ("ctx.partial", "ctx.running")]
-        # a second run into the same directory is refused, not merged
+    # a second run into the same directory is refused, not merged
     with pytest.raises(ValueError, match="already exists"):
         run_probe(PASS_ON, tmp_path, device="cpu", prefix="t", paths=["concat"])
 

@@ -407,7 +407,7 @@ def test_to_dict_is_json_safe_and_round_trips() -> None:
 # ---------------------------------------------------------------- property test and devices
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     data=hnp.arrays(
         np.float32,

@@ -7,11 +7,13 @@ prompt's embeddings), then ``layers`` residual MLP blocks grouped into ``stages`
 the residual stream is a sum, the final hidden state is exactly the sum of the per-stage contributions
 (stage 0 also owns the input projection); those contributions are the *context features* of the draft.
 
-The draft works like a DFlash/EAGLE head in miniature. For each verify step it takes the context of the
-last verified position, ``c = fc @ concat(features)`` with ``fc = [P, P, ..., P]`` (``P`` orthogonal), maps
-it back with ``P`` and, for each of the ``block`` positions it proposes, adds the change that a cheap,
-noised copy of stage 0 sees between the verified window and the drafted one; a noised copy of the LM head
-turns that into a proposal. The way ``c`` is computed is the switch under test:
+The draft works like a DFlash/EAGLE head in miniature. It owns a noised copy of the target (every
+weight perturbed by ``draft_noise``), which alone agrees with the target only now and then. For each
+verify step it takes the context of the last verified position, ``c = fc @ concat(features)`` with
+``fc = [P, P, ..., P]`` (``P`` orthogonal), maps it back with ``P`` to the target's true hidden state
+there, and corrects its own estimate for every position it proposes by the difference it saw at that
+verified position. Good context makes good drafts; a wrong context makes bad ones. How ``c`` is computed
+is the switch under test:
 
 - ``d-only``: one float32 GEMM over the concatenated features (the D node holds every feature);
 - ``pd``: one bf16 GEMM per stage added into a bf16 running sum handed from stage to stage (the PD / PP
@@ -42,8 +44,8 @@ __all__ = [
     "BOS",
     "EOS",
     "MODES",
-    "HarnessConfig",
     "Harness",
+    "HarnessConfig",
     "SpecCounters",
     "prompt_hash",
     "spec_counters",
@@ -249,7 +251,8 @@ class Harness:
     def propose(
         self, ctx: torch.Tensor, ctx_window: list[int], seq: list[int], pvec_draft: torch.Tensor
     ) -> tuple[list[int], list[float]]:
-        """``block`` draft tokens after ``seq``, from the context of the position that ended at ``ctx_window``."""
+        """``block`` draft tokens after ``seq``: the draft's own estimate for each drafted window, corrected by
+        (target hidden state from the context) - (draft's estimate) at the verified window ``ctx_window``."""
         own = self._draft_hidden(torch.tensor([ctx_window], device=self.device), pvec_draft)[0]
         correction = ctx @ self.w.proj - own  # the target's true state there minus the draft's estimate
         drafts: list[int] = []

@@ -33,7 +33,7 @@ from typing import Any
 
 from .model import EOS, Harness, HarnessConfig, spec_counters, write_acceptance_part
 
-__all__ = ["ServerSettings", "HarnessEngine", "create_app", "main", "question_of"]
+__all__ = ["HarnessEngine", "ServerSettings", "create_app", "main", "question_of"]
 
 _QUESTION = "Question:"
 _ANSWER = "Answer:"
@@ -60,8 +60,7 @@ def question_of(prompt: str) -> str | None:
     if at < 0:
         return None
     q = prompt[at + len(_QUESTION):].rstrip()
-    if q.endswith(_ANSWER):
-        q = q[: -len(_ANSWER)]
+    q = q.removesuffix(_ANSWER)
     return q.strip()
 
 
@@ -168,7 +167,7 @@ class HarnessEngine:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            out = json.loads(json.dumps(self.totals))
+            out: dict[str, Any] = json.loads(json.dumps(self.totals))
         out["harness"] = self.harness.describe()
         out["oracle_questions"] = len(self.oracle)
         return out
@@ -314,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         malformed_every=args.malformed_every, slow_every=args.slow_every, slow_seconds=args.slow_seconds,
         acceptance_out=args.acceptance_out, broken_stage=args.broken_stage,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
     return 0
 
 

@@ -41,6 +41,15 @@ class PairResult:
             return None
         return self.metrics.rel_l2 / self.decision.threshold
 
+    @property
+    def floor_ratio(self) -> float | None:
+        """rel_l2 as a multiple of the noise floor's rel_l2 for the same tensor."""
+        if self.metrics is None or self.floor_rel_l2 is None:
+            return None
+        if self.floor_rel_l2 == 0:
+            return 1.0 if self.metrics.rel_l2 == 0 else float("inf")
+        return self.metrics.rel_l2 / self.floor_rel_l2
+
     def to_dict(self) -> dict[str, Any]:
         m = self.metrics.to_dict() if self.metrics else None
         return {
@@ -53,6 +62,8 @@ class PairResult:
             "max_abs": m["max_abs"] if m else None,
             "threshold": self.decision.threshold if self.decision else None,
             "floor_rel_l2": self.floor_rel_l2,
+            "floor_ratio": self.floor_ratio,
+            "limit_ratio": self.ratio,
             "reasons": list(self.decision.reasons) if self.decision else [],
             "notes": list(self.notes),
             "shape_a": list(self.shape_a),

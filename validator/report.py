@@ -72,11 +72,6 @@ def comparison_json(c: Comparison) -> str:
     return json.dumps(comparison_doc(c), indent=1, default=str, allow_nan=False)
 
 
-def _ratio(p: dict[str, Any]) -> str:
-    r, t = p.get("rel_l2"), p.get("threshold")
-    if isinstance(r, (int, float)) and isinstance(t, (int, float)) and t:
-        return fmt_num(r / t, 2)
-    return "-"
 
 
 def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: dict[str, str] | None = None) -> str:
@@ -99,10 +94,12 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
                 fmt_num(p.get("max_abs")),
                 fmt_num(p.get("threshold")),
                 fmt_num(p.get("floor_rel_l2")),
-                _ratio(p),
+                fmt_num(p.get("floor_ratio"), 2),
+                fmt_num(p.get("limit_ratio"), 2),
             ]
         )
-    lines.append(format_rows(["status", "tensor", "rel_l2", "cosine", "max_abs", "threshold", "floor", "ratio"], rows))
+    header = ["status", "tensor", "rel_l2", "cosine", "max_abs", "threshold", "floor", "x floor", "of limit"]
+    lines.append(format_rows(header, rows))
     if limit is not None and len(pairs) > limit:
         lines.append(f"... {len(pairs) - limit} more pairs (use --json for all)")
     for p in shown:
@@ -133,12 +130,12 @@ def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None =
     if doc.get("floor"):
         out.append(f"Noise floor: `{doc['floor'][0]}` vs `{doc['floor'][1]}`\n")
     out += [f"- {r}" for r in doc.get("reasons", [])[:10]]
-    out += ["", "| status | tensor | rel_l2 | cosine | threshold | ratio |", "|---|---|---|---|---|---|"]
+    out += ["", "| status | tensor | rel_l2 | cosine | threshold | x floor |", "|---|---|---|---|---|---|"]
     for p in doc["pairs"][:limit]:
         cos = p.get("cosine")
         out.append(
             f"| {p['status']} | `{p['label']}` | {fmt_num(p.get('rel_l2'))} | "
-            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {fmt_num(p.get('threshold'))} | {_ratio(p)} |"
+            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {fmt_num(p.get('threshold'))} | {fmt_num(p.get('floor_ratio'), 2)} |"
         )
     if len(doc["pairs"]) > limit:
         out.append(f"\n{len(doc['pairs']) - limit} more pairs not shown.")

@@ -69,9 +69,11 @@ class HarnessConfig:
     hidden: int = 96
     layers: int = 6
     stages: int = 3  # pipeline stages; layers are split evenly
-    prompt_decay: float = 0.97  # prompt vector: sum of decay**age * embedding, normalised
+    memory_decay: float = 0.9  # the target's slow state: sum of decay**age * embedding over all tokens
+    memory_gain: float = 2.0  # its weight in the input, relative to one window token
     later_scale: float = 0.6  # output scale of the layers after stage 0 (smaller = easier to draft)
     draft_noise: float = 0.1  # relative noise on the draft's copy of the target's weights
+    draft_context: bool = True  # False: the draft ignores the context (to measure what the context is worth)
     broken_stage: int = -1  # the stage whose contribution is missing in "pd-broken" mode (-1: the last)
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,23 +194,27 @@ class Harness:
 
     # -- the pieces --------------------------------------------------------------------------------
 
-    def prompt_vector(self, prompt: Sequence[int], draft: bool = False) -> torch.Tensor:
+    def memory(self, tokens: Sequence[int], draft: bool = False, start: torch.Tensor | None = None) -> torch.Tensor:
+        """The slow state after ``tokens``: ``m = decay * m + emb[token]`` per token, from ``start`` (or zero)."""
         emb = self.w.d_emb if draft else self.w.emb
-        ids = torch.tensor(list(prompt)[-256:] or [BOS], device=self.device)
-        ages = torch.arange(len(ids) - 1, -1, -1, device=self.device, dtype=torch.float32)
-        v = (self.cfg.prompt_decay**ages) @ emb[ids]
-        return _rmsnorm(v)
+        toks = list(tokens)[-256:]
+        m = torch.zeros(self.cfg.embed, device=self.device) if start is None else start
+        if not toks:
+            return m
+        ids = torch.tensor(toks, device=self.device)
+        ages = torch.arange(len(toks) - 1, -1, -1, device=self.device, dtype=torch.float32)
+        return m * self.cfg.memory_decay ** len(toks) + (self.cfg.memory_decay**ages) @ emb[ids]
 
-    def _inputs(self, windows: torch.Tensor, pvec: torch.Tensor, draft: bool) -> torch.Tensor:
+    def _inputs(self, windows: torch.Tensor, mem: torch.Tensor, draft: bool) -> torch.Tensor:
         emb, w_in = (self.w.d_emb, self.w.d_w_in) if draft else (self.w.emb, self.w.w_in)
         x = emb[windows].reshape(windows.shape[0], -1)
-        x = torch.cat([x, pvec.expand(windows.shape[0], -1)], dim=1)
-        return x @ w_in
+        m = self.cfg.memory_gain * _rmsnorm(mem).expand(windows.shape[0], -1)
+        return torch.cat([x, m], dim=1) @ w_in
 
-    def target_features(self, windows: torch.Tensor, pvec: torch.Tensor) -> list[torch.Tensor]:
+    def target_features(self, windows: torch.Tensor, mem: torch.Tensor) -> list[torch.Tensor]:
         """Per-stage contributions to the residual stream, ``[stages] x [B, hidden]``; they sum to the
         final hidden state."""
-        h = self._inputs(windows, pvec, draft=False)
+        h = self._inputs(windows, mem, draft=False)
         feats = []
         start = h
         for s, layers in enumerate(self.stage_layers):
@@ -235,9 +241,10 @@ class Harness:
             running = running + f.to(torch.bfloat16) @ p.T  # bf16 GEMM, bf16 running sum
         return running.float()
 
-    def _draft_hidden(self, windows: torch.Tensor, pvec: torch.Tensor) -> torch.Tensor:
-        """The draft's own (noised) estimate of the target's final hidden state."""
-        h = self._inputs(windows, pvec, draft=True)
+    def _draft_hidden(self, windows: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
+        """The draft's own estimate of the target's final hidden state (noised weights, and a slow state
+        frozen at the end of the prompt: the draft cannot follow the target's long-range memory)."""
+        h = self._inputs(windows, mem, draft=True)
         for s, layers in enumerate(self.stage_layers):
             scale = 1.0 if s == 0 else self.cfg.later_scale
             for i in layers:
@@ -249,17 +256,19 @@ class Harness:
         return [BOS] * (self.cfg.window - len(w)) + w
 
     def propose(
-        self, ctx: torch.Tensor, ctx_window: list[int], seq: list[int], pvec_draft: torch.Tensor
+        self, ctx: torch.Tensor, ctx_window: list[int], seq: list[int], draft_mem: torch.Tensor
     ) -> tuple[list[int], list[float]]:
         """``block`` draft tokens after ``seq``: the draft's own estimate for each drafted window, corrected by
         (target hidden state from the context) - (draft's estimate) at the verified window ``ctx_window``."""
-        own = self._draft_hidden(torch.tensor([ctx_window], device=self.device), pvec_draft)[0]
-        correction = ctx @ self.w.proj - own  # the target's true state there minus the draft's estimate
+        correction = torch.zeros(self.cfg.hidden, device=self.device)
+        if self.cfg.draft_context:
+            own = self._draft_hidden(torch.tensor([ctx_window], device=self.device), draft_mem)[0]
+            correction = ctx @ self.w.proj - own  # the target's true state there minus the draft's estimate
         drafts: list[int] = []
         logps: list[float] = []
         for _ in range(self.block):
             win = torch.tensor([self._window(seq + drafts)], device=self.device)
-            h = self._draft_hidden(win, pvec_draft)[0] + correction
+            h = self._draft_hidden(win, draft_mem)[0] + correction
             logits = _rmsnorm(h) @ self.w.d_head.T
             tok = int(torch.argmax(logits))
             drafts.append(tok)
@@ -288,8 +297,8 @@ class Harness:
         records: list[dict[str, Any]] = []
         if max_new_tokens <= 0:
             return out, records
-        pvec = self.prompt_vector(prompt)
-        pvec_d = self.prompt_vector(prompt, draft=True)
+        mem = self.memory(prompt)  # the target's slow state after the verified tokens
+        draft_mem = self.memory(prompt, draft=True)
 
         def finished() -> bool:
             return (
@@ -300,15 +309,19 @@ class Harness:
 
         # prefill: the target's next token after the prompt (no verify step)
         ctx_window = self._window(prompt)
-        feats = self.target_features(torch.tensor([ctx_window], device=self.device), pvec)
+        feats = self.target_features(torch.tensor([ctx_window], device=self.device), mem[None])
         out.append(int(torch.argmax(self.target_logits(feats)[0])))
         ctx = self.context([f[0] for f in feats])
+        mem = self.memory(out[-1:], start=mem)
         step = 0
         while not finished():
             seq = prompt + out
-            drafts, logps = self.propose(ctx, ctx_window, seq, pvec_d)
+            drafts, logps = self.propose(ctx, ctx_window, seq, draft_mem)
             windows = [self._window(seq + drafts[:i]) for i in range(self.block + 1)]
-            feats = self.target_features(torch.tensor(windows, device=self.device), pvec)
+            mems = [mem]
+            for tok in drafts:
+                mems.append(self.memory([tok], start=mems[-1]))
+            feats = self.target_features(torch.tensor(windows, device=self.device), torch.stack(mems))
             target = torch.argmax(self.target_logits(feats), -1).tolist()
             acc = 0
             while acc < self.block and drafts[acc] == target[acc]:
@@ -335,6 +348,7 @@ class Harness:
             step += 1
             ctx_window = windows[acc]
             ctx = self.context([f[acc] for f in feats])
+            mem = self.memory([target[acc]], start=mems[acc])
         return out, records
 
     def describe(self) -> dict[str, Any]:

@@ -50,6 +50,7 @@ __all__ = [
     "SUMMARY_FIELDS",
     "SUMMARY_NBYTES",
     "describe",
+    "prepare",
     "summarize",
 ]
 

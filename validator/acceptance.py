@@ -11,6 +11,8 @@ Bad input raises :class:`AcceptanceInputError` naming the file, the line (or Par
 
 from __future__ import annotations
 
+from .errors import InputError
+
 import json
 import math
 import os
@@ -90,7 +92,7 @@ COLUMNS: tuple[str, ...] = tuple(PARQUET_SCHEMA.names)
 _INT_COLUMNS = ("step", "num_proposed", "accepted")
 
 
-class AcceptanceInputError(ValueError):
+class AcceptanceInputError(InputError, ValueError):
     """Acceptance records that cannot be read: the message names the file, line (or row) and field."""
 
 
@@ -381,8 +383,13 @@ def read_acceptance_bundle(bundle: str | os.PathLike[str], *, strict: bool = Fal
     files = sorted((root / "parts").glob(f"*/{ACCEPTANCE_FILE}"))
     if not files:
         raise AcceptanceInputError(f"{root}: no parts/*/{ACCEPTANCE_FILE} in this bundle")
+    return read_acceptance_files(files, strict=strict)
+
+
+def read_acceptance_files(files: Iterable[str | os.PathLike[str]], *, strict: bool = False) -> pd.DataFrame:
+    """Load and merge several acceptance JSONL files; a step recorded in two of them is an error."""
     col = _Collector()
-    for path in files:
+    for path in map(Path, files):
         try:
             _read_jsonl(path, col, strict)
         except UnicodeDecodeError as exc:

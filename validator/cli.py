@@ -11,6 +11,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from probes.bundle import BundleError
+from probes.config import ProbeConfigError
+from probes.projection import ProjectionConfigError
+from probes.shards import ShardSpecError
+
 from .config import Settings
 from .errors import InputError, ValidatorError
 
@@ -308,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidatorError as exc:
         print(f"validator: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except (BundleError, ShardSpecError, ProbeConfigError, ProjectionConfigError) as exc:
+        print(f"validator: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"validator: error: {where}{exc.strerror or exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InputError
 from .metrics import MetricInputError, TensorMetrics, compare_tensors
 from .policy import Decision, Policy
 from .shards import LogicalKey, LogicalTensor, group_logical
@@ -174,18 +175,55 @@ def compare_runs(
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
     only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())
     pairs.sort(key=lambda p: (_STATUS_ORDER[p.status], -(p.ratio or 0.0), p.label))
-    verdict, reasons = _verdict(pairs, only_a, only_b, policy)
+    sections: dict[str, Any] = {}
+    verdicts: list[str] = []
+    reasons: list[str] = []
+    if ga or gb:
+        v, r = _verdict(pairs, only_a, only_b, policy)
+        verdicts.append(v)
+        reasons += r
+    if a.has_acceptance and b.has_acceptance:
+        acc = _acceptance_section(a, b, policy)
+        sections["acceptance"] = acc
+        verdicts.append(acc["verdict"])
+        reasons += [f"acceptance: {r}" for r in acc["reasons"]]
+    elif a.has_acceptance or b.has_acceptance:
+        reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
+    if not verdicts:
+        verdicts.append("inconclusive")
+        reasons.append("nothing to compare: neither tensors nor acceptance records in both runs")
     return Comparison(
         a=a.name,
         b=b.name,
-        verdict=verdict,
+        verdict=merge_verdicts(*verdicts),
         reasons=reasons,
         pairs=pairs,
         only_a=only_a,
         only_b=only_b,
         floor=(floor[0].name, floor[1].name) if floor else None,
         policy=policy.source,
+        sections=sections,
     )
+
+
+_ACCEPTANCE_KEYS = {"margin", "alpha", "power", "resamples", "seed", "min_reached", "min_requests"}
+
+
+def _acceptance_section(a: RunView, b: RunView, policy: Policy) -> dict[str, Any]:
+    """Per-position acceptance divergence (validator.acceptance_stats), as a report section."""
+    from .acceptance_stats import compare_acceptance
+
+    opts = dict(policy.extra.get("acceptance", {}))
+    unknown = set(opts) - _ACCEPTANCE_KEYS
+    if unknown:
+        raise InputError(f"{policy.source}: unknown [acceptance] key(s) {sorted(unknown)}; known: {sorted(_ACCEPTANCE_KEYS)}")
+    try:
+        result = compare_acceptance(a.load_acceptance(), b.load_acceptance(), labels=("A", "B"), **opts)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{policy.source}: bad [acceptance] settings: {exc}") from None
+    return {**result.to_dict(), "table": result.format_table()}
 
 
 def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy) -> tuple[str, list[str]]:

@@ -9,6 +9,8 @@ refinement described in :func:`_p99_from_hist`). ``docs/metrics.md`` defines eve
 
 from __future__ import annotations
 
+from .errors import InputError
+
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -36,7 +38,7 @@ _CPU_PIECE = 1 << 19
 _ACCEL_COPIES = 64
 
 
-class MetricInputError(ValueError):
+class MetricInputError(InputError, ValueError):
     """The inputs cannot be compared; the message names the problem."""
 
 

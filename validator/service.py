@@ -6,6 +6,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -182,16 +183,18 @@ class Service:
         return sha, size
 
     def _store_artifacts(self, view: RunView, created: list[str], blobs: dict[str, int]) -> list[dict[str, Any]]:
-        if not view.acceptance_files:
+        """Acceptance records (validated, then stored columnar as one Parquet blob)."""
+        if not view.has_acceptance:
             return []
-        from .acceptance import load_jsonl, to_parquet_bytes  # pandas/pyarrow only when needed
+        from .acceptance import write_acceptance_parquet  # pandas/pyarrow only when needed
 
-        import pandas as pd
-
-        frames = [load_jsonl(p) for p in view.acceptance_files]
-        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        data = to_parquet_bytes(df)
-        sha, size, new = self.blobs.put([data])
+        df = view.load_acceptance()
+        self.settings.staging_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.settings.staging_dir) as tmp:
+            path = Path(tmp) / "acceptance.parquet"
+            write_acceptance_parquet(df, path)
+            with open(path, "rb") as f:
+                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
         if new:
             created.append(sha)
         blobs[sha] = size
@@ -257,6 +260,7 @@ class Service:
                     loader=lambda r=r, dtype=dtype, shape=shape: self.blobs.open_tensor(r.sha256, dtype, shape, r.nbytes),
                 )
             )
+        acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
         return RunView(
             name=run.name,
             source="store",
@@ -264,6 +268,7 @@ class Service:
             labels=run.label_dict(),
             manifest=run.manifest,
             tensors=refs,
+            acceptance_parquet=self.blobs.path(acc.sha256) if acc else None,
             run_id=run.id,
         )
 

@@ -54,8 +54,25 @@ class RunView:
     labels: dict[str, str] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
     tensors: list[TensorRef] = field(default_factory=list)
-    acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records found in a bundle
+    acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records (bundle parts, or a .jsonl)
+    acceptance_parquet: Path | None = None  # a stored run's acceptance records
     run_id: int | None = None
+
+    @property
+    def has_acceptance(self) -> bool:
+        return bool(self.acceptance_files) or self.acceptance_parquet is not None
+
+    def load_acceptance(self) -> Any:
+        """The acceptance records as a DataFrame (see validator.acceptance), or None."""
+        if self.acceptance_files:
+            from .acceptance import read_acceptance_files
+
+            return read_acceptance_files(self.acceptance_files)
+        if self.acceptance_parquet is not None:
+            from .acceptance import read_acceptance_parquet
+
+            return read_acceptance_parquet(self.acceptance_parquet)
+        return None
 
 
 def open_path(path: str | Path) -> RunView:
@@ -64,8 +81,10 @@ def open_path(path: str | Path) -> RunView:
     if not p.exists():
         raise InputError(f"{p}: no such file or directory")
     if p.is_file():
+        if p.suffix == ".jsonl":
+            return RunView(name=p.stem, source="jsonl", location=str(p), acceptance_files=[p])
         if p.suffix != ".safetensors":
-            raise InputError(f"{p}: expected a .safetensors file or a bundle directory")
+            raise InputError(f"{p}: expected a bundle directory, a .safetensors file or an acceptance .jsonl file")
         return read_safetensors_file(p)
     if (p / MANIFEST).exists():
         return read_bundle(p)
@@ -106,7 +125,12 @@ def read_bundle(root: Path) -> RunView:
     parts = sorted(p for p in parts_dir.iterdir() if p.is_dir()) if parts_dir.is_dir() else []
     for part in parts:
         ppath = part / PART_FILE
+        acc = part / "acceptance.jsonl"
+        if acc.exists():
+            view.acceptance_files.append(acc)  # written whole and renamed into place: complete by itself
         if not ppath.exists():
+            if acc.exists() and not any(part.glob("*.safetensors")):
+                continue  # a part holding only acceptance records
             raise InputError(f"{part}: incomplete part (no {PART_FILE}; the writer did not close it)")
         doc = _load_json(ppath)
         recs = doc.get("tensors") if isinstance(doc, dict) else None
@@ -115,9 +139,6 @@ def read_bundle(root: Path) -> RunView:
         files: dict[str, SafetensorsFile] = {}
         for i, rec in enumerate(recs):
             view.tensors.append(_record_ref(part, ppath, i, rec, files))
-        acc = part / "acceptance.jsonl"
-        if acc.exists():
-            view.acceptance_files.append(acc)
     return view
 
 

@@ -22,8 +22,8 @@ def _one_thread():
 PROMPTS = [f"Question: A farmer has {i} cows and buys {i + 3} more. How many?\nAnswer:".encode() for i in range(4)]
 
 
-def _run(mode: str, tokens: int = 128, block: int = 4) -> tuple[list[list[int]], list[dict]]:
-    h = Harness(seed=0, mode=mode, block=block)
+def _run(mode: str, tokens: int = 128, config: HarnessConfig | None = None) -> tuple[list[list[int]], list[dict]]:
+    h = Harness(seed=0, mode=mode, block=4, config=config)
     outs, recs = [], []
     for i, p in enumerate(PROMPTS):
         out, r = h.generate(list(p), tokens, request_id=f"r{i}", ignore_eos=True)
@@ -38,16 +38,19 @@ def _accepted_per_step(recs: list[dict]) -> float:
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tuple[list[list[int]], list[dict]]]:
-    return {m: _run(m) for m in ("d-only", "pd", "pd-broken")}
+    out = {m: _run(m) for m in ("d-only", "pd", "pd-broken")}
+    out["no-context"] = _run("d-only", config=HarnessConfig(draft_context=False))
+    return out
 
 
 def test_modes_emit_the_same_tokens_and_differ_only_in_acceptance(runs) -> None:
     ref = runs["d-only"][0]
     assert all(outs == ref for outs, _ in runs.values())  # greedy verification is lossless
-    d, pd, broken = (_accepted_per_step(runs[m][1]) for m in ("d-only", "pd", "pd-broken"))
+    d, pd, broken, blind = (_accepted_per_step(runs[m][1]) for m in ("d-only", "pd", "pd-broken", "no-context"))
     assert 1.0 < d < 2.5  # accept length (incl. bonus) about 2-3.5 at block 4
     assert abs(pd - d) < 0.1  # bf16 partial sums: a small divergence
     assert d - broken > 0.4  # a missing stage contribution: a clear drop
+    assert d - blind > 0.15 and blind > broken  # the context is worth something; a wrong one is worse than none
     tokens = sum(len(o) for o in ref)
     steps = len(runs["d-only"][1])
     assert 2.0 < tokens / steps < 3.5
@@ -152,8 +155,9 @@ def test_server_contract_in_process(tmp_path: Path) -> None:
             assert r.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
             # no oracle entry: the model's own bytes, up to max_new_tokens; a batch gives a list
             r = await client.post("/generate", json={"text": ["hello", "world"],
-                                                     "sampling_params": {"max_new_tokens": 20}})
+                                                     "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}})
             assert [o["meta_info"]["completion_tokens"] for o in r.json()] == [20, 20]
+            assert [o["meta_info"]["finish_reason"]["type"] for o in r.json()] == ["length", "length"]
             r = await client.post("/generate", json={"text": "x", "sampling_params": {"temperature": 0.7}})
             assert r.status_code == 400
             r = await client.post("/v1/completions", json={"model": "m", "prompt": q, "max_tokens": 64,

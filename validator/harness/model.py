@@ -1,24 +1,28 @@
 """A reference speculative-decoding harness: a tiny seeded target LM, a draft fed by a context projection,
 greedy block verification, and per-verify-step acceptance records. Needs torch only.
 
-The target is a residual MLP language model over bytes: the hidden state for a position is built from the
-embeddings of the last ``window`` tokens plus a fixed prompt vector (an exponentially decayed mean of the
-prompt's embeddings), then ``layers`` residual MLP blocks grouped into ``stages`` pipeline stages. Because
-the residual stream is a sum, the final hidden state is exactly the sum of the per-stage contributions
-(stage 0 also owns the input projection); those contributions are the *context features* of the draft.
+The target is a residual MLP language model over bytes. The input for a position is the embeddings of
+the last ``window`` tokens plus a slow *memory* (an exponentially decayed sum of the embeddings of every
+token so far, prompt and output); ``layers`` residual MLP blocks follow, grouped into ``stages`` pipeline
+stages. The residual stream is a sum, so the final hidden state is exactly the sum of the per-stage
+contributions (stage 0 also owns the input projection); those contributions are the draft's *context
+features*.
 
-The draft works like a DFlash/EAGLE head in miniature. It owns a noised copy of the target (every
-weight perturbed by ``draft_noise``), which alone agrees with the target only now and then. For each
-verify step it takes the context of the last verified position, ``c = fc @ concat(features)`` with
-``fc = [P, P, ..., P]`` (``P`` orthogonal), maps it back with ``P`` to the target's true hidden state
-there, and corrects its own estimate for every position it proposes by the difference it saw at that
-verified position. Good context makes good drafts; a wrong context makes bad ones. How ``c`` is computed
-is the switch under test:
+The draft works like a DFlash/EAGLE head in miniature. It owns a noised copy of the target (every weight
+perturbed by ``draft_noise``) whose memory is frozen at the end of the prompt: it cannot follow the
+target's long-range state. For each verify step it takes the context of the last verified position,
+``c = fc @ concat(features)`` with ``fc = [P, P, ..., P]`` (``P`` orthogonal), maps it back with ``P`` to
+the target's hidden state there, and corrects its own estimate for every position it proposes by the
+error it made at that verified position. How ``c`` is computed is the switch under test:
 
 - ``d-only``: one float32 GEMM over the concatenated features (the D node holds every feature);
 - ``pd``: one bf16 GEMM per stage added into a bf16 running sum handed from stage to stage (the PD / PP
   partial-projection path) - a real, small rounding difference;
 - ``pd-broken``: as ``pd`` but one stage's contribution never arrives - a real bug, a large drop.
+
+Measured with the defaults (seed 0, block 4, 200 tokens after GSM8K 5-shot prompts): accepted drafts per
+verify step 1.67 d-only, 1.67 pd, 0.93 pd-broken, and 1.50 for a draft that ignores the context
+(``draft_context=False``): the context helps, a wrong one is worse than none.
 
 Verification is greedy: the target scores the verified window and every drafted prefix in one batch, the
 longest prefix of drafts equal to the target's argmax is accepted, and the target's token after it is
@@ -61,8 +65,9 @@ IN_VOCAB = 258
 
 @dataclass(frozen=True)
 class HarnessConfig:
-    """Shapes and the knobs that set how good the draft is. Defaults (seed 0, block 4): mean accept length
-    about 2.6 (d-only and pd), about 2.0 in pd-broken; about 1 ms per output token on one CPU core."""
+    """Shapes and the knobs that set how good the draft is. Defaults (seed 0, block 4): accept length
+    (bonus included) about 2.7 in d-only and pd, about 1.9 in pd-broken; about 1 ms per output token on one
+    CPU core (use ``torch.set_num_threads(1)``: these ops are too small for threads)."""
 
     window: int = 8  # tokens the LM looks at
     embed: int = 32
@@ -70,9 +75,9 @@ class HarnessConfig:
     layers: int = 6
     stages: int = 3  # pipeline stages; layers are split evenly
     memory_decay: float = 0.9  # the target's slow state: sum of decay**age * embedding over all tokens
-    memory_gain: float = 2.0  # its weight in the input, relative to one window token
-    later_scale: float = 0.6  # output scale of the layers after stage 0 (smaller = easier to draft)
-    draft_noise: float = 0.1  # relative noise on the draft's copy of the target's weights
+    memory_gain: float = 0.5  # its weight in the input (above ~1 greedy outputs fall into repetition)
+    later_scale: float = 0.6  # output scale of the layers after stage 0
+    draft_noise: float = 0.03  # relative noise on the draft's copy of the target's weights
     draft_context: bool = True  # False: the draft ignores the context (to measure what the context is worth)
     broken_stage: int = -1  # the stage whose contribution is missing in "pd-broken" mode (-1: the last)
 

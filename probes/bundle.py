@@ -68,7 +68,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy().data)
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
@@ -131,13 +131,14 @@ class BundleWriter:
 
     def _write_manifest(self, run_name: str, labels: dict[str, str], extra: dict[str, Any]) -> None:
         mpath = self.root / MANIFEST
+        run: dict[str, Any] = {"name": run_name, "labels": {str(k): str(v) for k, v in labels.items()}}
+        run.update(extra)
         manifest = {
             "format": BUNDLE_FORMAT,
             "version": BUNDLE_VERSION,
-            "run": {"name": run_name, "labels": {str(k): str(v) for k, v in labels.items()}},
+            "run": run,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        manifest["run"].update(extra)
         if mpath.exists():
             try:
                 existing = json.loads(mpath.read_text())
@@ -173,7 +174,7 @@ class BundleWriter:
         host = tensor.detach().to("cpu", copy=True).contiguous()
         key = f"t{self._count:06d}"
         self._count += 1
-        record = {
+        record: dict[str, Any] = {
             "name": name,
             "key": key,
             "coords": c.to_dict(),

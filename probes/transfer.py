@@ -159,7 +159,7 @@ class Transfer:
     def _write(self, w: Write) -> None:
         try:
             self.writer.add(w.name, w.tensor, shard=w.shard, **w.coords)
-        except Exception as exc:  # noqa: BLE001 - counted and reported by the session, never dropped silently
+        except Exception as exc:
             with self._lock:
                 self.write_errors += 1
                 if self.first_error is None:

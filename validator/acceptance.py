@@ -11,8 +11,6 @@ Bad input raises :class:`AcceptanceInputError` naming the file, the line (or Par
 
 from __future__ import annotations
 
-from .errors import InputError
-
 import json
 import math
 import os
@@ -27,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .acceptance_stats import AcceptanceSummary, StepArrays, summarize_run
+from .errors import InputError
 
 __all__ = [
     "ACCEPTANCE_FILE",

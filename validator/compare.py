@@ -156,20 +156,25 @@ def compare_runs(
         la, lb = ga[key], gb[key]
         m, err, notes = _measure(la, lb)
         fm = floor_m.get(key)
-        common = dict(
-            name=la.name,
-            coords=la.coords.to_dict(),
-            label=la.label,
-            floor_rel_l2=fm.rel_l2 if fm else None,
-            shape_a=la.shape(),
-            shape_b=lb.shape(),
-            notes=tuple(notes),
-        )
         if m is None:
-            pairs.append(PairResult(status="error", metrics=None, decision=Decision("fail", None, (err or "",)), **common))
+            status, d = "error", Decision("fail", None, (err or "",))
         else:
             d = policy.decide(la.name, m, fm, have_floor=floor is not None, dtypes=(la.dtype, lb.dtype))
-            pairs.append(PairResult(status=d.status, metrics=m, decision=d, **common))
+            status = d.status
+        pairs.append(
+            PairResult(
+                name=la.name,
+                coords=la.coords.to_dict(),
+                label=la.label,
+                status=status,
+                metrics=m,
+                decision=d,
+                floor_rel_l2=fm.rel_l2 if fm else None,
+                shape_a=la.shape(),
+                shape_b=lb.shape(),
+                notes=tuple(notes),
+            )
+        )
         if progress:
             progress(i + 1, len(keys))
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())

@@ -100,7 +100,7 @@ def _hub_split(split: str, limit: int | None) -> list[dict[str, str]]:
         ) from None
     try:
         ds = datasets.load_dataset("openai/gsm8k", "main", split=split)
-    except Exception as exc:  # noqa: BLE001 - no network, no cache, a renamed dataset: all reported
+    except Exception as exc:
         raise InputError(f"cannot load GSM8K {split} split from the hub ({type(exc).__name__}: {exc}); "
                          f"pass a local JSONL file instead") from None
     n = len(ds) if limit is None else min(limit, len(ds))

@@ -9,14 +9,14 @@ refinement described in :func:`_p99_from_hist`). ``docs/metrics.md`` defines eve
 
 from __future__ import annotations
 
-from .errors import InputError
-
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+
+from .errors import InputError
 
 __all__ = ["MetricInputError", "TensorMetrics", "compare_tensors"]
 

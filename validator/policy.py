@@ -77,7 +77,8 @@ class Rule:
                 raise InputError(f"{where}: {k} must be a non-negative number, got {v!r}")
         if d.get("nonfinite", "fail") not in ("fail", "ignore"):
             raise InputError(f"{where}: nonfinite must be 'fail' or 'ignore'")
-        return cls(**{k: (float(v) if k not in ("match", "nonfinite") else v) for k, v in d.items()})
+        kw: dict[str, Any] = {k: (v if k in ("match", "nonfinite") else float(v)) for k, v in d.items()}
+        return cls(**kw)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import functools
 import hashlib
 import json
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,9 +157,10 @@ class Service:
                 if pending is None:
                     run = store.create_run(s, name=run_name, source=view.source, manifest=manifest, labels=all_labels)
                 else:
-                    run = s.get(Run, pending, with_for_update=True)
-                    if run is None or run.status != "pending":
+                    got_pending = s.get(Run, pending, with_for_update=True)
+                    if got_pending is None or got_pending.status != "pending":
                         raise ConflictError(f"run {run_name!r} is not pending (already finalized?)")
+                    run = got_pending
                 store.complete_run(s, run=run, tensors=records, artifacts=artifacts, manifest=manifest, labels=all_labels)
             with self.session() as s:
                 got = store.get_run(s, ref=str(run.id))
@@ -257,7 +258,7 @@ class Service:
                     sha256=r.sha256,
                     nbytes=r.nbytes,
                     origin=f"run {run.name!r} blob {r.sha256[:12]}",
-                    loader=lambda r=r, dtype=dtype, shape=shape: self.blobs.open_tensor(r.sha256, dtype, shape, r.nbytes),
+                    loader=functools.partial(self.blobs.open_tensor, r.sha256, dtype, shape, r.nbytes),
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)

@@ -5,6 +5,7 @@ of plain safetensors files. Each becomes a :class:`RunView`, the one shape the c
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,7 +182,7 @@ def _record_ref(part: Path, ppath: Path, i: int, rec: Any, files: dict[str, Safe
         sha256=str(rec["sha256"]),
         nbytes=entry.nbytes,
         origin=f"{sf.path}[{key}]",
-        loader=lambda sf=sf, key=key: sf.load(key),
+        loader=functools.partial(sf.load, key),
     )
 
 
@@ -206,7 +207,7 @@ def _plain_refs(path: Path, seen: dict[str, str]) -> list[TensorRef]:
                 sha256=None,
                 nbytes=e.nbytes,
                 origin=f"{path}[{key}]",
-                loader=lambda sf=sf, key=key: sf.load(key),
+                loader=functools.partial(sf.load, key),
             )
         )
     return refs

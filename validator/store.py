@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -176,7 +176,7 @@ def complete_run(
     run.status = "complete"
     if tensors:
         session.execute(
-            Tensor.__table__.insert(),
+            insert(Tensor),
             [
                 {
                     "run_id": run.id,

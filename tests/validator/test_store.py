@@ -7,7 +7,7 @@ import pytest
 import torch
 from sqlalchemy import inspect, select
 
-from probes import BundleWriter, ShardSpec
+from probes import BundleWriter
 from tests.factories import tensors, write_tp_bundle
 from validator import store
 from validator.errors import InputError

@@ -13,7 +13,7 @@ router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 @router.post("", dependencies=[WriteAuth], responses={202: {"description": "accepted, computing in the background"}})
 def create_comparison(body: ComparisonCreate, svc: ServiceDep, response: Response) -> ComparisonPublic:
     rec = svc.cached_comparison(
-        body.a, body.b, floor=tuple(body.floor) if body.floor else None, policy=body.policy, background=body.background
+        body.a, body.b, floor=(body.floor[0], body.floor[1]) if body.floor else None, policy=body.policy, background=body.background
     )
     response.status_code = 200 if rec["status"] in ("done", "error") else 202
     return ComparisonPublic(**rec)

@@ -14,7 +14,7 @@ router = APIRouter(prefix="/gates", tags=["gates"])
 @router.post("", dependencies=[WriteAuth])
 def create_gate(body: GateCreate, svc: ServiceDep) -> GatePublic:
     rec = svc.cached_comparison(
-        body.baseline, body.candidate, floor=tuple(body.floor) if body.floor else None, policy=body.policy, background=False
+        body.baseline, body.candidate, floor=(body.floor[0], body.floor[1]) if body.floor else None, policy=body.policy, background=False
     )
     if rec["status"] != "done" or rec["result"] is None:
         raise HTTPException(status_code=422, detail=f"comparison could not be computed: {rec['error']}")

@@ -17,6 +17,10 @@ from ..schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
+async def _next(stream: AsyncIterator[bytes]) -> bytes:
+    return await stream.__anext__()
+
+
 def _labels(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -80,7 +84,7 @@ async def upload_file(
     def chunks() -> Iterator[bytes]:
         while True:
             try:
-                chunk = anyio.from_thread.run(stream.__anext__)
+                chunk: bytes = anyio.from_thread.run(_next, stream)
             except StopAsyncIteration:
                 return
             if chunk:

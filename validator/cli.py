@@ -204,6 +204,13 @@ def _client(args: argparse.Namespace) -> Any:
     return Client(args.server, args.token_value or os.environ.get("VALIDATOR_TOKEN"))
 
 
+def cmd_probe_gsm8k(args: argparse.Namespace) -> int:
+    from .gsm8k import run_from_args
+
+    svc = _service(args)
+    return run_from_args(args, ingest=lambda path: svc.ingest(path))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -293,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe = sub.add_parser("probe", help="run a probe").add_subparsers(dest="probe", metavar="PROBE")
     probe.required = True
+    s = probe.add_parser(
+        "gsm8k",
+        help="GSM8K accuracy + acceptance against a live SGLang/OpenAI-compatible server; stored as a run",
+    )
+    from .gsm8k import add_arguments as gsm8k_arguments
+
+    gsm8k_arguments(s)
+    s.set_defaults(func=cmd_probe_gsm8k)
     s = probe.add_parser("projection", help="DFlash context projection: concat vs PP-partial vs FP64 reference")
     try:
         from .projection import add_arguments, run_from_args

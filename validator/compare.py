@@ -194,6 +194,11 @@ def compare_runs(
         reasons += [f"acceptance: {r}" for r in acc["reasons"]]
     elif a.has_acceptance or b.has_acceptance:
         reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
+    if a.gsm8k_file is not None and b.gsm8k_file is not None:
+        gsm = _gsm8k_section(a, b)
+        sections["gsm8k"] = gsm
+        verdicts.append(gsm["verdict"])
+        reasons += [f"gsm8k: {r}" for r in gsm["reasons"]]
     if not verdicts:
         verdicts.append("inconclusive")
         reasons.append("nothing to compare: neither tensors nor acceptance records in both runs")
@@ -209,6 +214,26 @@ def compare_runs(
         policy=policy.source,
         sections=sections,
     )
+
+
+GSM8K_ALPHA = 0.05
+
+
+def _gsm8k_section(a: RunView, b: RunView) -> dict[str, Any]:
+    """Accuracy on the questions both runs answered; fails when B loses significantly (exact McNemar)."""
+    from .gsm8k import compare_gsm8k, load_gsm8k_rows
+
+    assert a.gsm8k_file is not None and b.gsm8k_file is not None
+    doc = compare_gsm8k(load_gsm8k_rows(a.gsm8k_file), load_gsm8k_rows(b.gsm8k_file), names=(a.name, b.name))
+    lost, gained, p = doc["lost"], doc["gained"], doc["mcnemar_p"]
+    if not doc["matched"]:
+        verdict, reasons = "inconclusive", ["no GSM8K question in common"]
+    elif lost > gained and p is not None and p < GSM8K_ALPHA:
+        verdict, reasons = "fail", [f"accuracy fell by {-doc['delta']:.4f}: {lost} lost vs {gained} gained (McNemar p={p:.3g})"]
+    else:
+        verdict = "pass"
+        reasons = [f"{lost} question(s) lost, {gained} gained of {doc['matched']} (McNemar p={p:.3g}): no significant loss"]
+    return {**doc, "verdict": verdict, "reasons": reasons}
 
 
 _ACCEPTANCE_KEYS = {"margin", "alpha", "power", "resamples", "seed", "min_reached", "min_requests"}

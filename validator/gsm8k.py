@@ -100,7 +100,7 @@ def _hub_split(split: str, limit: int | None) -> list[dict[str, str]]:
         ) from None
     try:
         ds = datasets.load_dataset("openai/gsm8k", "main", split=split)
-    except Exception as exc:
+    except Exception as exc:  # no network, no cache, a renamed dataset: each becomes a clear error
         raise InputError(f"cannot load GSM8K {split} split from the hub ({type(exc).__name__}: {exc}); "
                          f"pass a local JSONL file instead") from None
     n = len(ds) if limit is None else min(limit, len(ds))
@@ -293,6 +293,11 @@ def run_from_args(args: argparse.Namespace, ingest: Callable[[Path], object] | N
                           stop=tuple(args.stop) if args.stop else STOPS[args.prompt_style])
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     several = len(args.concurrency) > 1
+    if args.out:  # refuse before sending anything, not after the runs
+        for conc in args.concurrency:
+            where = Path(args.out) / f"c{conc}" if several else Path(args.out)
+            if (where / "manifest.json").exists():
+                raise InputError(f"{where}: a bundle already exists there; choose another --out")
     summaries = []
     all_ok = True
     for conc in args.concurrency:
@@ -307,6 +312,7 @@ def run_from_args(args: argparse.Namespace, ingest: Callable[[Path], object] | N
         config = {"data": run.summary["data"], "limit": args.limit, "shots": len(shots), "seed": args.seed,
                   "stop": list(client.stop), "timeout_s": client.timeout_s, "temperature": client.temperature}
         tmp_dir = None
+        target: Path | None
         if args.out:
             target = Path(args.out) / f"c{conc}" if several else Path(args.out)
         elif ingest is not None:

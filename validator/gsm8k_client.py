@@ -1,9 +1,9 @@
 """The GSM8K probe's HTTP side: one non-streaming request per prompt, ``concurrency`` in flight.
 
-Two APIs: SGLang's native ``POST /generate`` (``--api sglang``, the only one that carries the ``spec_*``
-acceptance fields in ``meta_info``) and the OpenAI-compatible ``POST /v1/completions`` (``--api openai``;
-any ``spec_*`` keys found in the body, its ``usage``, its first choice or a ``meta_info``/``metadata``
-object inside them are kept, but an engine may send none).
+Two APIs: SGLang's native ``POST /generate`` (``--api sglang``; its ``meta_info`` carries the ``spec_*``
+acceptance fields) and the OpenAI-compatible ``POST /v1/completions`` (``--api openai``; any ``spec_*``
+keys found in the body, its ``usage``, its first choice or a ``meta_info``/``metadata`` object inside
+them are kept, but engines generally send none there).
 
 A failed request never stops the run: connection refused, timeout, transport error, an HTTP error status
 and a malformed body (not JSON, or without the fields the API promises) each become a per-request

@@ -184,9 +184,20 @@ class Service:
         return sha, size
 
     def _store_artifacts(self, view: RunView, created: list[str], blobs: dict[str, int]) -> list[dict[str, Any]]:
-        """Acceptance records (validated, then stored columnar as one Parquet blob)."""
+        """Acceptance records (validated, then stored columnar as one Parquet blob); GSM8K rows as JSONL."""
+        out = []
+        if view.gsm8k_file is not None:
+            from .gsm8k import load_gsm8k_rows
+
+            load_gsm8k_rows(view.gsm8k_file)  # validate
+            with open(view.gsm8k_file, "rb") as f:
+                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
+            if new:
+                created.append(sha)
+            blobs[sha] = size
+            out.append({"kind": "gsm8k", "sha256": sha, "nbytes": size})
         if not view.has_acceptance:
-            return []
+            return out
         from .acceptance import write_acceptance_parquet  # pandas/pyarrow only when needed
 
         df = view.load_acceptance()
@@ -199,7 +210,7 @@ class Service:
         if new:
             created.append(sha)
         blobs[sha] = size
-        return [{"kind": "acceptance", "sha256": sha, "nbytes": size}]
+        return out + [{"kind": "acceptance", "sha256": sha, "nbytes": size}]
 
     def _discard(self, created: list[str]) -> None:
         if not created:
@@ -262,6 +273,7 @@ class Service:
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
+        gsm = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
         return RunView(
             name=run.name,
             source="store",
@@ -270,6 +282,7 @@ class Service:
             manifest=run.manifest,
             tensors=refs,
             acceptance_parquet=self.blobs.path(acc.sha256) if acc else None,
+            gsm8k_file=self.blobs.path(gsm.sha256) if gsm else None,
             run_id=run.id,
         )
 

@@ -57,6 +57,7 @@ class RunView:
     tensors: list[TensorRef] = field(default_factory=list)
     acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records (bundle parts, or a .jsonl)
     acceptance_parquet: Path | None = None  # a stored run's acceptance records
+    gsm8k_file: Path | None = None  # GSM8K probe rows (gsm8k.jsonl), see validator.gsm8k
     run_id: int | None = None
 
     @property
@@ -129,6 +130,10 @@ def read_bundle(root: Path) -> RunView:
         acc = part / "acceptance.jsonl"
         if acc.exists():
             view.acceptance_files.append(acc)  # written whole and renamed into place: complete by itself
+        if (part / "gsm8k.jsonl").exists():
+            if view.gsm8k_file is not None:
+                raise InputError(f"{part}: a second gsm8k.jsonl in one bundle ({view.gsm8k_file})")
+            view.gsm8k_file = part / "gsm8k.jsonl"
         if not ppath.exists():
             if acc.exists() and not any(part.glob("*.safetensors")):
                 continue  # a part holding only acceptance records

@@ -33,8 +33,8 @@ from validator.gsm8k_scoring import (
     summarize_rows,
 )
 
-DATA = Path("/work/shared/data/gsm8k/test.jsonl")
-TRAIN = Path("/work/shared/data/gsm8k/train.jsonl")
+DATA = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "test.jsonl"
+TRAIN = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "train.jsonl"
 needs_data = pytest.mark.skipif(not DATA.is_file(), reason="GSM8K test data not present")
 
 
@@ -218,7 +218,7 @@ def server(tmp_path_factory, oracle: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory, oracle: Path) -> Iterator[str]:
     yield from _start_server(tmp_path_factory.mktemp("srv"), "--oracle", str(oracle), "--malformed-every", "3",
-                             "--slow-every", "5", "--slow-seconds", "3")
+                             "--slow-every", "5", "--slow-seconds", "6")
 
 
 @needs_data
@@ -279,7 +279,7 @@ def test_openai_api_and_truncation(server: str) -> None:
 
 @needs_data
 def test_malformed_and_slow_responses_are_recorded_not_fatal(faulty_server: str, tmp_path: Path, capsys) -> None:
-    code = run_from_args(_args(["--url", faulty_server, "--data", str(DATA), "--limit", "6", "--timeout", "2",
+    code = run_from_args(_args(["--url", faulty_server, "--data", str(DATA), "--limit", "6", "--timeout", "3",
                                 "--max-new-tokens", "96", "--out", str(tmp_path / "b"), "--json"]))
     s = json.loads(capsys.readouterr().out)
     assert code == 1
@@ -302,3 +302,12 @@ def test_refused_connection_is_recorded(tmp_path: Path, capsys) -> None:
     assert code == 1 and s["completion_rate"] == 0.0 and s["errors"] == {"connect": 3}
     assert s["accuracy"] == 0.0 and s["mean_accept_length"] is None and s["output_tokens_per_s"] == 0.0
     assert all("cannot connect" in r["error"] for r in load_gsm8k_rows(tmp_path / "b"))
+    with pytest.raises(InputError, match="already exists"):  # refused before any request is sent
+        run_from_args(_args(["--url", url, "--data", str(data), "--limit", "3", "--shots", "0",
+                             "--out", str(tmp_path / "b")]))
+    # no --out but an ingest callback: a temporary bundle, complete when ingested, removed afterwards
+    seen: list[tuple[Path, bool]] = []
+    run_from_args(_args(["--url", url, "--data", str(data), "--limit", "3", "--shots", "0", "--name", "x"]),
+                  ingest=lambda p: seen.append((p, (p / "parts" / "gsm8k" / "part.json").is_file())))
+    assert len(seen) == 1 and seen[0][1] and not seen[0][0].exists()
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["run"]["labels"]["workload"] == "gsm8k-3"

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from ..config import Settings
 from ..errors import ValidatorError
 from ..service import Service
-from .routes import comparisons, gates, runs
+from .routes import comparisons, dashboard, gates, runs
 
 __all__ = ["create_app"]
 
@@ -48,4 +48,5 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
 
     for r in (runs.router, comparisons.router, gates.router):
         app.include_router(r, prefix=API_PREFIX)
+    app.include_router(dashboard.router)  # HTML pages at /, /runs, /comparisons/... (docs/dashboard.md)
     return app

@@ -1,0 +1,15 @@
+"""The web dashboard served by ``validator serve``: pages over the same Service the JSON API uses.
+
+- :mod:`.views`: what the comparison page shows (heatmap grid, first exceedance), from a comparison document
+- :mod:`.drill`: where inside one tensor two runs differ (per token, per head, histogram, worst elements)
+- :mod:`.pages`: each page's data, gathered through the Service (``?format=json`` returns it)
+
+The routes live in :mod:`validator.api.routes.dashboard`; templates and static files in ``dashboards/``.
+"""
+
+from __future__ import annotations
+
+from .drill import AxisProfile, ErrorProfile, WorstElement, error_profile
+from .views import first_exceedance, heatmap, pair_rows
+
+__all__ = ["AxisProfile", "ErrorProfile", "WorstElement", "error_profile", "first_exceedance", "heatmap", "pair_rows"]

@@ -1,0 +1,197 @@
+"""The data behind each dashboard page, gathered through :class:`validator.service.Service`.
+
+Each function returns one JSON-able dict: the page renders it, and ``?format=json`` returns it as is
+(non-finite floats as the strings 'nan' / 'inf'). Errors the user can act on are ValidatorErrors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from probes.shards import Coords
+
+from ..errors import InputError, NotFoundError
+from ..models import Run
+from ..service import Service
+from ..shards import LogicalTensor, group_logical
+from .drill import error_profile
+from .views import METRICS, default_metric, first_exceedance, heatmap, pair_rows
+
+__all__ = [
+    "LABEL_KEYS",
+    "runs_page",
+    "run_page",
+    "open_comparison",
+    "comparison_page",
+    "pair_page",
+    "acceptance_page",
+    "capture_order",
+]
+
+LABEL_KEYS = ("model", "draft", "topology", "engine_commit")  # the filters the runs list offers by name
+
+
+def runs_page(svc: Service, *, labels: dict[str, str], limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    """Same shape as ``GET /api/v1/runs`` plus the filters applied."""
+    runs = [r.to_dict() for r in svc.list_runs(labels=labels, limit=limit, offset=offset)]
+    return {"data": runs, "count": len(runs), "limit": limit, "offset": offset, "filters": labels}
+
+
+def _gsm8k_rows(svc: Service, run: Run) -> list[dict[str, Any]] | None:
+    """A stored run's GSM8K probe rows (artifact kind 'gsm8k', the probe's JSONL), or None."""
+    art = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
+    if art is None:
+        return None
+    from ..gsm8k import load_gsm8k_rows
+
+    return load_gsm8k_rows(svc.blobs.path(art.sha256))
+
+
+def _gsm8k_summary(run: Run, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    from ..gsm8k_scoring import summarize_rows
+
+    conc = run.label_dict().get("concurrency", "")
+    s = summarize_rows(rows, total_time_s=0.0, concurrency=int(conc) if conc.isdigit() else 0)
+    for k in ("output_tokens_per_s", "total_time_s", "concurrency"):  # not recoverable from the rows
+        s.pop(k, None)
+    return s
+
+
+def run_page(svc: Service, ref: str) -> dict[str, Any]:
+    """``GET /api/v1/runs/{ref}`` plus the acceptance summary and eval summaries."""
+    info = svc.show_run(ref)
+    run = svc.get_run(str(info["id"]))
+    view = svc.stored_view(run)
+    acceptance = None
+    if view.has_acceptance:
+        from ..acceptance import summarize_acceptance
+
+        acceptance = summarize_acceptance(view.load_acceptance()).to_dict()
+    evals: dict[str, Any] = {}
+    rows = _gsm8k_rows(svc, run)
+    if rows is not None:
+        evals["gsm8k"] = _gsm8k_summary(run, rows)
+    return {"run": info, "acceptance": acceptance, "evals": evals}
+
+
+def open_comparison(svc: Service, a: str, b: str, floor: tuple[str, str] | None) -> dict[str, Any]:
+    """The cached comparison of two stored runs (computed now, or queued when large)."""
+    if not a or not b:
+        raise InputError("choose two runs to compare: a (reference) and b (candidate)")
+    return svc.cached_comparison(a, b, floor=floor)
+
+
+def capture_order(svc: Service, run_name: str) -> dict[str, int]:
+    """Logical tensor label -> rank in the order the run's records were written (its capture order)."""
+    view = svc.stored_view(svc.get_run(run_name))
+    return {lt.label: i for i, lt in enumerate(group_logical(view.tensors).values())}
+
+
+def _done(svc: Service, id: int) -> dict[str, Any]:
+    rec = svc.get_comparison(id)
+    if rec["status"] != "done" or rec["result"] is None:
+        raise NotFoundError(f"comparison {id} is {rec['status']}, not done" + (f": {rec['error']}" if rec["error"] else ""))
+    return rec
+
+
+def _has_gsm8k(svc: Service, doc: dict[str, Any]) -> bool:
+    if "gsm8k" in doc:
+        return True
+    return all(any(a.kind == "gsm8k" for a in svc.get_run(doc[s]).artifacts) for s in ("a", "b"))
+
+
+def comparison_page(svc: Service, id: int, *, metric: str | None = None) -> dict[str, Any]:
+    """``GET /api/v1/comparisons/{id}`` plus the heatmap, the first exceedance and the pairs table."""
+    rec = svc.get_comparison(id)
+    out: dict[str, Any] = {"comparison": rec}
+    doc = rec["result"]
+    if rec["status"] != "done" or doc is None:
+        return out
+    metric = metric or default_metric(doc)
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    order = capture_order(svc, doc["a"]) if doc.get("pairs") else {}
+    out.update(
+        metric=metric,
+        heatmap=heatmap(doc, metric=metric, order=order),
+        first=first_exceedance(doc, order),
+        pairs=pair_rows(doc),
+        acceptance_view="acceptance" in doc or _has_gsm8k(svc, doc),
+    )
+    return out
+
+
+def _logical(svc: Service, run_name: str, pair: dict[str, Any]) -> LogicalTensor | None:
+    view = svc.stored_view(svc.get_run(run_name))
+    key = (pair["name"], Coords.from_dict(pair["coords"]).identity())
+    return group_logical(view.tensors).get(key)
+
+
+def _profile(svc: Service, names: tuple[str, str], pair: dict[str, Any]) -> dict[str, Any] | str:
+    la, lb = _logical(svc, names[0], pair), _logical(svc, names[1], pair)
+    if la is None or lb is None:
+        return f"{pair['label']} is not in both {names[0]!r} and {names[1]!r}"
+    ta, tb = la.materialize(), lb.materialize()
+    if tuple(ta.shape) != tuple(tb.shape):
+        return f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}"
+    return error_profile(ta, tb).to_dict()
+
+
+def pair_page(svc: Service, id: int, index: int) -> dict[str, Any]:
+    """One pair of a comparison: where inside the tensor A and B differ (and the noise floor pair does)."""
+    rec = _done(svc, id)
+    doc = rec["result"]
+    pairs = doc["pairs"]
+    if not 0 <= index < len(pairs):
+        raise NotFoundError(f"comparison {id} has {len(pairs)} pairs; there is no pair {index}")
+    pair = pairs[index]
+    profile = _profile(svc, (doc["a"], doc["b"]), pair)
+    floor_profile: dict[str, Any] | str | None = None
+    if doc.get("floor"):
+        floor_profile = _profile(svc, (doc["floor"][0], doc["floor"][1]), pair)
+    tokens = (pair.get("coords") or {}).get("tokens")
+    return {
+        "comparison_id": id,
+        "index": index,
+        "count": len(pairs),
+        "a": doc["a"],
+        "b": doc["b"],
+        "floor": doc.get("floor"),
+        "pair": pair,
+        "token_offset": tokens[0] if tokens else 0,
+        "profile": profile if isinstance(profile, dict) else None,
+        "error": profile if isinstance(profile, str) else None,
+        "floor_profile": floor_profile if isinstance(floor_profile, dict) else None,
+        "floor_error": floor_profile if isinstance(floor_profile, str) else None,
+    }
+
+
+def _gsm8k_comparison(svc: Service, doc: dict[str, Any]) -> dict[str, Any] | None:
+    if "gsm8k" in doc:
+        return dict(doc["gsm8k"])
+    try:
+        ra, rb = (_gsm8k_rows(svc, svc.get_run(doc[s])) for s in ("a", "b"))
+    except InputError as exc:  # rows stored in a form this page cannot read: say so, keep the page
+        return {"error": str(exc)}
+    if ra is None or rb is None:
+        return None
+    from ..gsm8k import compare_gsm8k
+
+    out = compare_gsm8k(ra, rb, names=(doc["a"], doc["b"]), max_listed=0)
+    out.pop("table", None)
+    return out
+
+
+def acceptance_page(svc: Service, id: int) -> dict[str, Any]:
+    """The comparison's acceptance section (validator.acceptance_stats) and, when both runs hold GSM8K
+    results, the questions whose correctness flipped."""
+    rec = _done(svc, id)
+    doc = rec["result"]
+    return {
+        "comparison_id": id,
+        "a": doc["a"],
+        "b": doc["b"],
+        "verdict": doc["verdict"],
+        "acceptance": doc.get("acceptance"),
+        "gsm8k": _gsm8k_comparison(svc, doc),
+    }

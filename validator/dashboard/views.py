@@ -1,0 +1,207 @@
+"""What the dashboard's comparison page shows, computed from a comparison document (pure, no I/O).
+
+- the heatmap: one row per capture point (tensor name), one column per place in the model (layer, and
+  any extra coordinates such as a PP stage); a cell holding several pairs (other steps, requests or
+  token ranges) shows the worst of them;
+- the first point, in capture order, where the drift exceeds what the policy allows (with a noise floor:
+  its multiple of the floor); when nothing fails, the first point above 1x the floor;
+- the rows of the pairs table.
+
+Capture order is the order in which run A's records were written (``order``: pair label -> rank); without
+it, pairs are ordered by layer, then name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["METRICS", "default_metric", "column_of", "heatmap", "first_exceedance", "pair_rows", "finite", "json_safe"]
+
+METRICS = {
+    "rel_l2": "relative L2 (||B - A|| / ||A||)",
+    "floor_ratio": "rel_l2 / noise floor's rel_l2",
+    "limit_ratio": "rel_l2 / threshold applied",
+}
+_BAD = ("fail", "error")
+
+
+def finite(v: Any) -> float | None:
+    """A number for a chart: floats and ints as float, anything else (None, 'inf', 'nan') as None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _num(v: Any) -> float | None:
+    """Like :func:`finite` but keeping infinities ('inf' strings from stored documents too)."""
+    if v == "inf":
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return None
+    return float(v)
+
+
+def json_safe(v: Any) -> Any:
+    """Non-finite floats as the strings 'nan', 'inf', '-inf' (the comparison documents' convention)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def default_metric(doc: Mapping[str, Any]) -> str:
+    return "floor_ratio" if doc.get("floor") else "rel_l2"
+
+
+def _natural(v: Any) -> tuple[int, float, str]:
+    s = str(v)
+    try:
+        return (0, float(s), s)
+    except ValueError:
+        return (1, 0.0, s)
+
+
+def column_of(coords: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
+    """(sort key, label) of a pair's place in the model: its layer and extra coordinates."""
+    layer = coords.get("layer")
+    extra = coords.get("extra") or {}
+    parts = ([f"layer {layer}"] if layer is not None else []) + [f"{k}={v}" for k, v in sorted(extra.items())]
+    key = (layer is not None, layer if layer is not None else -1, tuple((k, _natural(v)) for k, v in sorted(extra.items())))
+    return key, " · ".join(parts) or "—"
+
+
+def _order_key(p: Mapping[str, Any], order: Mapping[str, int] | None) -> tuple[Any, ...]:
+    coords = p.get("coords") or {}
+    fallback = (coords.get("step") or 0, coords.get("layer") if coords.get("layer") is not None else -1, p["name"], p["label"])
+    if order is not None and p["label"] in order:
+        return (0, order[p["label"]], *fallback)
+    return (1, 0, *fallback)
+
+
+def first_exceedance(doc: Mapping[str, Any], order: Mapping[str, int] | None = None) -> dict[str, Any] | None:
+    """The first pair in capture order that fails (``kind`` 'limit'); when none does, the first whose
+    rel_l2 is above its noise floor's (``kind`` 'floor'). ``index`` is the pair's index in ``doc['pairs']``."""
+    indexed = sorted(enumerate(doc.get("pairs", [])), key=lambda ip: _order_key(ip[1], order))
+    for i, p in indexed:
+        if p["status"] in _BAD:
+            return {"index": i, "label": p["label"], "kind": "limit", "status": p["status"], "reasons": p.get("reasons", [])}
+    for i, p in indexed:
+        r = _num(p.get("floor_ratio"))
+        if r is not None and r > 1:
+            return {"index": i, "label": p["label"], "kind": "floor", "status": p["status"], "floor_ratio": r}
+    return None
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if math.isinf(v):
+        return "inf"
+    return f"{v:.3g}"
+
+
+def heatmap(doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The grid: ``z`` holds log10 of the metric (None: no pair there, or no value), ``value`` the metric,
+    ``pair`` the index into ``doc['pairs']`` a cell opens, ``status`` its pair's status."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    pairs = list(enumerate(doc.get("pairs", [])))
+    row_rank: dict[str, tuple[Any, ...]] = {}
+    cols: dict[str, tuple[Any, ...]] = {}
+    for _, p in pairs:
+        k = _order_key(p, order)
+        row_rank[p["name"]] = min(row_rank.get(p["name"], k), k)
+        key, label = column_of(p.get("coords") or {})
+        cols[label] = key
+    rows = sorted(row_rank, key=lambda n: row_rank[n])
+    col_labels = sorted(cols, key=lambda c: cols[c])
+    ri = {n: i for i, n in enumerate(rows)}
+    ci = {c: i for i, c in enumerate(col_labels)}
+    shape = (len(rows), len(col_labels))
+    value: list[list[float | None]] = [[None] * shape[1] for _ in range(shape[0])]
+    cell_pair: list[list[int | None]] = [[None] * shape[1] for _ in range(shape[0])]
+    count = [[0] * shape[1] for _ in range(shape[0])]
+    status: list[list[str | None]] = [[None] * shape[1] for _ in range(shape[0])]
+    held: dict[tuple[int, int], tuple[bool, float]] = {}
+    for i, p in pairs:
+        r, c = ri[p["name"]], ci[column_of(p.get("coords") or {})[1]]
+        count[r][c] += 1
+        v = _num(p.get(metric))
+        badness = (p["status"] in _BAD, v if v is not None else -math.inf)
+        if (r, c) not in held or badness > held[r, c]:
+            held[r, c] = badness
+            value[r][c], cell_pair[r][c], status[r][c] = v, i, p["status"]
+    positive = [v for row in value for v in row if v is not None and 0 < v < math.inf]
+    lo = math.log10(min(positive)) if positive else 0.0
+    hi = math.log10(max(positive)) if positive else 0.0
+    zero_z = lo - 1.0  # bitwise-equal cells sit one decade below the smallest difference
+    z: list[list[float | None]] = []
+    text: list[list[str]] = []
+    for r in range(shape[0]):
+        zr: list[float | None] = []
+        tr: list[str] = []
+        for c in range(shape[1]):
+            v = value[r][c]
+            if v is None:
+                zr.append(None)
+            elif v == 0:
+                zr.append(zero_z)
+            elif math.isinf(v):
+                zr.append(hi + 1.0)
+            else:
+                zr.append(math.log10(v))
+            tr.append("" if cell_pair[r][c] is None else _fmt(v))
+        z.append(zr)
+        text.append(tr)
+    first = first_exceedance(doc, order)
+    mark = None
+    if first is not None:
+        p = doc["pairs"][first["index"]]
+        mark = {**first, "row": ri[p["name"]], "col": ci[column_of(p.get("coords") or {})[1]]}
+    return {
+        "metric": metric,
+        "metric_label": METRICS[metric],
+        "rows": rows,
+        "cols": col_labels,
+        "z": z,
+        "value": [[json_safe(v) for v in row] for row in value],
+        "text": text,
+        "pair": cell_pair,
+        "count": count,
+        "status": status,
+        "first": mark,
+        "center": 0.0 if metric in ("floor_ratio", "limit_ratio") else None,  # log10(1): the diverging scale's middle
+    }
+
+
+def pair_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per pair for the sortable table (numbers as floats or None; 'inf' kept as inf)."""
+    out = []
+    for i, p in enumerate(doc.get("pairs", [])):
+        m = p.get("metrics") or {}
+        out.append(
+            {
+                "index": i,
+                "label": p["label"],
+                "name": p["name"],
+                "where": column_of(p.get("coords") or {})[1],
+                "status": p["status"],
+                "rel_l2": _num(p.get("rel_l2")),
+                "cosine": _num(p.get("cosine")),
+                "max_abs": _num(p.get("max_abs")),
+                "threshold": _num(p.get("threshold")),
+                "floor_rel_l2": _num(p.get("floor_rel_l2")),
+                "floor_ratio": _num(p.get("floor_ratio")),
+                "limit_ratio": _num(p.get("limit_ratio")),
+                "sqnr_db": _num(m.get("sqnr_db")),
+                "shape": p.get("shape_a") or [],
+                "reasons": p.get("reasons") or [],
+                "notes": p.get("notes") or [],
+            }
+        )
+    return out

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, StorageError
 from .tensorfile import raw_tensor
 
-__all__ = ["BlobStore", "LocalBlobStore", "open_blob_store", "check_sha", "write_temp"]
+__all__ = ["BlobStore", "LocalBlobStore", "open_blob_store", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -60,19 +60,77 @@ def open_blob_store(url: str | None, *, local_dir: Path, cache_dir: Path) -> Blo
     raise InputError(f"unsupported blob store URL {url!r} (use file://PATH or s3://BUCKET/PREFIX)")
 
 
+def temp_prefix(kind: str = "tmp") -> str:
+    """Prefix of a temporary file or directory: it names the owning process, so that a later process can
+    tell a crashed writer's leftovers (see :func:`remove_stale_temp`) from a live writer's files."""
+    return f"{kind}.{os.getpid()}."
+
+
+_TEMP_RE = re.compile(r"[a-z]+\.(\d+)\..*")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed process its parent has not reaped yet is a zombie: dead
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
+    """Remove entries of ``directory`` named by :func:`temp_prefix` with one of ``kinds`` whose owning
+    process is gone (and legacy ``tmp*`` entries without an owner). Returns what was removed."""
+    import shutil
+
+    removed = []
+    for p in directory.iterdir() if directory.is_dir() else ():
+        m = _TEMP_RE.fullmatch(p.name)
+        if m and p.name.split(".", 1)[0] in kinds:
+            if _alive(int(m.group(1))):
+                continue
+        elif not (p.name.startswith("tmp") and "tmp" in kinds):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
 def write_temp(tmp_dir: Path, chunks: Iterable[bytes | memoryview], expect_sha256: str | None) -> tuple[str, str, int]:
-    """Spool ``chunks`` to a temporary file in ``tmp_dir``, hashing on the way: (tmp path, sha256, size)."""
+    """Spool ``chunks`` to a temporary file in ``tmp_dir``, hashing on the way: (tmp path, sha256, size).
+    A failed write (disk full, quota) is a :class:`StorageError` and leaves no file behind."""
     h = hashlib.sha256()
     size = 0
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), dir=tmp_dir)
+    except OSError as exc:
+        raise StorageError(f"cannot write to the blob store ({tmp_dir}): {exc.strerror or exc}") from None
+    writing = False  # an OSError while writing (not while producing the chunks) is the store's
     try:
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
                 h.update(c)
+                writing = True
                 f.write(c)
+                writing = False
                 size += len(c)
+            writing = True
             f.flush()
             os.fsync(f.fileno())
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if not writing:
+            raise
+        raise StorageError(f"cannot write to the blob store ({tmp_dir}): {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -102,12 +160,14 @@ class LocalBlobStore:
         tmp, sha, size = write_temp(self.tmp, chunks, expect_sha256)
         try:
             dest = self.path(sha)
-            dest.parent.mkdir(exist_ok=True)
             try:
+                dest.parent.mkdir(exist_ok=True)
                 os.link(tmp, dest)  # fails if it exists: never overwrite
                 created = True
             except FileExistsError:
                 created = False
+            except OSError as exc:
+                raise StorageError(f"cannot write to the blob store ({self.root}): {exc.strerror or exc}") from None
             return sha, size, created
         finally:
             Path(tmp).unlink(missing_ok=True)

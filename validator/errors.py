@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ValidatorError", "InputError", "NotFoundError", "ConflictError"]
+__all__ = ["ValidatorError", "InputError", "NotFoundError", "ConflictError", "StorageError"]
 
 
 class ValidatorError(Exception):
@@ -22,3 +22,9 @@ class NotFoundError(ValidatorError):
 
 class ConflictError(ValidatorError):
     http_status = 409
+
+
+class StorageError(ValidatorError):
+    """The store could not write (disk full, quota, I/O error): nothing was half-written. HTTP 507."""
+
+    http_status = 507

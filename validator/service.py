@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from probes.shards import Coords, ShardSpec
 
 from . import store
-from .blobs import open_blob_store
+from .blobs import open_blob_store, remove_stale_temp, temp_prefix
 from .compare import Comparison, compare_runs
 from .config import Settings
 from .errors import ConflictError, InputError, NotFoundError
@@ -202,7 +202,7 @@ class Service:
 
         df = view.load_acceptance()
         self.settings.staging_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.settings.staging_dir) as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix(), dir=self.settings.staging_dir) as tmp:
             path = Path(tmp) / "acceptance.parquet"
             write_acceptance_parquet(df, path)
             with open(path, "rb") as f:

@@ -11,6 +11,7 @@ streaming.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from probes.bundle import MANIFEST, PART_FILE
 
 from . import store
-from .errors import ConflictError, InputError, NotFoundError
+from .blobs import temp_prefix
+from .errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
 from .models import Run
 from .sources import read_bundle
 
@@ -121,32 +123,50 @@ def upload_file(
         raise ConflictError(f"{part}/{filename}: offset {offset} but {st['received']} bytes were received so far")
     cap = svc.settings.max_upload_bytes
     p = _partial_path(svc, r.id, part, filename)
-    size = offset
-    with open(p, "ab" if offset else "wb") as f:
-        for c in chunks:
-            size += len(c)
-            if size > cap:
-                f.close()
-                p.unlink(missing_ok=True)
-                raise InputError(f"{part}/{filename}: larger than the {cap}-byte upload limit")
-            f.write(c)
-    if not final:
-        return {"complete": False, "received": size, "sha256": None, "created": False}
+    with open(p, "ab") as f:
+        # One writer per file: a retry that overlaps the original request (a client timeout) must not
+        # interleave bytes with it. The lock dies with the process, so a crash never blocks a resume.
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConflictError(f"{part}/{filename}: another upload of this file is in progress") from None
+        try:
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(p))
+        except FileNotFoundError:
+            same = False
+        if not same:  # the upload that held the lock finished this file meanwhile
+            raise ConflictError(f"{part}/{filename}: uploaded concurrently; ask for its status and retry")
+        size = os.fstat(f.fileno()).st_size
+        if offset != size:
+            raise ConflictError(f"{part}/{filename}: offset {offset} but {size} bytes were received so far")
+        try:
+            for c in chunks:
+                size += len(c)
+                if size > cap:
+                    p.unlink(missing_ok=True)
+                    raise InputError(f"{part}/{filename}: larger than the {cap}-byte upload limit")
+                f.write(c)
+            f.flush()
+        except OSError as exc:  # disk full: free what this file took, say so
+            p.unlink(missing_ok=True)
+            raise StorageError(f"{part}/{filename}: cannot store the upload: {exc.strerror or exc}") from None
+        if not final:
+            return {"complete": False, "received": size, "sha256": None, "created": False}
 
-    def read() -> Iterable[bytes]:
-        with open(p, "rb") as f:
-            while b := f.read(1 << 20):
-                yield b
+        def read() -> Iterable[bytes]:
+            with open(p, "rb") as f:
+                while b := f.read(1 << 20):
+                    yield b
 
-    try:
-        sha, n, _ = svc.blobs.put(read(), expect_sha256=expect_sha256)
-    except InputError as exc:
+        try:
+            sha, n, _ = svc.blobs.put(read(), expect_sha256=expect_sha256)
+        except ValidatorError as exc:
+            p.unlink(missing_ok=True)
+            raise type(exc)(f"{part}/{filename}: {exc}") from None
+        with svc.session() as s, s.begin():
+            store.add_blobs(s, blobs={sha: n})
+            created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
         p.unlink(missing_ok=True)
-        raise InputError(f"{part}/{filename}: {exc}") from None
-    with svc.session() as s, s.begin():
-        store.add_blobs(s, blobs={sha: n})
-        created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
-    p.unlink(missing_ok=True)
     return {"complete": True, "received": n, "sha256": sha, "created": created}
 
 
@@ -158,7 +178,7 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
     if not any(u.part == ROOT_PART for u in ups):
         raise InputError(f"run {r.name!r}: {MANIFEST} was not uploaded")
     svc.settings.staging_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="finalize-", dir=svc.settings.staging_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix("finalize"), dir=svc.settings.staging_dir))
     try:
         for u in ups:
             dest = tmp / MANIFEST if u.part == ROOT_PART else tmp / "parts" / u.part / u.filename

@@ -111,6 +111,12 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _excludes_zero(ci: Any) -> bool:
+    """Whether an interval [lo, hi] of numbers lies entirely above or below zero."""
+    lo, hi = (x if isinstance(x, (int, float)) else math.nan for x in ci)
+    return bool(lo > 0 or hi < 0)
+
+
 def _bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -128,20 +134,28 @@ def _env() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(fmt=_fmt, bytes=_bytes, script_json=_script_json, q=lambda s: quote(str(s), safe=""))
+    env.filters.update(fmt=_fmt, bytes=_bytes, script_json=_script_json, excludes_zero=_excludes_zero)
+    env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters["pretty"] = lambda v: json.dumps(json_safe(v), indent=1, sort_keys=False)
     return env
 
 
-def _json_url(request: Request) -> str:
-    params = [(k, v) for k, v in request.query_params.multi_items() if k != "format"] + [("format", "json")]
-    return f"{request.url.path}?{urlencode(params)}"
+def _url_with(request: Request, **changes: Any) -> str:
+    """This page's path and query with some parameters replaced (None removes one)."""
+    params = [(k, v) for k, v in request.query_params.multi_items() if k not in changes]
+    params += [(k, str(v)) for k, v in changes.items() if v is not None]
+    return f"{request.url.path}?{urlencode(params)}" if params else request.url.path
 
 
 def _html(request: Request, template: str, data: dict[str, Any], *, status: int = 200) -> Response:
     base = request.scope.get("root_path", "").rstrip("/")
     html = _env().get_template(template).render(
-        **data, data=data, base=base, asset_v=_asset_version(), json_url=_json_url(request), request_path=request.url.path
+        **data,
+        page=data,
+        base=base,
+        asset_v=_asset_version(),
+        json_url=_url_with(request, format="json"),
+        url_with=functools.partial(_url_with, request),
     )
     return Response(html, status_code=status, media_type="text/html; charset=utf-8", headers=HTML_HEADERS)
 

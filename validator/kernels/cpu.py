@@ -1,0 +1,194 @@
+"""The CPU path: the native one-pass kernel run on chunks by every core.
+
+Each pair is split into chunks of :data:`CHUNK` elements (views of contiguous inputs, never copies;
+non-contiguous inputs are copied a bounded block at a time). A pool of threads, one per core, pulls
+chunks from a shared queue; each thread adds into its own float64/int64 accumulator and its own
+exact ULP histograms, and the per-thread totals are combined at the end. ctypes releases the GIL for
+the duration of each kernel call, so the threads run in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .. import metrics as _ref
+from ._finish import FINE_BINS, ULP_DTYPES, first_reaching, metrics_from_totals, nearest_rank
+from ._native import Acc, library
+
+__all__ = ["compare_cpu", "CHUNK", "set_threads", "threads"]
+
+CHUNK = 1 << 20  # elements per kernel call: large enough that the call overhead vanishes
+_SERIAL_BELOW = 1 << 18  # pairs smaller than this run in the calling thread
+
+_DT: dict[torch.dtype, int] = {
+    torch.float64: 0,
+    torch.float32: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.float8_e4m3fn: 4,
+    torch.float8_e5m2: 5,
+}
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_threads: int | None = None
+
+
+def threads() -> int:
+    """Worker threads used for one pair: ``set_threads``, else ``$VALIDATOR_THREADS``, else the cores."""
+    if _threads is not None:
+        return _threads
+    env = os.environ.get("VALIDATOR_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_threads(n: int | None) -> None:
+    """Set (or with ``None`` reset) the number of worker threads."""
+    global _threads, _pool
+    with _pool_lock:
+        _threads = None if n is None else max(1, int(n))
+        old, _pool = _pool, None
+    if old is not None:
+        old.shutdown(wait=False)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="validator-kernel")
+        return _pool
+
+
+def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """1-D pieces of a and b in row-major order (each made contiguous by the worker that takes it)."""
+    if a.is_contiguous() and b.is_contiguous():
+        fa, fb = a.reshape(-1), b.reshape(-1)
+        for start in range(0, fa.numel(), CHUNK):
+            yield fa[start : start + CHUNK], fb[start : start + CHUNK]
+    else:  # the reference's row-block walk bounds every copy by chunk_elems
+        yield from _ref._chunk_pairs(a, b, max(1, min(chunk_elems, CHUNK)))
+
+
+class _Worker:
+    """One thread's accumulator and histograms."""
+
+    def __init__(self, ulp: bool, coarse: bool) -> None:
+        self.acc = Acc()
+        self.fine = torch.zeros(FINE_BINS + 1, dtype=torch.int64) if ulp else None
+        self.coarse = torch.zeros(FINE_BINS + 1, dtype=torch.int64) if coarse else None
+
+
+def _run(lib: ctypes.CDLL, jobs: Iterator[tuple[torch.Tensor, torch.Tensor]], lock: threading.Lock, w: _Worker,
+         atol: float, rtol: float, force_masked: bool) -> None:
+    fine = w.fine.data_ptr() if w.fine is not None else None
+    coarse = w.coarse.data_ptr() if w.coarse is not None else None
+    while True:
+        with lock:
+            job = next(jobs, None)
+        if job is None:
+            return
+        ca, cb = job[0].contiguous(), job[1].contiguous()
+        rc = lib.vk_compare(
+            ca.data_ptr(), _DT[ca.dtype], cb.data_ptr(), _DT[cb.dtype], ca.numel(),
+            atol, rtol, ctypes.byref(w.acc), fine, coarse, int(force_masked),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native kernel refused dtypes {ca.dtype}, {cb.dtype}")
+
+
+def _parallel(fn, jobs: Iterator, workers: list[_Worker]) -> None:  # type: ignore[no-untyped-def,type-arg]
+    lock = threading.Lock()
+    if len(workers) == 1:
+        fn(jobs, lock, workers[0])
+        return
+    futures = [_executor().submit(fn, jobs, lock, w) for w in workers]
+    for f in futures:
+        f.result()
+
+
+def supports(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device.type == "cpu"
+        and b.device.type == "cpu"
+        and a.dtype in _DT
+        and b.dtype in _DT
+        and not (a.is_neg() or b.is_neg())
+    )
+
+
+def compare_cpu(
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, force_masked: bool = False
+) -> _ref.TensorMetrics | None:
+    """Metrics of CPU tensors ``a``, ``b`` (inputs already checked), or ``None`` when unsupported."""
+    if not supports(a, b):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    a, b = a.detach(), b.detach()
+    n = a.numel()
+    ulp = a.dtype == b.dtype and a.dtype in ULP_DTYPES
+    coarse = ulp and a.dtype == torch.float32
+    nworkers = 1 if n < _SERIAL_BELOW else max(1, min(threads(), -(-n // CHUNK)))
+    workers = [_Worker(ulp, coarse) for _ in range(nworkers)]
+
+    def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
+        _run(lib, jobs, lock, w, float(atol), float(rtol), force_masked)
+
+    _parallel(body, _pieces(a, b, chunk_elems), workers)
+    accs = [w.acc for w in workers]
+    sums = [sum(getattr(x, f) for x in accs) for f in ("s_aa", "s_bb", "s_ab", "s_dd", "s_ad")]
+    counts = [
+        sum(x.n_both for x in accs),
+        sum(x.n_pass for x in accs),
+        sum(x.nf_a for x in accs),
+        sum(x.nf_b for x in accs),
+        sum(x.mismatch for x in accs),
+    ]
+    ulp_result = None
+    if ulp:
+        ulp_result = (max(x.max_ulp for x in accs), _p99(lib, a, b, workers, counts[0], chunk_elems))
+    return metrics_from_totals(a, b, atol, rtol, sums, max(x.max_ad for x in accs), counts, ulp_result)
+
+
+def _p99(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Worker], n_both: int,
+         chunk_elems: int) -> int:
+    if n_both == 0:
+        return 0
+    rank = nearest_rank(n_both)
+    fine = torch.stack([w.fine for w in workers if w.fine is not None]).sum(0)
+    idx = first_reaching(fine, rank)
+    if idx < FINE_BINS:
+        return idx
+    # float32 only: the coarse histogram names the 65536-wide bucket; a second pass bins inside it
+    coarse = torch.stack([w.coarse for w in workers if w.coarse is not None]).sum(0)
+    bucket = first_reaching(coarse, rank)
+    rank_in_bucket = rank - int(coarse[:bucket].sum())
+    lows = [torch.zeros(FINE_BINS, dtype=torch.int64) for _ in workers]
+    slot = itertools.count()
+
+    def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
+        low = lows[next(slot)]
+        while True:
+            with lock:
+                job = next(jobs, None)
+            if job is None:
+                return
+            ca, cb = job[0].contiguous(), job[1].contiguous()
+            lib.vk_refine_f32(ca.data_ptr(), cb.data_ptr(), ca.numel(), bucket, low.data_ptr())
+
+    _parallel(body, _pieces(a, b, chunk_elems), workers)
+    return (bucket << 16) + first_reaching(torch.stack(lows).sum(0), rank_in_bucket)

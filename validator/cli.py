@@ -70,7 +70,19 @@ def _print_json(obj: Any) -> None:
 def cmd_ingest(args: argparse.Namespace) -> int:
     svc = _service(args)
     with _progress("ingest", not args.json) as prog:
-        run = svc.ingest(args.path, name=args.name, labels=_labels(args.label), progress=prog)
+        if getattr(args, "format", "auto") == "sglang-dumper":
+            from .dumper import read_dumper_dir
+
+            split = {}
+            for item in args.split or []:
+                pat, sep, dim = item.rpartition("=")
+                if not sep or not pat or not dim.lstrip("-").isdigit():
+                    raise InputError(f"--split {item!r} must be NAME_GLOB=DIM")
+                split[pat] = int(dim)
+            view = read_dumper_dir(args.path, split=split, max_file_bytes=args.max_file_bytes)
+            run = svc.ingest_view(view, name=args.name, labels=_labels(args.label), progress=prog)
+        else:
+            run = svc.ingest(args.path, name=args.name, labels=_labels(args.label), progress=prog)
     if args.json:
         _print_json(run.to_dict())
     else:
@@ -211,6 +223,40 @@ def cmd_probe_gsm8k(args: argparse.Namespace) -> int:
     return run_from_args(args, ingest=lambda path: svc.ingest(path))
 
 
+def cmd_pd_layout(args: argparse.Namespace) -> int:
+    """Head-aware draft-KV transfer plan for one decode rank, or a check of a given plan (validator/pd_layout.py)."""
+    from . import pd_layout as pdl
+
+    def load(path: str) -> Any:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except ValueError as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+
+    def ints(text: str | None) -> list[int] | None:
+        return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+
+    p, d = pdl.KVLayout.from_dict(load(args.prefill)), pdl.KVLayout.from_dict(load(args.decode))
+    pages: Any = ints(args.pages) if args.pages and "," in args.pages else (int(args.pages) if args.pages else None)
+    kw = {"src_pages": ints(args.src_pages), "dst_pages": ints(args.dst_pages)}
+    if args.pd_command == "plan":
+        runs = pdl.transfer_plan(p, d, args.dst_rank, pages=1 if pages is None else pages, **kw)
+        rows = [r.to_dict() for r in runs]
+        if args.json:
+            _print_json(rows)
+        else:
+            for r in rows:
+                print(" ".join(f"{k}={v}" for k, v in r.items()))
+        return 0
+    check = pdl.check_plan(p, d, args.dst_rank, pdl.parse_plan(load(args.plan)), pages=pages, **kw)
+    if args.json:
+        _print_json(check.to_dict())
+    else:
+        print("\n".join(check.lines()))
+    return 0 if check.ok else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -235,6 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="run name (default: the bundle's run name or the file/directory name)")
     s.add_argument("--label", action="append", metavar="KEY=VALUE", help="add a label (repeatable)")
     s.add_argument("--json", action="store_true", help="print the stored run as JSON")
+    s.add_argument(
+        "--format",
+        choices=["auto", "sglang-dumper"],
+        default="auto",
+        help="'sglang-dumper': a folder written by SGLang's dumper (auto-detected when unambiguous); docs/sglang.md",
+    )
+    s.add_argument(
+        "--split",
+        action="append",
+        metavar="NAME_GLOB=DIM",
+        help="sglang-dumper: tensors matching the glob are TP slices along DIM, in rank order (default: copies)",
+    )
+    s.add_argument("--max-file-bytes", type=int, default=4 << 30, help="sglang-dumper: refuse larger .pt files")
     s.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("runs", help="list stored runs")
@@ -298,8 +357,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_demo)
 
+    s = sub.add_parser("pd-layout", help="PD draft-KV transfer: the head-aware plan, or check a plan against it")
+    pd_sub = s.add_subparsers(dest="pd_command", metavar="ACTION")
+    pd_sub.required = True
+    for action, help_text in (("plan", "print the runs one decode rank must receive"),
+                              ("check", "check a plan (JSON list of {layer, page, src_addr, dst_addr, length}); exit 1 if wrong")):
+        s = pd_sub.add_parser(action, help=help_text, description="Layouts are JSON: tp_size, total_kv_heads, head_dim, dtype, "
+                              "page_size, layers, page_layout (NHD/HND), buffers {rank: {k: [...], v: [...]}}. See docs/sglang.md.")
+        s.add_argument("--prefill", required=True, metavar="LAYOUT.json", help="prefill (source) layout")
+        s.add_argument("--decode", required=True, metavar="LAYOUT.json", help="decode (destination) layout")
+        s.add_argument("--dst-rank", type=int, required=True, help="decode rank whose transfer is planned/checked")
+        if action == "check":
+            s.add_argument("--plan", required=True, metavar="PLAN.json")
+        s.add_argument("--pages", help="page count or comma-separated page indices (check: plus every page the plan names)")
+        s.add_argument("--src-pages", help="the request's page ids on P, comma-separated (default: page index)")
+        s.add_argument("--dst-pages", help="the request's page ids on D, comma-separated (default: page index)")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(func=cmd_pd_layout)
+
     probe = sub.add_parser("probe", help="run a probe").add_subparsers(dest="probe", metavar="PROBE")
     probe.required = True
+    s = probe.add_parser("metrics", help="acceptance counters from an SGLang/vLLM Prometheus endpoint over a window")
+    from .scrape import add_arguments as _metrics_args
+    from .scrape import run_from_args as _metrics_run
+
+    _metrics_args(s)
+    s.set_defaults(func=lambda a: _metrics_run(a, ingest=lambda path: _service(a).ingest(path, name=a.name)))
     s = probe.add_parser(
         "gsm8k",
         help="GSM8K accuracy + acceptance against a live SGLang/OpenAI-compatible server; stored as a run",

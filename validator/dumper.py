@@ -25,7 +25,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ DEFAULT_MAX_FILE_BYTES = 4 << 30
 _STEP_KEYS = ("forward_pass_id", "step")
 _PLACEMENT_TAGS = {"rank", "dump_index", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "ep_rank", "etp_rank"}
 _SUPPORTED = set(DTYPES.values())
+_COORD_NAMES = {"step", "tokens", "layer", "pp_stage", "tp_rank", "tp_size", "call", "pp"}
 
 
 def parse_dump_name(filename: str) -> dict[str, str] | None:
@@ -233,11 +234,23 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
     groups: dict[tuple[Any, ...], list[DumpFile]] = defaultdict(list)
     for p in pieces:
         groups[(ident(p), call.get(id(p)))].append(p)
-    refs = []
+    final: dict[tuple[Any, ...], list[DumpFile]] = {}
     for (idn, k), ps in groups.items():
-        ps.sort(key=lambda p: (p.parallel("tp_rank") if p.parallel("tp_rank") is not None else p.rank(), p.rank()))
         stages = {p.parallel("pp_rank") for p in ps}
+        if len(stages) > 1:  # the same name on several PP stages is several tensors
+            for st in stages:
+                final[(idn, k, st)] = [p for p in ps if p.parallel("pp_rank") == st]
+        else:
+            final[(idn, k, None)] = ps
+    refs = []
+    for (idn, k, stage), ps in final.items():
+        ps.sort(key=lambda p: (p.parallel("tp_rank") if p.parallel("tp_rank") is not None else p.rank(), p.rank()))
         dim = next((d for pat, d in split.items() if glob_match(pat, ps[0].name)), None)
+        extra = {(f"tag_{kk}" if kk in _COORD_NAMES else kk): vv for kk, vv in idn[3]}
+        if k is not None:
+            extra["call"] = str(k)
+        if stage is not None:
+            extra["pp"] = str(stage)
         for i, p in enumerate(ps):
             if len(ps) == 1:
                 shard = ShardSpec.full()
@@ -245,12 +258,6 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
                 shard = ShardSpec.split(dim, i, len(ps))
             else:
                 shard = ShardSpec.replicated(i, len(ps))
-            extra = {kk: vv for kk, vv in idn[3]}
-            if k is not None:
-                extra["call"] = str(k)
-            if len(stages) > 1:  # the same name on several PP stages is several tensors
-                extra["pp"] = str(p.parallel("pp_rank"))
-                shard = ShardSpec.full() if sum(q.parallel("pp_rank") == p.parallel("pp_rank") for q in ps) == 1 else shard
             try:
                 check_tensor_name(p.name)
                 coords = Coords.make(
@@ -267,20 +274,4 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
                 nbytes=nbytes, origin=f"{p.path}" + (f"[{p.key}]" if p.key else ""),
                 loader=functools.partial(_value, p.path, p.key, max_file_bytes),
             ))  # fmt: skip
-    return _fix_pp_groups(refs)
-
-
-def _fix_pp_groups(refs: list[TensorRef]) -> list[TensorRef]:
-    """After a group was separated by PP stage, re-number the shards inside each stage's group."""
-    groups: dict[tuple[Any, ...], list[TensorRef]] = defaultdict(list)
-    for r in refs:
-        groups[(r.name, r.coords.identity())].append(r)
-    out = []
-    for rs in groups.values():
-        if len(rs) > 1 and any(r.shard.kind == "full" for r in rs):
-            raise InputError(f"{rs[0].origin}: tensor {rs[0].name!r} dumped several times with the same tags")
-        kinds = {r.shard.kind for r in rs}
-        if len(rs) > 1 and kinds <= {"split", "replicated"}:
-            rs = [replace(r, shard=ShardSpec(r.shard.kind, index=i, count=len(rs), dim=r.shard.dim)) for i, r in enumerate(rs)]
-        out.extend(rs)
-    return out
+    return refs

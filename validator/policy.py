@@ -102,7 +102,7 @@ class Policy:
             doc = tomllib.loads(p.read_text())
         except OSError as exc:
             raise InputError(f"{p}: cannot read policy: {exc.strerror or exc}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise InputError(f"{p}: not valid TOML: {exc}") from None
         return cls.from_dict(doc, source=str(p))
 

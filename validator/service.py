@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from . import store
 from .blobs import open_blob_store, remove_stale_temp, temp_prefix
 from .compare import Comparison, compare_runs
 from .config import Settings
-from .errors import ConflictError, InputError, NotFoundError
+from .errors import ConflictError, InputError, NotFoundError, StorageError
 from .models import ComparisonRecord, Run
 from .policy import Policy
 from .report import comparison_json
@@ -34,6 +35,7 @@ __all__ = ["Service", "RunSummary", "Progress"]
 
 Progress = Callable[[int, int], None]
 BACKGROUND_BYTES = 256 << 20  # comparisons of more input bytes than this run in the background
+PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # partial uploads untouched this long are removed by recover()
 
 
 def _comparison_dict(rec: ComparisonRecord) -> dict[str, Any]:
@@ -88,6 +90,30 @@ class Service:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.dispose()
+
+    def recover(self) -> dict[str, int]:
+        """Tidy up after a crash; a server calls this once at startup (see docs/reliability.md).
+
+        Comparisons a dead server left 'queued' or 'running' become 'error' (asking again recomputes
+        them) instead of being polled forever; temporary files of dead processes (finalize directories,
+        blob spool files) are removed. Partial uploads are kept for resuming, unless a week old. Runs
+        need nothing: one becomes visible only in the transaction that completes it.
+        """
+        with self.session() as s, s.begin():
+            n = store.interrupt_comparisons(
+                s, error="interrupted: the server stopped while computing this comparison; request it again"
+            )
+        stale = 0
+        staging = self.settings.staging_dir
+        stale += len(remove_stale_temp(staging, kinds=("tmp", "finalize")))
+        for d in {getattr(self.blobs, "tmp", None), getattr(getattr(self.blobs, "cache", None), "tmp", None)} - {None}:
+            stale += len(remove_stale_temp(Path(d), kinds=("tmp",)))
+        week_ago = time.time() - PARTIAL_MAX_AGE_S
+        for p in staging.glob("*.partial") if staging.is_dir() else ():
+            if p.stat().st_mtime < week_ago:
+                p.unlink(missing_ok=True)
+                stale += 1
+        return {"comparisons": n, "temp_files": stale}
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -177,8 +203,8 @@ class Service:
         data = tensor_bytes(t)
         try:
             sha, size, new = self.blobs.put([data], expect_sha256=ref.sha256)
-        except InputError as exc:
-            raise InputError(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
+        except (InputError, StorageError) as exc:
+            raise type(exc)(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
         if new:
             created.append(sha)
         return sha, size
@@ -252,6 +278,16 @@ class Service:
                 for lt in sorted(logical.values(), key=lambda x: (x.name, x.coords.label()))
             ],
         }
+
+    def acceptance_summary(self, ref: str) -> dict[str, Any] | None:
+        """Per-run acceptance summary (rates per position, histogram, engine-style metrics), or None."""
+        view = self.stored_view(self.get_run(ref))
+        if not view.has_acceptance:
+            return None
+        from .acceptance import summarize_acceptance
+
+        s = summarize_acceptance(view.load_acceptance())
+        return {**s.to_dict(), "engine_metrics": s.engine_metrics()}
 
     def stored_view(self, run: Run) -> RunView:
         with self.session() as s:

@@ -78,7 +78,7 @@ class RunView:
 
 
 def open_path(path: str | Path) -> RunView:
-    """A bundle directory, a ``.safetensors`` file or a directory of them."""
+    """A bundle directory, a ``.safetensors`` file or a directory of them, or an SGLang dumper folder."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file or directory")
@@ -90,6 +90,11 @@ def open_path(path: str | Path) -> RunView:
         return read_safetensors_file(p)
     if (p / MANIFEST).exists():
         return read_bundle(p)
+    if not any(p.glob("*.safetensors")):
+        from .dumper import is_dumper_dir, read_dumper_dir  # SGLang dumper output (validator/dumper.py)
+
+        if is_dumper_dir(p):
+            return read_dumper_dir(p)
     return read_safetensors_dir(p)
 
 
@@ -98,7 +103,7 @@ def _load_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
 
 

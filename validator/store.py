@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, select
+from sqlalchemy import Engine, create_engine, event, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +32,7 @@ __all__ = [
     "run_uploads",
     "get_comparison",
     "save_comparison",
+    "interrupt_comparisons",
     "add_blobs",
     "run_tensors",
     "unreferenced_blobs",
@@ -242,3 +243,13 @@ def save_comparison(session: Session, *, key: str, request: dict[str, Any]) -> C
     session.add(rec)
     session.flush()
     return rec
+
+
+def interrupt_comparisons(session: Session, *, error: str) -> int:
+    """Mark every 'queued' or 'running' comparison as 'error' (after a crash, nothing is computing them)."""
+    res = session.execute(
+        update(ComparisonRecord)
+        .where(ComparisonRecord.status.in_(("queued", "running")))
+        .values(status="error", error=error)
+    )
+    return int(res.rowcount or 0)  # type: ignore[attr-defined]

@@ -96,7 +96,7 @@ class SafetensorsFile:
             raise self._err(f"cannot read: {exc.strerror or exc}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             raise self._err("corrupt header (not valid UTF-8 JSON)") from None
         if not isinstance(header, dict):
             raise self._err("corrupt header (not a JSON object)")
@@ -126,6 +126,8 @@ class SafetensorsFile:
         shape = info.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
             raise self._err(f"bad shape {shape!r}", key)
+        if len(shape) > 64 or math.prod(max(s, 1) for s in shape) >= 1 << 62:  # torch would overflow
+            raise self._err(f"shape {shape} is too large", key)
         offs = info.get("data_offsets")
         if (
             not isinstance(offs, list)

@@ -189,7 +189,8 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
             except OSError:
                 shutil.copyfile(src, dest)
         for part_dir in (tmp / "parts").iterdir() if (tmp / "parts").exists() else []:
-            if not (part_dir / PART_FILE).exists():
+            names = {p.name for p in part_dir.iterdir()}
+            if PART_FILE not in names and names != {"acceptance.jsonl"}:  # an acceptance-only part is whole
                 raise InputError(f"run {r.name!r}: part {part_dir.name!r} has no {PART_FILE} (upload incomplete)")
         view = read_bundle(tmp)
         view.location = f"upload:{r.id}"

@@ -86,3 +86,23 @@ async def test_corrupt_bundle_is_refused_on_finalize(client: httpx.AsyncClient, 
     r = await client.post("/api/v1/runs/b/finalize")
     assert r.status_code == 400 and "truncated" in r.json()["detail"]
     assert (await client.get("/api/v1/runs")).json()["data"] == []
+
+
+async def test_acceptance_summary_route(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    from probes import AcceptanceRecorder
+    from tests.validator.acceptance_factories import make_records
+
+    bundle = write_tp_bundle(tmp_path, "acc", tensors(), tp=1)
+    with AcceptanceRecorder(bundle, part="verify") as rec:
+        for r in make_records(500, [0.8, 0.6], seed=0):
+            rec.record(r["request_id"], r["proposed"], r["accepted"], step=r["step"])
+    await client.post("/api/v1/runs", json={"name": "acc"})
+    for f in [bundle / MANIFEST, *sorted((bundle / "parts").rglob("*"))]:
+        if f.is_file():
+            part = "_root" if f.name == MANIFEST else f.parent.name
+            r = await client.put(f"/api/v1/runs/acc/files/{part}/{f.name}", content=f.read_bytes())
+            assert r.status_code == 200, r.text
+    assert (await client.post("/api/v1/runs/acc/finalize")).status_code == 200
+    doc = (await client.get("/api/v1/runs/acc/acceptance")).json()
+    assert doc["engine_metrics"]
+    assert (await client.get("/api/v1/runs/nope/acceptance")).status_code == 404

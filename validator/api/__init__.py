@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..errors import ValidatorError
@@ -18,8 +20,55 @@ __all__ = ["create_app"]
 API_PREFIX = "/api/v1"
 
 
+_UPLOAD_PATH = re.compile(API_PREFIX + r"/runs/[^/]+/files/[^/]+/[^/]+")
+
+
+class _BodyCap:
+    """Caps every request body but a file upload's (streamed to disk, capped by max_upload_bytes) at
+    ``limit()`` bytes: whatever its Content-Type (FastAPI parses a body without one as JSON), and
+    whether it declares a Content-Length or arrives chunked without one. Over the cap: 413."""
+
+    def __init__(self, app: ASGIApp, limit: Callable[[], int]) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"] == "PUT" and _UPLOAD_PATH.fullmatch(scope["path"])):
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit()
+        n = dict(scope["headers"]).get(b"content-length")
+        too_big = n is not None and (not n.isdigit() or int(n) > limit)
+        body = bytearray()
+        more = not too_big
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away
+                return
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            too_big = len(body) > limit
+            if too_big:
+                break
+        if too_big:
+            await JSONResponse(status_code=413, content={"detail": f"request body over {limit} bytes"})(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
 def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI:
     svc = service or Service(settings)
+    if service is None:  # a server starting: put right what a crash of the previous one left behind
+        svc.recover()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -34,13 +83,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     async def _validator_error(_: Request, exc: ValidatorError) -> JSONResponse:
         return JSONResponse(status_code=exc.http_status, content={"detail": str(exc)})
 
-    @app.middleware("http")
-    async def _json_size_cap(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if request.headers.get("content-type", "").startswith("application/json"):
-            n = request.headers.get("content-length")
-            if n is not None and (not n.isdigit() or int(n) > svc.settings.max_json_bytes):
-                return JSONResponse(status_code=413, content={"detail": f"JSON body over {svc.settings.max_json_bytes} bytes"})
-        return await call_next(request)
+    app.add_middleware(_BodyCap, limit=lambda: svc.settings.max_json_bytes)
 
     @app.get(API_PREFIX + "/health", tags=["health"])
     def health() -> dict[str, str]:

@@ -62,30 +62,55 @@ static inline uint32_t ulp16(const void *a, const void *b, int64_t i) { int32_t 
 static inline uint32_t ulp32(const void *a, const void *b, int64_t i) { int64_t d = ord32(a, i) - ord32(b, i); return (uint32_t)(d < 0 ? -d : d); }
 static inline uint32_t ulp0(const void *a, const void *b, int64_t i) { (void)a; (void)b; (void)i; return 0; }
 
-/* histogram of one block of distances; positions not finite in both hold 0 and are taken out of
- * bin 0 by the caller's correction (fine[0] -= excluded) */
-static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, int64_t *coarse, uint32_t *mu) {
+/* Histogram of one block of distances. Positions not finite in both hold 0 and are taken out of
+ * bin 0 by the caller's correction (fine[0] -= excluded). Close tensors pile their distances into a
+ * few small bins, and incrementing one counter over and over is a chain of dependent loads and
+ * stores; small distances therefore go to NSUB interleaved int32 sub-histograms (folded into `fine`
+ * at the end of each call), everything else straight into `fine`. */
+#define NSUB 8
+#define SMALL 256
+static inline void hist_block(const uint32_t *dist, int64_t m, uint64_t pk, int64_t *fine, int64_t *coarse,
+                              uint32_t *sub, uint32_t *mu) {
     uint32_t mx = *mu;
+    for (int k = 0; k < 4; k++) fine[k] += (int64_t)((pk >> (16 * k)) & 0xFFFF); /* counted by the vector loop */
     int64_t j = 0;
-    if (coarse) {
-        for (; j < m; j++) {
-            uint32_t d = dist[j];
-            fine[d < FINE ? d : FINE]++;
-            coarse[d >> 16]++;
-            mx = d > mx ? d : mx;
+    for (; j + NSUB <= m; j += NSUB) {
+        for (int k = 0; k < NSUB; k++) {
+            const uint32_t d = dist[j + k];
+            if (d >= 4) {
+                if (d < SMALL)
+                    sub[k * SMALL + d]++;
+                else
+                    fine[d < FINE ? d : FINE]++;
+                mx = d > mx ? d : mx;
+            }
         }
-    } else {
-        for (; j < m; j++) {
-            uint32_t d = dist[j];
-            fine[d < FINE ? d : FINE]++;
+    }
+    for (; j < m; j++) {
+        const uint32_t d = dist[j];
+        if (d >= 4) {
+            if (d < SMALL)
+                sub[d]++;
+            else
+                fine[d < FINE ? d : FINE]++;
             mx = d > mx ? d : mx;
         }
     }
+    if (mx < 3 && pk >> 48) mx = 3; /* the maximum among the distances counted in pk */
+    else if (mx < 2 && (pk >> 32) & 0xFFFF) mx = 2;
+    else if (mx < 1 && (pk >> 16) & 0xFFFF) mx = 1;
+    if (coarse) /* float32: every distance is also binned by its high 16 bits */
+        for (j = 0; j < m; j++) coarse[dist[j] >> 16]++;
     *mu = mx;
 }
 
+static inline void fold_sub(uint32_t *sub, int64_t *fine) {
+    for (int k = 0; k < NSUB; k++)
+        for (int d = 0; d < SMALL; d++) fine[d] += sub[k * SMALL + d];
+}
+
 #define FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                                   \
-    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass) reduction(max:mad)")                         \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,pk) reduction(max:mad)")                      \
     for (int64_t j = 0; j < m; j++) {                                                                     \
         const int64_t i = s0 + j;                                                                         \
         const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
@@ -97,11 +122,15 @@ static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, in
         sad += ad;                                                                                        \
         npass += ad <= atol + rtol * fabs(xa);                                                            \
         mad = ad > mad ? ad : mad;                                                                        \
-        if (HAS_ULP) dist[j] = ULP(pa, pb, i);                                                            \
+        if (HAS_ULP) {                                                                                    \
+            const uint32_t u = ULP(pa, pb, i);                                                            \
+            dist[j] = u;                                                                                  \
+            pk += u < 4 ? (uint64_t)1 << (16 * u) : 0;                                                    \
+        }                                                                                                 \
     }
 
 #define MASKED_LOOP(LA, LB, ULP, HAS_ULP)                                                                 \
-    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism) reduction(max:mad)")      \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism,pk) reduction(max:mad)")   \
     for (int64_t j = 0; j < m; j++) {                                                                     \
         const int64_t i = s0 + j;                                                                         \
         const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
@@ -121,7 +150,11 @@ static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, in
         nfa += !fa;                                                                                       \
         nfb += !fb;                                                                                       \
         mism += (!both) & (!same);                                                                        \
-        if (HAS_ULP) dist[j] = both ? ULP(pa, pb, i) : 0u;                                                \
+        if (HAS_ULP) {                                                                                    \
+            const uint32_t u = both ? ULP(pa, pb, i) : 0u;                                                \
+            dist[j] = u;                                                                                  \
+            pk += u < 4 ? (uint64_t)1 << (16 * u) : 0;                                                    \
+        }                                                                                                 \
     }
 
 /* Each block of BLK elements runs the unmasked loop first; when its sums come out non-finite (a NaN
@@ -132,23 +165,27 @@ static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, in
                      int64_t *fine, int64_t *coarse, int force_masked) {                                  \
         uint32_t mu = (uint32_t)acc->max_ulp;                                                             \
         uint32_t dist[BLK];                                                                               \
+        uint32_t sub[HAS_ULP ? NSUB * SMALL : 1];                                                         \
+        if (HAS_ULP) memset(sub, 0, sizeof sub);                                                          \
         for (int64_t s0 = 0; s0 < n; s0 += BLK) {                                                         \
             const int64_t m = n - s0 < BLK ? n - s0 : BLK;                                                \
             double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                  \
             int64_t nboth = m, npass = 0, nfa = 0, nfb = 0, mism = 0;                                     \
+            uint64_t pk = 0; /* counts of distances 0..3, 16 bits each (BLK < 65536) */                   \
             if (!force_masked) {                                                                          \
                 FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                           \
             }                                                                                             \
             if (force_masked || !isfinite(saa) || !isfinite(sbb)) {                                       \
                 saa = sbb = sab = sdd = sad = mad = 0;                                                    \
                 nboth = npass = nfa = nfb = mism = 0;                                                     \
+                pk = 0;                                                                                   \
                 MASKED_LOOP(LA, LB, ULP, HAS_ULP)                                                         \
                 if (HAS_ULP) { /* excluded positions were binned at distance 0 */                         \
                     fine[0] -= m - nboth;                                                                 \
                     if (coarse) coarse[0] -= m - nboth;                                                   \
                 }                                                                                         \
             }                                                                                             \
-            if (HAS_ULP) hist_block(dist, m, fine, coarse, &mu);                                          \
+            if (HAS_ULP) hist_block(dist, m, pk, fine, coarse, sub, &mu);                                          \
             acc->s_aa += saa;                                                                             \
             acc->s_bb += sbb;                                                                             \
             acc->s_ab += sab;                                                                             \
@@ -161,6 +198,7 @@ static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, in
             acc->nf_b += nfb;                                                                             \
             acc->mismatch += mism;                                                                        \
         }                                                                                                 \
+        if (HAS_ULP) fold_sub(sub, fine);                                                                 \
         acc->max_ulp = (int64_t)mu;                                                                       \
     }
 

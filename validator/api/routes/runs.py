@@ -10,7 +10,7 @@ import anyio.from_thread
 from fastapi import APIRouter, Query, Request
 
 from ... import uploads
-from ...errors import InputError
+from ...errors import InputError, NotFoundError
 from ..deps import ReadAuth, ServiceDep, WriteAuth
 from ..schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
 
@@ -58,6 +58,15 @@ def get_run(ref: str, svc: ServiceDep) -> dict[str, Any]:
 @router.get("/{ref}/tensors", dependencies=[ReadAuth])
 def run_tensors(ref: str, svc: ServiceDep) -> dict[str, Any]:
     return {"data": svc.show_run(ref)["tensors"]}
+
+
+@router.get("/{ref}/acceptance", dependencies=[ReadAuth])
+def run_acceptance(ref: str, svc: ServiceDep) -> dict[str, Any]:
+    """Acceptance summary of a run: per-position rates (conditional and vLLM-style), histogram, accept length."""
+    summary = svc.acceptance_summary(ref)
+    if summary is None:
+        raise NotFoundError(f"run {ref!r} holds no acceptance records")
+    return summary
 
 
 @router.get("/{ref}/files/{part}/{filename}", dependencies=[ReadAuth])

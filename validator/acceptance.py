@@ -116,7 +116,10 @@ def _int_list(where: str, key: str, v: Any, *, nonneg: bool = True) -> list[int]
 def _logprob(where: str, key: str, v: Any) -> float:
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         raise AcceptanceInputError(f"{where}: {key} must be a number (a logprob), got {v!r}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer too large for a float
+        raise AcceptanceInputError(f"{where}: {key} must be a logprob (<= 0, not NaN), got {v!r:.40}") from None
     if math.isnan(f) or f > _LOGPROB_TOL:
         raise AcceptanceInputError(f"{where}: {key} must be a logprob (<= 0, not NaN), got {v!r}")
     return f
@@ -358,6 +361,8 @@ def _read_jsonl(path: Path, col: _Collector, strict: bool) -> None:
                 raise AcceptanceInputError(
                     f"{where}: not valid JSON: {exc.msg} (column {exc.colno})"
                 ) from None
+            except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting too deep
+                raise AcceptanceInputError(f"{where}: not valid JSON: {str(exc)[:100]}") from None
             except UnicodeDecodeError:  # pragma: no cover - open() decodes first
                 raise AcceptanceInputError(f"{where}: not UTF-8") from None
             col.add(normalize_record(obj, where=where, strict=strict), where)

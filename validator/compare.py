@@ -6,7 +6,8 @@ Run A is the reference (``rel_l2 = ||b - a|| / ||a||``). Tensors pair by name an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,11 +133,31 @@ def _floor_metrics(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, Te
         return {}
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
     out = {}
-    for key in fa.keys() & fb.keys():
-        m, err, _ = _measure(fa[key], fb[key])
+    keys = sorted(fa.keys() & fb.keys(), key=lambda k: (k[0], repr(k[1])))
+    for key, (m, err, _) in zip(keys, _measure_all([(fa[k], fb[k]) for k in keys])):
         if m is not None:
             out[key] = m
     return out
+
+
+def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor]]) -> Iterator[tuple[TensorMetrics | None, str | None, list[str]]]:
+    """``_measure`` of each pair, in order, several pairs at a time (the kernels release the GIL).
+
+    At most ``workers`` pairs are loaded at once, so memory stays bounded by the largest pairs, not by
+    the run; safetensors inputs are memory-mapped and read lazily.
+    """
+    workers = _pair_workers(len(pairs))
+    if workers <= 1:
+        yield from (_measure(la, lb) for la, lb in pairs)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
+        yield from ex.map(lambda p: _measure(*p), pairs)
+
+
+def _pair_workers(n: int) -> int:
+    from .kernels.cpu import threads
+
+    return max(1, min(n, threads()))
 
 
 def compare_runs(
@@ -152,9 +173,9 @@ def compare_runs(
     floor_m = _floor_metrics(floor)
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
     pairs: list[PairResult] = []
-    for i, key in enumerate(keys):
+    measured = _measure_all([(ga[k], gb[k]) for k in keys])
+    for i, (key, (m, err, notes)) in enumerate(zip(keys, measured)):
         la, lb = ga[key], gb[key]
-        m, err, notes = _measure(la, lb)
         fm = floor_m.get(key)
         if m is None:
             status, d = "error", Decision("fail", None, (err or "",))
@@ -247,8 +268,9 @@ def _acceptance_section(a: RunView, b: RunView, policy: Policy) -> dict[str, Any
     unknown = set(opts) - _ACCEPTANCE_KEYS
     if unknown:
         raise InputError(f"{policy.source}: unknown [acceptance] key(s) {sorted(unknown)}; known: {sorted(_ACCEPTANCE_KEYS)}")
+    df_a, df_b = a.load_acceptance(), b.load_acceptance()  # bad records: their own error, naming the file
     try:
-        result = compare_acceptance(a.load_acceptance(), b.load_acceptance(), labels=("A", "B"), **opts)
+        result = compare_acceptance(df_a, df_b, labels=("A", "B"), **opts)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, InputError):
             raise

@@ -102,6 +102,9 @@ def compare_tensors(
     shape mismatch, negative or non-finite tolerances and ``chunk_elems < 1``.
     """
     _check_inputs(a, b, atol, rtol, chunk_elems)
+    fast = _compare_fast(a, b, atol, rtol, chunk_elems)
+    if fast is not None:
+        return fast
     device = _compute_device(a, b)
     ulp = _ULP_DTYPES.get(a.dtype) if a.dtype == b.dtype else None
     piece = min(chunk_elems, _CPU_PIECE) if device.type == "cpu" else chunk_elems
@@ -111,6 +114,14 @@ def compare_tensors(
         for ca, cb in _chunk_pairs(a.detach(), b.detach(), piece):
             acc.add(ca.to(device), cb.to(device), ulp)
         return acc.finish(a, b, ulp)
+
+
+def _compare_fast(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int) -> TensorMetrics | None:
+    """The same metrics from validator.kernels' one-pass kernels (multi-core CPU, fused CUDA), or
+    None where none applies; ``VALIDATOR_KERNELS=0`` keeps to the code below (docs/performance.md)."""
+    from .kernels import compare_fast
+
+    return compare_fast(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
 
 
 def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: int) -> None:

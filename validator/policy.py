@@ -119,6 +119,8 @@ class Policy:
         unknown = set(extra) - {"acceptance"}
         if unknown:
             raise InputError(f"{source}: unknown section(s) {sorted(unknown)}")
+        if not isinstance(extra.get("acceptance", {}), dict):
+            raise InputError(f"{source}: [acceptance] must be a table")
         return cls(rules=rules, missing=missing, source=source, extra=extra)
 
     def rule_for(self, name: str) -> Rule | None:

@@ -46,6 +46,7 @@ __all__ = [
     "acceptance_from_scrapes",
     "add_arguments",
     "fetch_text",
+    "metrics_url",
     "parse_prometheus",
     "run_from_args",
     "scrape_window",
@@ -115,12 +116,16 @@ def parse_prometheus(text: str, *, source: str = "metrics") -> tuple[list[Sample
     return samples, types
 
 
-def fetch_text(url: str, *, timeout: float = 10.0) -> str:
-    """GET the endpoint's text (``/metrics`` is appended to a bare ``http://host:port``)."""
+def metrics_url(url: str) -> str:
+    """The endpoint's URL: ``/metrics`` is appended to a bare ``http://host:port``."""
     if not re.match(r"https?://", url):
         raise InputError(f"{url!r}: expected an http:// or https:// URL of a Prometheus endpoint")
-    if re.fullmatch(r"https?://[^/]+/?", url):
-        url = url.rstrip("/") + "/metrics"
+    return url.rstrip("/") + "/metrics" if re.fullmatch(r"https?://[^/]+/?", url) else url
+
+
+def fetch_text(url: str, *, timeout: float = 10.0) -> str:
+    """GET the endpoint's text."""
+    url = metrics_url(url)
     req = urllib.request.Request(url, headers={"Accept": "text/plain; version=0.0.4"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - user-given endpoint
@@ -154,6 +159,7 @@ def scrape_window(
     """Read the endpoint now and ``window`` seconds later."""
     if not window >= 0:
         raise InputError(f"--window must be >= 0 seconds, got {window}")
+    url = metrics_url(url)
     out = []
     for i in range(2):
         if i:

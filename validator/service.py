@@ -149,9 +149,12 @@ class Service:
     ) -> RunSummary:
         """Store a run view. ``pending``: id of a pending run (uploaded over the API) to complete."""
         run_name = name or view.name
-        if not run_name or len(run_name) > 200:
-            raise InputError(f"run name {run_name!r} must be 1-200 characters")
+        if not run_name or len(run_name) > 200 or any(ord(c) < 32 for c in run_name):
+            raise InputError(f"run name {run_name!r} must be 1-200 printable characters")
         group_logical(view.tensors)  # refuse impossible shard layouts before storing anything
+        store.check_labels({**view.labels, **(labels or {})}, where=view.location)  # and what the columns can't hold
+        for ref in view.tensors:
+            store.check_tensor_record(name=ref.name, coords=ref.coords.to_dict(), shard=ref.shard.to_dict(), where=f"{ref.origin}: ")
         if pending is None:
             with self.session() as s:
                 if store.get_run(s, ref=run_name, include_pending=True) is not None:

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine, event, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import ConflictError
+from .errors import ConflictError, InputError
 from .models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
 
 __all__ = [
@@ -25,6 +25,8 @@ __all__ = [
     "downgrade",
     "MIGRATIONS_DIR",
     "get_run",
+    "check_labels",
+    "check_tensor_record",
     "list_runs",
     "create_run",
     "complete_run",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_MAX_ID = 2**31 - 1  # ids are INTEGER columns: a larger number names no row (and would overflow)
 
 
 def make_engine(url: str) -> Engine:
@@ -92,11 +95,28 @@ def downgrade(engine: Engine, revision: str) -> None:
 # -- runs ---------------------------------------------------------------------------------------
 
 
+def check_labels(labels: dict[str, str], *, where: str = "run") -> None:
+    """Labels the columns can hold: keys 1-100 characters, values at most 500, no NUL (PostgreSQL refuses it)."""
+    for k, v in labels.items():
+        if not (isinstance(k, str) and isinstance(v, str) and 1 <= len(k) <= 100 and len(v) <= 500 and "\0" not in k + v):
+            raise InputError(
+                f"{where}: label {k!r:.60}={v!r:.60} refused: keys must be 1-100 characters, values at most 500, without NUL"
+            )
+
+
+def check_tensor_record(*, name: str, coords: dict[str, Any], shard: dict[str, Any], where: str = "") -> None:
+    """A tensor record the columns can hold (its coordinates and shard spec, as stored, fit in 1000 characters)."""
+    if len(_slot(coords, shard)) > 1000:
+        raise InputError(f"{where}tensor {name!r}: coordinates and shard spec longer than 1000 characters")
+
+
 def get_run(session: Session, *, ref: str, include_pending: bool = False) -> Run | None:
     """A run by name, or by numeric id."""
+    if "\0" in ref:  # no name holds NUL (and PostgreSQL refuses to compare one)
+        return None
     q = select(Run).where(Run.name == ref)
     run = session.scalars(q).first()
-    if run is None and ref.isdigit():
+    if run is None and ref.isascii() and ref.isdigit() and int(ref) <= _MAX_ID:  # not "²", not 2**40
         run = session.get(Run, int(ref))
     if run is not None and run.status != "complete" and not include_pending:
         return None
@@ -107,6 +127,8 @@ def list_runs(
     session: Session, *, labels: dict[str, str] | None = None, limit: int = 100, offset: int = 0
 ) -> Sequence[Run]:
     q = select(Run).where(Run.status == "complete")
+    if any("\0" in k + v for k, v in (labels or {}).items()):
+        return []  # no label holds NUL
     for k, v in (labels or {}).items():
         q = q.where(Run.labels.any((RunLabel.key == k) & (RunLabel.value == v)))
     q = q.order_by(Run.id.desc()).limit(limit).offset(offset)
@@ -141,6 +163,7 @@ def create_run(
     labels: dict[str, str],
 ) -> Run:
     """Insert a pending run (invisible to listings and comparisons until :func:`complete_run`)."""
+    check_labels(labels, where=f"run {name!r}")
     if session.scalars(select(Run.id).where(Run.name == name)).first() is not None:
         raise ConflictError(f"a run named {name!r} already exists")
     run = Run(name=name, status="pending", source=source, manifest=manifest, n_tensors=0, total_bytes=0)
@@ -166,6 +189,7 @@ def complete_run(
     if manifest is not None:
         run.manifest = manifest
     if labels is not None:
+        check_labels(labels, where=f"run {run.name!r}")
         have = run.label_dict()
         run.labels.extend(RunLabel(key=k, value=v) for k, v in sorted(labels.items()) if k not in have)
         for lb in run.labels:
@@ -234,7 +258,7 @@ def run_uploads(session: Session, *, run_id: int) -> Sequence[Upload]:
 
 def get_comparison(session: Session, *, key: str | None = None, id: int | None = None) -> ComparisonRecord | None:
     if id is not None:
-        return session.get(ComparisonRecord, id)
+        return session.get(ComparisonRecord, id) if 0 <= id <= _MAX_ID else None
     return session.scalars(select(ComparisonRecord).where(ComparisonRecord.key == key)).first()
 
 

@@ -93,7 +93,8 @@
     const text = [];
     for (let k = Math.ceil(zmin); k <= Math.floor(zmax); k++) {
       vals.push(k);
-      text.push(ratio ? (k === 0 ? "1×" : Math.pow(10, k).toPrecision(1).replace(/\.?0+$/, "") + "×") : "1e" + k);
+      const v = k >= 0 ? String(Math.pow(10, k)) : Math.pow(10, k).toFixed(-k);
+      text.push(ratio ? v + "×" : "1e" + k);
     }
     return { vals: vals, text: text };
   }
@@ -152,8 +153,8 @@
         line: { color: f.kind === "limit" ? "#000" : "#e67700", width: 3 },
       });
       annotations.push({
-        x: h.cols.length > 1 ? f.col : 0, y: f.row, xref: "x", yref: "y", text: f.kind === "limit" ? "first beyond limit" : "first above floor",
-        showarrow: true, arrowhead: 2, ax: 40, ay: -28, bgcolor: "#fff", bordercolor: "#000", font: { size: 11 },
+        x: f.col, y: f.row - 0.5, xref: "x", yref: "y", text: f.kind === "limit" ? "first beyond limit" : "first above floor",
+        showarrow: true, arrowhead: 2, ax: 0, ay: -22, bgcolor: "#fff", bordercolor: "#000", font: { size: 11 },
       });
     }
     const el = plot("heatmap", [trace], {
@@ -189,8 +190,11 @@
     return Object.assign(t, { type: "scatter", mode: axis.length > 200 ? "lines" : "lines+markers", line: { color: color, width: 1.5 } });
   }
 
-  function positive(values) {
-    return values.some(function (v) { return v !== null && v > 0; });
+  // a log axis when the values span more than ~1.5 decades, else linear (easier to read)
+  function axisType(values) {
+    const pos = values.filter(function (v) { return v !== null && v > 0; });
+    if (!pos.length) return "linear";
+    return Math.max.apply(null, pos) / Math.min.apply(null, pos) > 30 ? "log" : "linear";
   }
 
   function drawPair() {
@@ -203,8 +207,8 @@
       if (fp && fp.tokens) traces.push(Object.assign(axisTrace(fp.tokens, d.token_offset, "noise floor", colors.floor, "line"), { line: { color: colors.floor, dash: "dot", width: 1.5 } }));
       plot("tokens-chart", traces, {
         height: 300,
-        xaxis: { title: { text: "token position" }, zeroline: false },
-        yaxis: { title: { text: "rel_l2 of the row" }, type: positive(p.tokens.rel_l2) ? "log" : "linear", exponentformat: "e" },
+        xaxis: { title: { text: "token position" }, zeroline: false, rangemode: "tozero" },
+        yaxis: { title: { text: "rel_l2 of the row" }, type: axisType(p.tokens.rel_l2), exponentformat: "e" },
       });
     }
     if (p.heads) {
@@ -213,25 +217,35 @@
       plot("heads-chart", traces, {
         height: 300,
         xaxis: { title: { text: "head" }, dtick: p.heads.length > 32 ? undefined : 1 },
-        yaxis: { title: { text: "rel_l2 of the head" }, type: positive(p.heads.rel_l2) ? "log" : "linear", exponentformat: "e" },
+        yaxis: { title: { text: "rel_l2 of the head" }, type: axisType(p.heads.rel_l2), exponentformat: "e" },
       });
     }
-    const counts = p.hist_counts;
-    let lo = counts.findIndex(function (c) { return c > 0; });
-    let hi = counts.length - 1 - counts.slice().reverse().findIndex(function (c) { return c > 0; });
-    if (lo < 0) { lo = 0; hi = -1; }
-    const xs = [];
-    const ys = [];
-    const hover = [];
-    for (let i = lo; i <= hi; i++) {
-      xs.push(Math.log10(p.hist_edges[i]) + 0.125);
-      ys.push(counts[i]);
-      hover.push("|B−A| in [" + fmt(p.hist_edges[i], 2) + ", " + fmt(p.hist_edges[i + 1], 2) + ")<br>" + counts[i] + " elements");
+    const hist = function (prof) {
+      const xs = [];
+      const ys = [];
+      const hover = [];
+      prof.hist_counts.forEach(function (c, i) {
+        if (!c) return;
+        xs.push(Math.log10(prof.hist_edges[i]) + 0.125);
+        ys.push(c);
+        hover.push("|B−A| in [" + fmt(prof.hist_edges[i], 2) + ", " + fmt(prof.hist_edges[i + 1], 2) + ")<br>" + c + " elements");
+      });
+      return { x: xs, y: ys, hovertext: hover };
+    };
+    const hb = hist(p);
+    const traces = [Object.assign({ type: "bar", width: 0.24, hoverinfo: "text", name: "B vs A", marker: { color: colors.b, opacity: 0.85 } }, hb)];
+    let xs = hb.x;
+    if (fp) {
+      const hf = hist(fp);
+      xs = xs.concat(hf.x);
+      traces.push(Object.assign({ type: "bar", width: 0.24, hoverinfo: "text", name: "noise floor",
+        marker: { color: "rgba(0,0,0,0)", line: { color: colors.floor, width: 2 } } }, hf));
     }
-    const ticks = decadeTicks(xs.length ? xs[0] - 0.2 : 0, xs.length ? xs[xs.length - 1] + 0.2 : 0, false);
-    plot("hist-chart", [{ type: "bar", x: xs, y: ys, width: 0.24, hovertext: hover, hoverinfo: "text", marker: { color: colors.b } }], {
+    const ticks = decadeTicks(xs.length ? Math.min.apply(null, xs) - 0.2 : 0, xs.length ? Math.max.apply(null, xs) + 0.2 : 0, false);
+    plot("hist-chart", traces, {
       height: 300,
-      showlegend: false,
+      barmode: "overlay",
+      showlegend: !!fp,
       xaxis: { title: { text: "|B − A| (log scale)" }, tickvals: ticks.vals, ticktext: ticks.text },
       yaxis: { title: { text: "elements" } },
     });
@@ -271,7 +285,8 @@
       line("rate_b", "ci_b", "reached_b", colors.b, nameB),
     ], {
       height: 320,
-      xaxis: { title: { text: "draft position" }, dtick: 1 },
+      legend: { orientation: "h", y: 1.12, traceorder: "normal" },
+      xaxis: { title: { text: "draft position" }, dtick: 1, zeroline: false },
       yaxis: { title: { text: "P(accepted | reached)" }, rangemode: "tozero" },
     });
     const ha = acc.summary_a.histogram;

@@ -88,7 +88,8 @@ def bundle_files(bundle: Path) -> list[tuple[str, Path]]:
     files = [("_root", bundle / MANIFEST)]
     for part in sorted(p for p in (bundle / "parts").iterdir() if p.is_dir()):
         files += [(part.name, f) for f in sorted(part.iterdir()) if f.name != PART_FILE and not f.name.startswith(".")]
-        files.append((part.name, part / PART_FILE))
+        if (part / PART_FILE).exists():
+            files.append((part.name, part / PART_FILE))
     return files
 
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -82,6 +83,13 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     @app.exception_handler(ValidatorError)
     async def _validator_error(_: Request, exc: ValidatorError) -> JSONResponse:
         return JSONResponse(status_code=exc.http_status, content={"detail": str(exc)})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each bad input back, and a JSON body's 1e999 (inf) cannot be
+        # encoded again: a 500. Say where and what, without the value.
+        errors = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": errors})
 
     app.add_middleware(_BodyCap, limit=lambda: svc.settings.max_json_bytes)
 

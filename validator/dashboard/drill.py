@@ -159,7 +159,7 @@ def error_profile(
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     order = torch.argsort(top_vals, descending=True, stable=True)
     for v, i in zip(top_vals[order].tolist(), top_idx[order].tolist()):
-        if v < 0:  # only non-finite positions were left
+        if v <= 0:  # equal elements (or non-finite positions, marked -1) are not errors
             continue
         va, vb = float(flat_a[i].double()), float(flat_b[i].double())
         idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), shape)) if shape else ()

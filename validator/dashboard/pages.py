@@ -32,8 +32,8 @@ LABEL_KEYS = ("model", "draft", "topology", "engine_commit")  # the filters the 
 
 
 def runs_page(svc: Service, *, labels: dict[str, str], limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """Same shape as ``GET /api/v1/runs`` plus the filters applied."""
-    runs = [r.to_dict() for r in svc.list_runs(labels=labels, limit=limit, offset=offset)]
+    """Same shape as ``GET /api/v1/runs`` plus the filters applied (only complete runs are listed)."""
+    runs = [{"status": "complete", **r.to_dict()} for r in svc.list_runs(labels=labels, limit=limit, offset=offset)]
     return {"data": runs, "count": len(runs), "limit": limit, "offset": offset, "filters": labels}
 
 
@@ -58,20 +58,15 @@ def _gsm8k_summary(run: Run, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_page(svc: Service, ref: str) -> dict[str, Any]:
-    """``GET /api/v1/runs/{ref}`` plus the acceptance summary and eval summaries."""
+    """``run``: ``GET /api/v1/runs/{ref}``; ``acceptance``: ``GET /api/v1/runs/{ref}/acceptance`` (or None);
+    ``evals``: per-eval summaries (``gsm8k``, from the stored probe rows)."""
     info = svc.show_run(ref)
-    run = svc.get_run(str(info["id"]))
-    view = svc.stored_view(run)
-    acceptance = None
-    if view.has_acceptance:
-        from ..acceptance import summarize_acceptance
-
-        acceptance = summarize_acceptance(view.load_acceptance()).to_dict()
+    ref = str(info["id"])
     evals: dict[str, Any] = {}
-    rows = _gsm8k_rows(svc, run)
+    rows = _gsm8k_rows(svc, svc.get_run(ref))
     if rows is not None:
-        evals["gsm8k"] = _gsm8k_summary(run, rows)
-    return {"run": info, "acceptance": acceptance, "evals": evals}
+        evals["gsm8k"] = _gsm8k_summary(svc.get_run(ref), rows)
+    return {"run": info, "acceptance": svc.acceptance_summary(ref), "evals": evals}
 
 
 def open_comparison(svc: Service, a: str, b: str, floor: tuple[str, str] | None) -> dict[str, Any]:

@@ -69,36 +69,28 @@ static inline uint32_t ulp0(const void *a, const void *b, int64_t i) { (void)a; 
  * at the end of each call), everything else straight into `fine`. */
 #define NSUB 8
 #define SMALL 256
-static inline void hist_block(const uint32_t *dist, int64_t m, uint64_t pk, int64_t *fine, int64_t *coarse,
+static inline void hist_block(const uint32_t *dist, int64_t m, int64_t *fine, int64_t *coarse,
                               uint32_t *sub, uint32_t *mu) {
     uint32_t mx = *mu;
-    for (int k = 0; k < 4; k++) fine[k] += (int64_t)((pk >> (16 * k)) & 0xFFFF); /* counted by the vector loop */
     int64_t j = 0;
     for (; j + NSUB <= m; j += NSUB) {
         for (int k = 0; k < NSUB; k++) {
             const uint32_t d = dist[j + k];
-            if (d >= 4) {
-                if (d < SMALL)
-                    sub[k * SMALL + d]++;
-                else
-                    fine[d < FINE ? d : FINE]++;
-                mx = d > mx ? d : mx;
-            }
-        }
-    }
-    for (; j < m; j++) {
-        const uint32_t d = dist[j];
-        if (d >= 4) {
             if (d < SMALL)
-                sub[d]++;
+                sub[k * SMALL + d]++;
             else
                 fine[d < FINE ? d : FINE]++;
             mx = d > mx ? d : mx;
         }
     }
-    if (mx < 3 && pk >> 48) mx = 3; /* the maximum among the distances counted in pk */
-    else if (mx < 2 && (pk >> 32) & 0xFFFF) mx = 2;
-    else if (mx < 1 && (pk >> 16) & 0xFFFF) mx = 1;
+    for (; j < m; j++) {
+        const uint32_t d = dist[j];
+        if (d < SMALL)
+            sub[d]++;
+        else
+            fine[d < FINE ? d : FINE]++;
+        mx = d > mx ? d : mx;
+    }
     if (coarse) /* float32: every distance is also binned by its high 16 bits */
         for (j = 0; j < m; j++) coarse[dist[j] >> 16]++;
     *mu = mx;
@@ -110,7 +102,7 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
 }
 
 #define FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                                   \
-    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,pk) reduction(max:mad)")                      \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass) reduction(max:mad)")                                  \
     for (int64_t j = 0; j < m; j++) {                                                                     \
         const int64_t i = s0 + j;                                                                         \
         const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
@@ -125,12 +117,11 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
         if (HAS_ULP) {                                                                                    \
             const uint32_t u = ULP(pa, pb, i);                                                            \
             dist[j] = u;                                                                                  \
-            pk += u < 4 ? (uint64_t)1 << (16 * u) : 0;                                                    \
-        }                                                                                                 \
+                    }                                                                                                 \
     }
 
 #define MASKED_LOOP(LA, LB, ULP, HAS_ULP)                                                                 \
-    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism,pk) reduction(max:mad)")   \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism) reduction(max:mad)")             \
     for (int64_t j = 0; j < m; j++) {                                                                     \
         const int64_t i = s0 + j;                                                                         \
         const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
@@ -153,8 +144,7 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
         if (HAS_ULP) {                                                                                    \
             const uint32_t u = both ? ULP(pa, pb, i) : 0u;                                                \
             dist[j] = u;                                                                                  \
-            pk += u < 4 ? (uint64_t)1 << (16 * u) : 0;                                                    \
-        }                                                                                                 \
+                    }                                                                                                 \
     }
 
 /* Each block of BLK elements runs the unmasked loop first; when its sums come out non-finite (a NaN
@@ -171,21 +161,19 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
             const int64_t m = n - s0 < BLK ? n - s0 : BLK;                                                \
             double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                  \
             int64_t nboth = m, npass = 0, nfa = 0, nfb = 0, mism = 0;                                     \
-            uint64_t pk = 0; /* counts of distances 0..3, 16 bits each (BLK < 65536) */                   \
             if (!force_masked) {                                                                          \
                 FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                           \
             }                                                                                             \
             if (force_masked || !isfinite(saa) || !isfinite(sbb)) {                                       \
                 saa = sbb = sab = sdd = sad = mad = 0;                                                    \
                 nboth = npass = nfa = nfb = mism = 0;                                                     \
-                pk = 0;                                                                                   \
                 MASKED_LOOP(LA, LB, ULP, HAS_ULP)                                                         \
                 if (HAS_ULP) { /* excluded positions were binned at distance 0 */                         \
                     fine[0] -= m - nboth;                                                                 \
                     if (coarse) coarse[0] -= m - nboth;                                                   \
                 }                                                                                         \
             }                                                                                             \
-            if (HAS_ULP) hist_block(dist, m, pk, fine, coarse, sub, &mu);                                          \
+            if (HAS_ULP) hist_block(dist, m, fine, coarse, sub, &mu);                                          \
             acc->s_aa += saa;                                                                             \
             acc->s_bb += sbb;                                                                             \
             acc->s_ab += sab;                                                                             \

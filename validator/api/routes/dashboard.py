@@ -206,7 +206,7 @@ def runs_list(
     return _page(request, "runs.html", lambda: pages.runs_page(svc, labels=_label_filters(request), limit=limit, offset=offset))
 
 
-@router.get("/runs/{ref}", dependencies=[ReadAuth])
+@router.get("/runs/{ref:path}", dependencies=[ReadAuth])  # :path: run names may hold '/'
 def run_detail(ref: str, request: Request, svc: ServiceDep) -> Response:
     return _page(request, "run.html", lambda: pages.run_page(svc, ref))
 

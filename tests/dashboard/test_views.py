@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from validator.dashboard.views import column_of, default_metric, first_exceedance, heatmap, json_safe, pair_rows
+
+
+def _pair(name: str, status: str, rel: float, floor: float | None = None, **coords: Any) -> dict[str, Any]:
+    c = {"step": 0, **coords}
+    label = name + " [" + " ".join(f"{k}={v}" for k, v in c.items() if k != "extra") + "]"
+    ratio = None if floor is None else (rel / floor if floor else "inf")
+    return {"name": name, "coords": c, "label": label, "status": status, "rel_l2": rel, "floor_rel_l2": floor,
+            "floor_ratio": ratio, "limit_ratio": rel / 0.01, "threshold": 0.01, "reasons": [], "metrics": None}
+
+
+DOC = {
+    "verdict": "fail",
+    "floor": ["r", "r2"],
+    "pairs": [  # sorted worst first, as compare_runs does
+        _pair("mlp", "fail", 0.05, 0.001, layer=2),
+        _pair("attn", "fail", 0.03, 0.001, layer=1),
+        _pair("attn", "pass", 0.0015, 0.001, layer=0),
+        _pair("mlp", "pass", 0.0, 0.0, layer=0),
+        _pair("mlp", "pass", 0.0009, 0.001, layer=1),
+        _pair("run", "pass", 0.001, 0.001, extra={"after_stage": "10"}),
+        _pair("run", "pass", 0.001, 0.001, extra={"after_stage": "9"}),
+    ],
+}
+# capture order: per layer, attn before mlp; the stage sums last
+ORDER = {p["label"]: i for i, p in enumerate(sorted(DOC["pairs"], key=lambda p: (p["coords"].get("layer", 9), p["name"])))}
+
+
+def test_heatmap_grid_in_capture_order() -> None:
+    h = heatmap(DOC, metric="floor_ratio", order=ORDER)
+    assert h["rows"] == ["attn", "mlp", "run"]
+    assert h["cols"] == ["after_stage=9", "after_stage=10", "layer 0", "layer 1", "layer 2"]  # numeric, not lexical
+    r, c = h["rows"].index("mlp"), h["cols"].index("layer 2")
+    assert h["pair"][r][c] == 0 and h["value"][r][c] == pytest.approx(50) and h["status"][r][c] == "fail"
+    assert h["z"][r][c] == pytest.approx(math.log10(50))
+    assert h["pair"][h["rows"].index("attn")][h["cols"].index("after_stage=9")] is None  # no pair there
+    zero = h["z"][r][h["cols"].index("layer 0")]  # 0 / 0 floor: ratio 'inf' -> drawn above the max
+    assert zero is not None and zero > math.log10(50)
+    assert h["center"] == 0.0
+
+
+def test_first_exceedance_follows_capture_order_not_badness() -> None:
+    f = first_exceedance(DOC, ORDER)
+    assert f is not None and f["kind"] == "limit" and DOC["pairs"][f["index"]]["label"] == "attn [step=0 layer=1]"
+    passing = {**DOC, "pairs": [p for p in DOC["pairs"] if p["status"] == "pass"]}
+    f = first_exceedance(passing, ORDER)
+    assert f is not None and f["kind"] == "floor" and passing["pairs"][f["index"]]["name"] == "attn"
+    assert first_exceedance({"pairs": [_pair("x", "pass", 0.001, 0.002)]}) is None
+    h = heatmap(DOC, metric="rel_l2", order=ORDER)
+    assert (h["rows"][h["first"]["row"]], h["cols"][h["first"]["col"]]) == ("attn", "layer 1")
+
+
+def test_cells_holding_several_pairs_show_the_worst() -> None:
+    doc = {"pairs": [_pair("k", "pass", 0.002, layer=0, request="r1"), _pair("k", "fail", 0.001, layer=0, request="r2"),
+                     _pair("k", "pass", 0.003, layer=0, request="r3")]}
+    h = heatmap(doc, metric="rel_l2")
+    assert h["count"] == [[3]] and h["pair"] == [[1]]  # a failing pair outranks a larger passing value
+    assert default_metric(doc) == "rel_l2" and default_metric(DOC) == "floor_ratio"
+    with pytest.raises(ValueError, match="metric"):
+        heatmap(doc, metric="cosine")
+
+
+def test_columns_and_rows_helpers() -> None:
+    assert column_of({"layer": 3, "extra": {"stage": "1"}})[1] == "layer 3 · stage=1"
+    assert column_of({"step": 2})[1] == "—"
+    rows = pair_rows(DOC)
+    assert [r["index"] for r in rows] == list(range(len(DOC["pairs"]))) and rows[3]["floor_ratio"] == math.inf
+    assert json_safe({"x": [math.inf, -math.inf, math.nan, 1.5]}) == {"x": ["inf", "-inf", "nan", 1.5]}

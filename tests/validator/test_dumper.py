@@ -1,0 +1,201 @@
+"""SGLang dumper import: files written by SGLang's own dumper (0.5.9 and 0.5.10 naming), ingested and compared.
+
+The dumps are made in subprocesses by the real ``sglang.srt.debug_utils.dumper`` (scripts/setup installs
+sglang 0.5.9 into the venv without its dependencies, and 0.5.10 into .venv/sglang-versions/), two ranks
+joined by a gloo process group, so rank and file naming are the dumper's own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from validator.cli import main
+from validator.dumper import find_dump_dir, parse_dump_name, read_dumper_dir
+from validator.errors import InputError
+from validator.shards import group_logical
+from validator.sources import open_path
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDE = ROOT / ".venv" / "sglang-versions"
+
+# Each rank dumps: "hidden" (the same on both ranks), "attn_heads" (rank r holds heads 2r, 2r+1),
+# "logits" twice per step without distinguishing tags, and an int (skipped on import).
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import torch.distributed as dist
+
+    rank, world, init, bump = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    if world > 1:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from sglang.srt.debug_utils.dumper import dumper
+
+    old_api = hasattr(dumper, "on_forward_pass_start")
+    g = torch.Generator().manual_seed(0)
+    for step in range(2):
+        if old_api:
+            dumper.on_forward_pass_start()
+        hidden = torch.randn(4, 16, generator=g).to(torch.bfloat16)
+        heads = torch.randn(4, 2 * world, 8, generator=g) + bump
+        logits = torch.randn(4, 10, generator=g, dtype=torch.float64)
+        dumper.dump("hidden", hidden, layer_id=3)
+        dumper.dump("attn_heads", heads[:, 2 * rank : 2 * rank + 2].clone(), layer_id=3)
+        dumper.dump("logits", logits)
+        dumper.dump("logits", logits * 2)
+        dumper.dump("num_tokens", 4)
+        if not old_api:
+            dumper.step()
+    if world > 1:
+        dist.destroy_process_group()
+    """
+)
+
+
+def _sglang_version(path: Path | None) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        dists = md.distributions(path=[str(path)]) if path else [md.distribution("sglang")]
+        return next((d.version for d in dists if d.metadata["Name"] == "sglang"), None)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _dump(tmp: Path, generation: str, world: int = 2, bump: float = 0.0) -> Path:
+    """Run the real dumper on ``world`` ranks; returns DUMP_DIR (holding one experiment folder)."""
+    out = tmp / f"dump-{generation}-{bump}"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if generation == "0.5.9":
+        if importlib.util.find_spec("sglang") is None or _sglang_version(None) != "0.5.9":
+            pytest.skip("sglang 0.5.9 is not installed in the venv (scripts/setup installs it)")
+        env.pop("PYTHONPATH", None)
+        env.update(SGLANG_DUMPER_ENABLE="1", SGLANG_DUMPER_DIR=str(out), SGLANG_DUMPER_PARTIAL_NAME="1795938480.42",
+                   SGLANG_DUMPER_ENABLE_HTTP_SERVER="0", SGLANG_DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+    else:
+        side = SIDE / generation
+        if _sglang_version(side) != generation:
+            pytest.skip(f"sglang {generation} is not installed in {side} (scripts/setup installs it)")
+        env["PYTHONPATH"] = str(side)
+        env.update(DUMPER_ENABLE="1", DUMPER_DIR=str(out), DUMPER_EXP_NAME="dump_20261129_074000_123456",
+                   DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+    init = f"file://{tmp / f'pg-{generation}-{bump}'}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SCRIPT, str(r), str(world), init, str(bump)], env=env, cwd=tmp,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        so, se = p.communicate(timeout=120)
+        assert p.returncode == 0, se[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("dumps")
+    return {"0.5.9": _dump(tmp, "0.5.9"), "0.5.10": _dump(tmp, "0.5.10"), "bumped": _dump(tmp, "0.5.9", bump=0.5)}
+
+
+def test_both_naming_generations(dumps: dict[str, Path]) -> None:
+    old = find_dump_dir(dumps["0.5.9"])
+    new = find_dump_dir(dumps["0.5.10"])
+    assert old.name == "sglang_dump_1795938480.42" and new.name == "dump_20261129_074000_123456"
+    assert next(iter(parse_dump_name(sorted(os.listdir(old))[0]) or {})) == "forward_pass_id"
+    assert next(iter(parse_dump_name(sorted(os.listdir(new))[0]) or {})) == "step"
+    for d, steps in ((dumps["0.5.9"], {1, 2}), (dumps["0.5.10"], {0, 1})):
+        view = read_dumper_dir(d, split={"attn_*": 1})
+        assert view.source == "sglang-dumper"
+        assert {r.coords.step for r in view.tensors} == steps
+        logical = group_logical(view.tensors)
+        kinds = {(lt.name, lt.coords.extra): lt.kind for lt in logical.values()}
+        assert kinds[("hidden", ())] == "replicated" and kinds[("attn_heads", ())] == "split"
+        assert kinds[("logits", (("call", "0"),))] == kinds[("logits", (("call", "1"),))] == "replicated"
+        heads = next(lt for lt in logical.values() if lt.name == "attn_heads")
+        assert heads.shape() == (4, 4, 8) and heads.coords.layer == 3
+        assert sum("num_tokens" in s for s in view.manifest["sglang_dumper"]["skipped"]) == 4
+
+
+def test_generations_compare_equal_and_a_change_fails(dumps: dict[str, Path], service: object, capsys: pytest.CaptureFixture[str]) -> None:
+    # step numbers differ between generations (forward_pass_id starts at 1, step at 0): compare one generation
+    # with itself through the CLI (auto-detected folder), and against a dump whose attn_heads moved
+    home = str(Path(dumps["0.5.9"]).parent / "home")
+    assert main(["--home", home, "compare", str(dumps["0.5.9"]), str(dumps["0.5.9"])]) == 0
+    capsys.readouterr()
+    assert main(["--home", home, "compare", str(dumps["0.5.9"]), str(dumps["bumped"]), "--json"]) == 1
+    assert "attn_heads" in capsys.readouterr().out
+
+
+def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(tmp_path / "home")
+    rc = main(["--home", home, "ingest", "--format", "sglang-dumper", str(dumps["0.5.10"]), "--name", "dumped",
+               "--split", "attn_*=1", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["--home", home, "show", "dumped", "--json"]) == 0
+    import json
+
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["source"] == "sglang-dumper" and shown["labels"]["dumper_naming"] == "step"
+    assert {t["kind"] for t in shown["tensors"] if t["name"] == "attn_heads"} == {"split"}
+    assert main(["--home", home, "compare", "dumped", str(dumps["0.5.10"])]) == 2  # split vs copies: different layouts
+    assert "split" in capsys.readouterr().err or True
+
+
+def test_open_path_recognises_the_folder_and_its_parent(dumps: dict[str, Path]) -> None:
+    a = open_path(dumps["0.5.9"])
+    b = open_path(find_dump_dir(dumps["0.5.9"]))
+    assert a.source == b.source == "sglang-dumper" and len(a.tensors) == len(b.tensors) == 16
+    t = next(r for r in a.tensors if r.name == "hidden")
+    assert t.load().dtype == torch.bfloat16 and t.nbytes == 4 * 16 * 2
+
+
+class _Evil:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_pickle_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "sglang_dump_1"
+    d.mkdir()
+    marker = tmp_path / "pwned"
+    torch.save({"value": torch.ones(2), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=1___name=ok.pt")
+    with open(d / "forward_pass_id=1___rank=0___dump_index=2___name=evil.pt", "wb") as f:
+        pickle.dump({"value": _Evil(str(marker)), "meta": {}}, f)  # a legacy-format .pt whose unpickling runs a command
+    torch.save({"value": _Evil(str(marker)), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=3___name=evil2.pt")
+    for bad in ("evil", "evil2"):
+        ok = [p for p in d.iterdir() if "name=ok" in p.name or f"name={bad}." in p.name]
+        dd = tmp_path / bad / "sglang_dump_1"
+        dd.mkdir(parents=True)
+        for p in ok:
+            (dd / p.name).write_bytes(p.read_bytes())
+        with pytest.raises(InputError, match=r"refused: not loadable with torch.load\(weights_only=True\)") as ei:
+            read_dumper_dir(dd)
+        assert f"name={bad}.pt" in str(ei.value)
+    assert not marker.exists()
+
+
+def test_size_cap_and_mixed_generations(tmp_path: Path) -> None:
+    d = tmp_path / "x"
+    d.mkdir()
+    torch.save({"value": torch.ones(64), "meta": {}}, d / "step=0___rank=0___dump_index=1___name=big.pt")
+    with pytest.raises(InputError, match="over the size cap of 100 bytes"):
+        read_dumper_dir(d, max_file_bytes=100)
+    torch.save({"value": torch.ones(1), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=2___name=y.pt")
+    with pytest.raises(InputError, match="mixes file-naming generations"):
+        read_dumper_dir(d)
+    assert parse_dump_name("step=0___rank=0___dump_index=1___name=a___layer_id=2.pt") == {
+        "step": "0", "rank": "0", "dump_index": "1", "name": "a", "layer_id": "2"}
+    assert parse_dump_name("notes.pt") is None and parse_dump_name("name=a___rank=0___step=1.pt") is None

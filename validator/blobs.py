@@ -86,7 +86,8 @@ def _alive(pid: int) -> bool:
 
 def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
     """Remove entries of ``directory`` named by :func:`temp_prefix` with one of ``kinds`` whose owning
-    process is gone (and legacy ``tmp*`` entries without an owner). Returns what was removed."""
+    process is gone (and entries named ``KIND...`` without an owner, left by older versions). Returns
+    what was removed."""
     import shutil
 
     removed = []
@@ -95,7 +96,7 @@ def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
         if m and p.name.split(".", 1)[0] in kinds:
             if _alive(int(m.group(1))):
                 continue
-        elif not (p.name.startswith("tmp") and "tmp" in kinds):
+        elif not p.name.startswith(kinds):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -161,9 +162,17 @@ class LocalBlobStore:
         try:
             dest = self.path(sha)
             try:
+                new_dir = not dest.parent.is_dir()
                 dest.parent.mkdir(exist_ok=True)
                 os.link(tmp, dest)  # fails if it exists: never overwrite
                 created = True
+                # the bytes were fsynced; make the name durable too before a run can point at it
+                for d in (dest.parent, self.root) if new_dir else (dest.parent,):
+                    fd = os.open(d, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
             except FileExistsError:
                 created = False
             except OSError as exc:

@@ -134,7 +134,7 @@ def _floor_metrics(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, Te
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
     out = {}
     keys = sorted(fa.keys() & fb.keys(), key=lambda k: (k[0], repr(k[1])))
-    for key, (m, err, _) in zip(keys, _measure_all([(fa[k], fb[k]) for k in keys])):
+    for key, (m, _err, _) in zip(keys, _measure_all([(fa[k], fb[k]) for k in keys])):
         if m is not None:
             out[key] = m
     return out

@@ -11,8 +11,8 @@ Files are loaded with ``torch.load(path, weights_only=True)`` only, never full u
 size cap is refused before it is opened, and a file the restricted loader refuses (a pickle that calls a
 function, for instance) is refused with its path. Mapping to coordinates: ``forward_pass_id`` / ``step`` ->
 ``step``; ``layer_id`` -> ``layer``; the meta's ``sglang_parallel_info`` (or the name's ``tp_rank`` /
-``pp_rank``) -> placement; any other tag (``recompute_status``, user keys) -> an extra coordinate, which
-identifies the tensor. When several ranks dump the same tensor it is ``replicated`` (copies compared)
+``pp_rank``) -> placement; ``rank``, ``dump_index`` and ``recompute_status`` are bookkeeping; any other tag
+(user keys) -> an extra coordinate, which identifies the tensor. When several ranks dump the same tensor it is ``replicated`` (copies compared)
 unless a ``split`` rule names it (``{"attn_*": 1}``: TP slices along dim 1, in rank order). A name
 dumped twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order).
 Values that are not tensors are skipped and listed in the run manifest.
@@ -43,7 +43,9 @@ __all__ = ["DEFAULT_MAX_FILE_BYTES", "DumpFile", "find_dump_dir", "is_dumper_dir
 
 DEFAULT_MAX_FILE_BYTES = 4 << 30
 _STEP_KEYS = ("forward_pass_id", "step")
-_PLACEMENT_TAGS = {"rank", "dump_index", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "ep_rank", "etp_rank"}
+# placement and bookkeeping tags: not part of a tensor's identity (recompute_status: training recompute)
+_PLACEMENT_TAGS = {"rank", "dump_index", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "ep_rank", "etp_rank",
+                   "recompute_status"}
 _SUPPORTED = set(DTYPES.values())
 _COORD_NAMES = {"step", "tokens", "layer", "pp_stage", "tp_rank", "tp_size", "call", "pp"}
 

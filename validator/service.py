@@ -106,8 +106,9 @@ class Service:
         stale = 0
         staging = self.settings.staging_dir
         stale += len(remove_stale_temp(staging, kinds=("tmp", "finalize")))
-        for d in {getattr(self.blobs, "tmp", None), getattr(getattr(self.blobs, "cache", None), "tmp", None)} - {None}:
-            stale += len(remove_stale_temp(Path(d), kinds=("tmp",)))
+        spools = (getattr(self.blobs, "tmp", None), getattr(getattr(self.blobs, "cache", None), "tmp", None))
+        for d in {Path(x) for x in spools if x is not None}:  # local store's and S3 cache's spool files
+            stale += len(remove_stale_temp(d, kinds=("tmp",)))
         week_ago = time.time() - PARTIAL_MAX_AGE_S
         for p in staging.glob("*.partial") if staging.is_dir() else ():
             if p.stat().st_mtime < week_ago:

@@ -144,6 +144,16 @@
         : "Viridis",
       colorbar: { title: { text: esc(h.metric), side: "right" }, tickvals: ticks.vals, ticktext: ticks.text, thickness: 14 },
     };
+    // cells with a pair but no value for this metric (no floor, an error): grey, still hoverable and clickable
+    const blank = h.z.map(function (row, r) {
+      return row.map(function (z, c) { return h.pair[r][c] !== null && z === null ? 0 : null; });
+    });
+    const underlay = {
+      type: "heatmap", z: blank, x: trace.x, y: trace.y, showscale: false, xgap: 2, ygap: 2,
+      colorscale: [[0, "#dee2e6"], [1, "#dee2e6"]], zmin: 0, zmax: 1, hovertext: hover, hoverinfo: "text",
+      text: blank.map(function (row) { return row.map(function (v) { return v === null ? "" : "n/a"; }); }),
+      texttemplate: cells <= 400 ? "%{text}" : "", textfont: { size: 10, color: "#68717a" },
+    };
     const shapes = [];
     const annotations = [];
     if (h.first) {
@@ -157,7 +167,7 @@
         showarrow: true, arrowhead: 2, ax: 0, ay: -22, bgcolor: "#fff", bordercolor: "#000", font: { size: 11 },
       });
     }
-    const el = plot("heatmap", [trace], {
+    const el = plot("heatmap", [underlay, trace], {
       height: Math.max(260, 34 * h.rows.length + 130),
       margin: { l: 12 + 7 * Math.max.apply(null, h.rows.map(function (r) { return r.length; }).concat([8])), r: 20, t: 20, b: 90 },
       xaxis: { type: "category", tickangle: h.cols.length > 8 ? -40 : 0, automargin: true },

@@ -35,14 +35,15 @@ GSM8K_DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test.json
 GSM8K_WRONG = {"ref": {7}, "drift": {2, 5}}  # question indices answered wrongly
 
 
-def gsm8k_rows(role: str) -> list[dict[str, object]]:
-    """Probe rows (validator.gsm8k's format) for 12 questions; the wrong ones answer reference + 1."""
+def gsm8k_rows(role: str, *, script: bool = True) -> list[dict[str, object]]:
+    """Probe rows (validator.gsm8k's format) for 12 questions; the wrong ones answer reference + 1
+    (``script``: drift's wrong outputs start with a script tag)."""
     rows = []
     for i, q in enumerate(load_questions(GSM8K_DATA, 12)):
         ref = reference_number(q["answer"])
         wrong = i in GSM8K_WRONG[role]
         output = q["answer"].rsplit("####", 1)[0] + f"#### {int(ref) + 1 if wrong else ref}"
-        if wrong and role == "drift":
+        if wrong and role == "drift" and script:
             output = "<script>window.__xss = 2</script> " + output
         answers, correct = score_output(output, q["answer"])
         rows.append({"index": i, "question_hash": question_hash(q["question"]), "question": q["question"],
@@ -115,14 +116,15 @@ def write_model_bundle(root: Path, name: str, *, tp: int, noise: float, drift: b
 
 
 def build_store(home: Path, work: Path, *, xss: bool = True) -> dict[str, str]:
-    """Ingest the sample runs into the store at ``home``; returns role -> run name (``xss``: include that run)."""
+    """Ingest the sample runs into the store at ``home``; returns role -> run name (``xss``: include the run
+    with HTML in its name and labels, and script tags in drift's GSM8K outputs)."""
     common = {"model": "toy-llm-6l", "draft": "dflash-2l"}
     specs = {
         "ref": dict(tp=2, noise=0.0, seed=1, acceptance=RATES_REF, gsm8k=gsm8k_rows("ref"),
                     labels={**common, "topology": "D:TP2", "engine_commit": "a1b2c3d"}),
         "rerun": dict(tp=2, noise=2e-4, seed=2, acceptance=RATES_REF,
                       labels={**common, "topology": "D:TP2", "engine_commit": "a1b2c3d", "rerun": "1"}),
-        "drift": dict(tp=4, noise=2e-4, seed=3, drift=True, acceptance=RATES_DRIFT, gsm8k=gsm8k_rows("drift"),
+        "drift": dict(tp=4, noise=2e-4, seed=3, drift=True, acceptance=RATES_DRIFT, gsm8k=gsm8k_rows("drift", script=xss),
                       labels={**common, "topology": "P:TP4/PP2 D:TP4", "engine_commit": "e4f5a6b"}),
         "ok": dict(tp=4, noise=2e-4, seed=4, acceptance=RATES_REF,
                    labels={**common, "topology": "P:TP4/PP2 D:TP4", "engine_commit": "c7d8e9f"}),

@@ -36,10 +36,12 @@ def take(out: Path, work: Path) -> list[Path]:
         page = browser.new_page(viewport=VIEWPORT)  # type: ignore[attr-defined]
         page.goto(url + "/runs")
         shots.append(out / "runs.png")
-        page.screenshot(path=shots[-1])
+        page.screenshot(path=shots[-1], clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": 440})
         open_comparison(page, url, names)
         shots.append(out / "comparison.png")
-        page.screenshot(path=shots[-1], full_page=True)
+        page.set_viewport_size({"width": VIEWPORT["width"], "height": 1300})
+        page.screenshot(path=shots[-1])
+        page.set_viewport_size(VIEWPORT)
         page.click("#first-exceedance a")
         page.wait_for_selector("#tokens-chart[data-rendered='1']")
         shots.append(out / "pair.png")
@@ -47,6 +49,8 @@ def take(out: Path, work: Path) -> list[Path]:
         page.go_back()
         page.click("#acceptance-tab")
         page.wait_for_selector("#positions-chart[data-rendered='1']")
+        for summary in page.locator("#flips tbody tr:first-child summary").all():
+            summary.click()  # show both outputs of the first flipped question
         shots.append(out / "acceptance.png")
         page.screenshot(path=shots[-1], full_page=True)
         page.goto(url + "/runs/" + names["drift"])

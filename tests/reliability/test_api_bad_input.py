@@ -96,9 +96,11 @@ def test_schema_fuzz_never_500(seeded: Service) -> None:
 
     run()
     assert any(s == 200 for (_, p, s) in seen if p.endswith("gates")), seen  # the fuzz reached real gates
-    # nothing the fuzz sent made a pending run visible or a half run appear
-    assert sorted(r.name for r in seeded.list_runs()) == ["cand", "ref"] or all(
-        seeded.show_run(r.name)["n_tensors"] == r.n_tensors for r in seeded.list_runs())
+    # the seeded runs are intact, and any run the fuzz managed to finalize is whole
+    runs = seeded.list_runs()
+    assert {"ref", "cand"} <= {r.name for r in runs}
+    for r in runs:
+        assert seeded.show_run(r.name)["n_tensors"] == r.n_tensors
 
 
 # -- oversized bodies --------------------------------------------------------------------------------------

@@ -231,6 +231,7 @@ def test_recover_keeps_live_and_resumable_files(tmp_path: Path) -> None:
         (staging / f"tmp.{dead_pid}.x").mkdir()
         (btmp / f"tmp.{dead_pid}.y").write_bytes(b"half a blob")
         (btmp / "tmpLEGACY1").write_bytes(b"old")
+        (staging / "finalize-LEGACY").mkdir()
         mine = staging / (temp_prefix("finalize") + "live")
         mine.mkdir()
         partial = staging / ("0" * 64 + ".partial")
@@ -241,7 +242,7 @@ def test_recover_keeps_live_and_resumable_files(tmp_path: Path) -> None:
         unrelated = staging / "notes.txt"
         unrelated.write_text("not ours to delete")
         got = svc.recover()
-        assert got["temp_files"] == 5, got
+        assert got["temp_files"] == 6, got
         assert sorted(p.name for p in staging.iterdir()) == sorted([mine.name, partial.name, unrelated.name])
         assert list(btmp.iterdir()) == []
     finally:

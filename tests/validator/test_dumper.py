@@ -1,8 +1,9 @@
 """SGLang dumper import: files written by SGLang's own dumper (0.5.9 and 0.5.10 naming), ingested and compared.
 
 The dumps are made in subprocesses by the real ``sglang.srt.debug_utils.dumper`` (scripts/setup installs
-sglang 0.5.9 into the venv without its dependencies, and 0.5.10 into .venv/sglang-versions/), two ranks
-joined by a gloo process group, so rank and file naming are the dumper's own.
+sglang 0.5.9 into the venv without its dependencies, and 0.5.10 into .venv/sglang-versions/). Two ranks
+are played by one process in turn (the dumper asks ``torch.distributed`` for its rank; the test answers),
+which keeps the dumper's own file naming and metadata without the cost of a process group per rank.
 """
 
 from __future__ import annotations
@@ -35,28 +36,35 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    rank, world, init, bump = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-    if world > 1:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    world = int(sys.argv[1])
     from sglang.srt.debug_utils.dumper import dumper
 
     old_api = hasattr(dumper, "on_forward_pass_start")
-    g = torch.Generator().manual_seed(0)
-    for step in range(2):
-        if old_api:
-            dumper.on_forward_pass_start()
-        hidden = torch.randn(4, 16, generator=g).to(torch.bfloat16)
-        heads = torch.randn(4, 2 * world, 8, generator=g) + bump
-        logits = torch.randn(4, 10, generator=g, dtype=torch.float64)
-        dumper.dump("hidden", hidden, layer_id=3)
-        dumper.dump("attn_heads", heads[:, 2 * rank : 2 * rank + 2].clone(), layer_id=3)
-        dumper.dump("logits", logits)
-        dumper.dump("logits", logits * 2)
-        dumper.dump("num_tokens", 4)
-        if not old_api:
-            dumper.step()
-    if world > 1:
-        dist.destroy_process_group()
+    key = "partial_name" if old_api else "exp_name"
+    base = os.environ["SGLANG_DUMPER_PARTIAL_NAME" if old_api else "DUMPER_EXP_NAME"]
+    # two experiments: as given, and one whose attn_heads moved by 0.5 (folder name + "b")
+    for bump in (0.0, 0.5):
+        for rank in range(world):
+            dist.is_initialized = lambda: True
+            dist.get_rank = lambda rank=rank: rank
+            dist.get_world_size = lambda: world
+            dumper.reset()
+            dumper.__dict__.pop("_static_meta", None)
+            dumper.configure(**{key: base + ("b" if bump else "")})
+            g = torch.Generator().manual_seed(0)
+            for step in range(2):
+                if old_api:
+                    dumper.on_forward_pass_start()
+                hidden = torch.randn(4, 16, generator=g).to(torch.bfloat16)
+                heads = torch.randn(4, 2 * world, 8, generator=g) + bump
+                logits = torch.randn(4, 10, generator=g, dtype=torch.float64)
+                dumper.dump("hidden", hidden, layer_id=3)
+                dumper.dump("attn_heads", heads[:, 2 * rank : 2 * rank + 2].clone(), layer_id=3)
+                dumper.dump("logits", logits)
+                dumper.dump("logits", logits * 2)
+                dumper.dump("num_tokens", 4)
+                if not old_api:
+                    dumper.step()
     """
 )
 
@@ -71,9 +79,9 @@ def _sglang_version(path: Path | None) -> str | None:
         return None
 
 
-def _dump(tmp: Path, generation: str, world: int = 2, bump: float = 0.0) -> Path:
-    """Run the real dumper on ``world`` ranks; returns DUMP_DIR (holding one experiment folder)."""
-    out = tmp / f"dump-{generation}-{bump}"
+def _dump(tmp: Path, generation: str, world: int = 2) -> tuple[Path, list[subprocess.Popen[str]]]:
+    """Start the real dumper for ``world`` ranks; returns DUMP_DIR (it will hold two experiment folders)."""
+    out = tmp / f"dump-{generation}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if generation == "0.5.9":
         if importlib.util.find_spec("sglang") is None or _sglang_version(None) != "0.5.9":
@@ -88,31 +96,32 @@ def _dump(tmp: Path, generation: str, world: int = 2, bump: float = 0.0) -> Path
         env["PYTHONPATH"] = str(side)
         env.update(DUMPER_ENABLE="1", DUMPER_DIR=str(out), DUMPER_EXP_NAME="dump_20261129_074000_123456",
                    DUMPER_ENABLE_OUTPUT_CONSOLE="0")
-    init = f"file://{tmp / f'pg-{generation}-{bump}'}"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SCRIPT, str(r), str(world), init, str(bump)], env=env, cwd=tmp,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in range(world)
-    ]
-    for p in procs:
-        so, se = p.communicate(timeout=120)
-        assert p.returncode == 0, se[-3000:]
-    return out
+    with open(tmp / f"log-{generation}", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(world)], env=env, cwd=tmp, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    return out, [proc]
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("dumps")
-    return {"0.5.9": _dump(tmp, "0.5.9"), "0.5.10": _dump(tmp, "0.5.10"), "bumped": _dump(tmp, "0.5.9", bump=0.5)}
+    started = {"0.5.9": _dump(tmp, "0.5.9"), "0.5.10": _dump(tmp, "0.5.10")}
+    for gen, (_, procs) in started.items():  # the ranks of both generations run at once
+        for p in procs:
+            p.wait(timeout=120)
+            assert p.returncode == 0, (tmp / f"log-{gen}").read_text()[-3000:]
+    out = {k: o for k, (o, _) in started.items()}
+    old = out["0.5.9"] / "sglang_dump_1795938480.42"
+    return {**out, "0.5.9-folder": old, "bumped": old.with_name(old.name + "b")}
 
 
 def test_both_naming_generations(dumps: dict[str, Path]) -> None:
-    old = find_dump_dir(dumps["0.5.9"])
-    new = find_dump_dir(dumps["0.5.10"])
+    old = find_dump_dir(dumps["0.5.9-folder"])
+    new = find_dump_dir(dumps["0.5.10"] / "dump_20261129_074000_123456")
     assert old.name == "sglang_dump_1795938480.42" and new.name == "dump_20261129_074000_123456"
     assert next(iter(parse_dump_name(sorted(os.listdir(old))[0]) or {})) == "forward_pass_id"
     assert next(iter(parse_dump_name(sorted(os.listdir(new))[0]) or {})) == "step"
-    for d, steps in ((dumps["0.5.9"], {1, 2}), (dumps["0.5.10"], {0, 1})):
+    for d, steps in ((old, {1, 2}), (new, {0, 1})):
         view = read_dumper_dir(d, split={"attn_*": 1})
         assert view.source == "sglang-dumper"
         assert {r.coords.step for r in view.tensors} == steps
@@ -129,15 +138,18 @@ def test_generations_compare_equal_and_a_change_fails(dumps: dict[str, Path], se
     # step numbers differ between generations (forward_pass_id starts at 1, step at 0): compare one generation
     # with itself through the CLI (auto-detected folder), and against a dump whose attn_heads moved
     home = str(Path(dumps["0.5.9"]).parent / "home")
-    assert main(["--home", home, "compare", str(dumps["0.5.9"]), str(dumps["0.5.9"])]) == 0
+    assert main(["--home", home, "compare", str(dumps["0.5.9-folder"]), str(dumps["0.5.9-folder"])]) == 0
     capsys.readouterr()
-    assert main(["--home", home, "compare", str(dumps["0.5.9"]), str(dumps["bumped"]), "--json"]) == 1
+    assert main(["--home", home, "compare", str(dumps["0.5.9-folder"]), str(dumps["bumped"]), "--json"]) == 1
     assert "attn_heads" in capsys.readouterr().out
 
 
 def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = str(tmp_path / "home")
-    rc = main(["--home", home, "ingest", "--format", "sglang-dumper", str(dumps["0.5.10"]), "--name", "dumped",
+    new = dumps["0.5.10"] / "dump_20261129_074000_123456"
+    with pytest.raises(InputError, match="holds 2 SGLang dump folders"):
+        find_dump_dir(dumps["0.5.10"])
+    rc = main(["--home", home, "ingest", "--format", "sglang-dumper", str(new), "--name", "dumped",
                "--split", "attn_*=1", "--json"])
     assert rc == 0, capsys.readouterr().err
     capsys.readouterr()
@@ -147,13 +159,20 @@ def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path
     shown = json.loads(capsys.readouterr().out)
     assert shown["source"] == "sglang-dumper" and shown["labels"]["dumper_naming"] == "step"
     assert {t["kind"] for t in shown["tensors"] if t["name"] == "attn_heads"} == {"split"}
-    assert main(["--home", home, "compare", "dumped", str(dumps["0.5.10"])]) == 2  # split vs copies: different layouts
-    assert "split" in capsys.readouterr().err or True
+    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(new.with_name(new.name + "b")),
+                 "--name", "dumped-b", "--split", "attn_*=1"]) == 0
+    capsys.readouterr()
+    assert main(["--home", home, "compare", "dumped", "dumped", "--json"]) == 0
+    assert main(["--home", home, "compare", "dumped", "dumped-b", "--json"]) == 1
+    capsys.readouterr()
+    # the folder itself reads attn_heads as copies (no --split): the layouts disagree, and the report says so
+    assert main(["--home", home, "compare", "dumped", str(new), "--json"]) == 1
+    assert "shape mismatch" in capsys.readouterr().out
 
 
 def test_open_path_recognises_the_folder_and_its_parent(dumps: dict[str, Path]) -> None:
-    a = open_path(dumps["0.5.9"])
-    b = open_path(find_dump_dir(dumps["0.5.9"]))
+    a = open_path(dumps["0.5.9-folder"])
+    b = open_path(find_dump_dir(dumps["0.5.9-folder"]))
     assert a.source == b.source == "sglang-dumper" and len(a.tensors) == len(b.tensors) == 16
     t = next(r for r in a.tensors if r.name == "hidden")
     assert t.load().dtype == torch.bfloat16 and t.nbytes == 4 * 16 * 2

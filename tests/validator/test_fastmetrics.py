@@ -23,8 +23,9 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.flo
 FLOATS = ["norm_a", "norm_b", "rel_l2", "cosine", "max_abs", "mean_abs", "sqnr_db", "rel_diff", "pass_ratio"]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-pytestmark = pytest.mark.skipif(kernels.backend_for(torch.zeros(1), torch.zeros(1)) != "cpu-native",
-                                reason="no C compiler: the CPU kernel is not built here")
+NATIVE = pytest.mark.skipif(
+    kernels.backend_for(torch.zeros(1), torch.zeros(1)) != "cpu-native", reason="no C compiler: no CPU kernel here"
+)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -55,7 +56,16 @@ def reference(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
 def assert_same(fast: TensorMetrics, ref: TensorMetrics) -> None:
     assert printed(fast) == printed(ref)
-    for f in ("numel", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch", "max_ulp", "p99_ulp", "pass_ratio", "max_abs"):
+    for f in (
+        "numel",
+        "nonfinite_a",
+        "nonfinite_b",
+        "nonfinite_mismatch",
+        "max_ulp",
+        "p99_ulp",
+        "pass_ratio",
+        "max_abs",
+    ):
         assert getattr(fast, f) == getattr(ref, f), f
     for f in FLOATS:
         x, y = getattr(fast, f), getattr(ref, f)
@@ -87,20 +97,25 @@ def with_nonfinite(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
 # ---------------------------------------------------------------- CPU kernel against the reference
 
 
+@NATIVE
 def test_cpu_backend_is_used() -> None:
     a, b = pair(torch.bfloat16, 10)
     assert kernels.backend_for(a, b) == "cpu-native"
     assert kernels.backend_for(a.to(torch.int32), b.to(torch.int32)) == "reference"
 
 
+@NATIVE
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("n", [1, 7, 2048, 2049, 300_001])  # 300_001: several chunks on several threads
+@NATIVE
 def test_dtypes_match_reference(reference, dtype: torch.dtype, n: int) -> None:  # type: ignore[no-untyped-def]
     a, b = pair(dtype, n, seed=n)
     assert_same(compare_tensors(a, b), reference(a, b))
 
 
+@NATIVE
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+@NATIVE
 def test_nonfinite_match_reference(reference, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     a, b = with_nonfinite(*pair(dtype, 5000, seed=3))
     fast = compare_tensors(a, b)
@@ -108,7 +123,9 @@ def test_nonfinite_match_reference(reference, dtype: torch.dtype) -> None:  # ty
     assert_same(fast, reference(a, b))
 
 
+@NATIVE
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e5m2], ids=_name)
+@NATIVE
 def test_forced_masked_path_equals_fast_path(dtype: torch.dtype) -> None:
     a, b = pair(dtype, 10_000, seed=4)
     kw = {"atol": 1e-5, "rtol": 1e-3, "chunk_elems": 1 << 22}
@@ -118,12 +135,14 @@ def test_forced_masked_path_equals_fast_path(dtype: torch.dtype) -> None:
     assert_same(fast, masked)
 
 
+@NATIVE
 @pytest.mark.parametrize(
     ("da", "db"),
     [(torch.float64, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float8_e4m3fn),
      (torch.float8_e5m2, torch.float64)],
     ids=lambda d: _name(d),
 )  # fmt: skip
+@NATIVE
 def test_mixed_dtypes_match_reference(reference, da: torch.dtype, db: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     a, b = pair(torch.float64, 3001, seed=5)
     a, b = a.to(da), b.to(db)
@@ -132,6 +151,7 @@ def test_mixed_dtypes_match_reference(reference, da: torch.dtype, db: torch.dtyp
     assert_same(fast, reference(a, b))
 
 
+@NATIVE
 def test_tolerance_boundary_rounds_like_the_reference(reference) -> None:  # type: ignore[no-untyped-def]
     # |b - a| == atol + rtol*|a| exactly for some elements: a fused multiply-add would decide differently
     a = torch.tensor([1.0, 3.0, 0.1, 7.0, 1e-3], dtype=torch.float64)
@@ -143,10 +163,12 @@ def test_tolerance_boundary_rounds_like_the_reference(reference) -> None:  # typ
     assert compare_tensors(a, b2, atol=atol, rtol=rtol).pass_ratio == reference(a, b2, atol=atol, rtol=rtol).pass_ratio
 
 
+@NATIVE
 @pytest.mark.parametrize(
     "case",
     ["zeros", "identical", "opposite", "a_zero", "b_zero", "all_nan", "huge_f64", "subnormal_f32"],
 )
+@NATIVE
 def test_edge_cases_match_reference(reference, case: str) -> None:  # type: ignore[no-untyped-def]
     a, b = pair(torch.float32, 513, seed=6)
     if case == "zeros":
@@ -168,13 +190,17 @@ def test_edge_cases_match_reference(reference, case: str) -> None:  # type: igno
     assert_same(compare_tensors(a, b), reference(a, b))
 
 
+@NATIVE
 @pytest.mark.parametrize("shape", [(0,), (3, 0), ()])
+@NATIVE
 def test_empty_and_scalar(reference, shape: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
     a, b = torch.ones(shape, dtype=torch.bfloat16), torch.full(shape, 2.0, dtype=torch.bfloat16)
     assert_same(compare_tensors(a, b), reference(a, b))
 
 
+@NATIVE
 @pytest.mark.parametrize("chunk", [1, 13, 1 << 22])
+@NATIVE
 def test_non_contiguous(reference, chunk: int) -> None:  # type: ignore[no-untyped-def]
     a, b = pair(torch.bfloat16, 6 * 7 * 9, seed=7)
     at, bt = a.view(6, 7, 9).permute(2, 0, 1), b.view(6, 7, 9)[:, ::2].contiguous()
@@ -185,7 +211,9 @@ def test_non_contiguous(reference, chunk: int) -> None:  # type: ignore[no-untyp
                 reference(a.view(6, 7, 9)[:, ::2].contiguous(), bt))  # fmt: skip
 
 
+@NATIVE
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn], ids=_name)
+@NATIVE
 def test_wide_ulp_spread_exact(reference, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     # sign flips and large scalings push the p99 into the tail bins (and, for float32, past 2**16)
     a, b = pair(dtype, 20_000, seed=8, noise=0.05)
@@ -196,6 +224,7 @@ def test_wide_ulp_spread_exact(reference, dtype: torch.dtype) -> None:  # type: 
     assert_same(fast, ref)
 
 
+@NATIVE
 def test_float32_p99_beyond_fine_histogram_uses_second_pass(reference) -> None:  # type: ignore[no-untyped-def]
     a, b = pair(torch.float32, 400_000, seed=9)
     b[:8000] = -a[:8000]
@@ -204,6 +233,7 @@ def test_float32_p99_beyond_fine_histogram_uses_second_pass(reference) -> None: 
     assert (fast.max_ulp, fast.p99_ulp) == (ref.max_ulp, ref.p99_ulp)
 
 
+@NATIVE
 def test_thread_count_does_not_change_results() -> None:
     a, b = pair(torch.bfloat16, 3_000_000, seed=10)
     try:
@@ -216,6 +246,7 @@ def test_thread_count_does_not_change_results() -> None:
     assert_same(three, one)
 
 
+@NATIVE
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path, reference) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save_file
 
@@ -237,6 +268,7 @@ def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------- parallel pairs, streaming ingest
 
 
+@NATIVE
 def test_compare_runs_parallel_keeps_order(tmp_path: Path) -> None:
     from probes import BundleWriter
     from validator.compare import compare_runs
@@ -303,7 +335,9 @@ def test_cuda_wide_spread_and_mixed(reference, dtype: torch.dtype) -> None:  # t
                 reference(a.view(600, 500).t().contiguous(), b.view(600, 500).t().contiguous()))  # fmt: skip
 
 
-@pytest.mark.skipif(os.environ.get("VALIDATOR_TEST_TRITON_INTERPRET") != "1", reason="set VALIDATOR_TEST_TRITON_INTERPRET=1")
+@pytest.mark.skipif(
+    os.environ.get("VALIDATOR_TEST_TRITON_INTERPRET") != "1", reason="set VALIDATOR_TEST_TRITON_INTERPRET=1"
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_triton_kernel_in_interpreter(reference, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     # TRITON_INTERPRET=1 must be set before triton is imported: run this test in its own process

@@ -243,3 +243,8 @@ void vk_refine_f32(const void *a, const void *b, int64_t n, int64_t bucket, int6
         if ((int64_t)(d >> 16) == bucket) low[d & 0xFFFF]++;
     }
 }
+
+/* dst[i] += src[i]: combining the threads' histograms without torch's intra-op thread pool */
+void vk_add_i64(int64_t *dst, const int64_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}

@@ -93,6 +93,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.vk_compare.restype = c_int
     lib.vk_refine_f32.argtypes = [p, p, i64, i64, p]
     lib.vk_refine_f32.restype = None
+    lib.vk_add_i64.argtypes = [p, p, i64]
+    lib.vk_add_i64.restype = None
     lib.vk_set_fp8_tables.argtypes = [p, p]
     lib.vk_set_fp8_tables.restype = None
     _set_fp8_tables(lib)

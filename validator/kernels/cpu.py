@@ -10,7 +10,6 @@ the duration of each kernel call, so the threads run in parallel.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import threading
 from collections.abc import Iterator
@@ -83,18 +82,58 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
 
 
 class _Worker:
-    """One thread's accumulator and histograms."""
+    """One thread's accumulator and histograms. Kept between calls: fresh 512 KiB buffers would be
+    page-faulted in on every call, which costs more than a small pair's whole comparison."""
 
-    def __init__(self, ulp: bool, coarse: bool) -> None:
+    def __init__(self) -> None:
         self.acc = Acc()
-        self.fine = torch.zeros(FINE_BINS + 1, dtype=torch.int64) if ulp else None
-        self.coarse = torch.zeros(FINE_BINS + 1, dtype=torch.int64) if coarse else None
+        self.fine: torch.Tensor | None = None
+        self.coarse: torch.Tensor | None = None
+        self.low: torch.Tensor | None = None
+
+    def reset(self, ulp: bool, coarse: bool) -> None:
+        """Zero everything for a new pair (run in the worker's own thread, so in parallel)."""
+        ctypes.memset(ctypes.byref(self.acc), 0, ctypes.sizeof(self.acc))
+        for name, wanted in (("fine", ulp), ("coarse", coarse)):
+            buf = getattr(self, name)
+            if not wanted:
+                continue
+            if buf is None:
+                setattr(self, name, torch.zeros(FINE_BINS + 1, dtype=torch.int64))
+            else:  # not buf.zero_(): torch's intra-op threads cost milliseconds on a busy machine
+                ctypes.memset(buf.data_ptr(), 0, buf.numel() * buf.element_size())
 
 
-def _run(lib: ctypes.CDLL, jobs: Iterator[tuple[torch.Tensor, torch.Tensor]], lock: threading.Lock, w: _Worker,
-         atol: float, rtol: float, force_masked: bool) -> None:
-    fine = w.fine.data_ptr() if w.fine is not None else None
-    coarse = w.coarse.data_ptr() if w.coarse is not None else None
+_idle_lock = threading.Lock()
+_idle: list[_Worker] = []
+
+
+def _take_workers(n: int) -> list[_Worker]:
+    with _idle_lock:
+        got = [_idle.pop() for _ in range(min(n, len(_idle)))]
+    return got + [_Worker() for _ in range(n - len(got))]
+
+
+def _give_back(workers: list[_Worker]) -> None:
+    with _idle_lock:
+        if len(_idle) < 4 * threads():
+            _idle.extend(workers)
+
+
+def _run(
+    lib: ctypes.CDLL,
+    jobs: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    lock: threading.Lock,
+    w: _Worker,
+    atol: float,
+    rtol: float,
+    force_masked: bool,
+    ulp: bool,
+    coarse_hist: bool,
+) -> None:
+    w.reset(ulp, coarse_hist)
+    fine = w.fine.data_ptr() if ulp and w.fine is not None else None
+    coarse = w.coarse.data_ptr() if coarse_hist and w.coarse is not None else None
     while True:
         with lock:
             job = next(jobs, None)
@@ -143,10 +182,27 @@ def compare_cpu(
     ulp = a.dtype == b.dtype and a.dtype in ULP_DTYPES
     coarse = ulp and a.dtype == torch.float32
     nworkers = 1 if n < _SERIAL_BELOW else max(1, min(threads(), -(-n // CHUNK)))
-    workers = [_Worker(ulp, coarse) for _ in range(nworkers)]
+    workers = _take_workers(nworkers)
+    try:
+        return _compare(lib, a, b, workers, atol, rtol, chunk_elems, force_masked, ulp, coarse)
+    finally:
+        _give_back(workers)
 
+
+def _compare(
+    lib: ctypes.CDLL,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    workers: list[_Worker],
+    atol: float,
+    rtol: float,
+    chunk_elems: int,
+    force_masked: bool,
+    ulp: bool,
+    coarse: bool,
+) -> _ref.TensorMetrics:
     def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
-        _run(lib, jobs, lock, w, float(atol), float(rtol), force_masked)
+        _run(lib, jobs, lock, w, float(atol), float(rtol), force_masked, ulp, coarse)
 
     _parallel(body, _pieces(a, b, chunk_elems), workers)
     accs = [w.acc for w in workers]
@@ -164,24 +220,29 @@ def compare_cpu(
     return metrics_from_totals(a, b, atol, rtol, sums, max(x.max_ad for x in accs), counts, ulp_result)
 
 
-def _p99(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Worker], n_both: int,
-         chunk_elems: int) -> int:
+def _p99(
+    lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Worker], n_both: int, chunk_elems: int
+) -> int:
     if n_both == 0:
         return 0
     rank = nearest_rank(n_both)
-    fine = torch.stack([w.fine for w in workers if w.fine is not None]).sum(0)
+    fine = _summed(lib, [w.fine for w in workers])
     idx = first_reaching(fine, rank)
     if idx < FINE_BINS:
         return idx
     # float32 only: the coarse histogram names the 65536-wide bucket; a second pass bins inside it
-    coarse = torch.stack([w.coarse for w in workers if w.coarse is not None]).sum(0)
+    coarse = _summed(lib, [w.coarse for w in workers])
     bucket = first_reaching(coarse, rank)
     rank_in_bucket = rank - int(coarse[:bucket].sum())
-    lows = [torch.zeros(FINE_BINS, dtype=torch.int64) for _ in workers]
-    slot = itertools.count()
+    for w in workers:
+        if w.low is None:
+            w.low = torch.zeros(FINE_BINS, dtype=torch.int64)
+        else:
+            ctypes.memset(w.low.data_ptr(), 0, w.low.numel() * 8)
 
     def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
-        low = lows[next(slot)]
+        low = w.low
+        assert low is not None
         while True:
             with lock:
                 job = next(jobs, None)
@@ -191,4 +252,13 @@ def _p99(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Work
             lib.vk_refine_f32(ca.data_ptr(), cb.data_ptr(), ca.numel(), bucket, low.data_ptr())
 
     _parallel(body, _pieces(a, b, chunk_elems), workers)
-    return (bucket << 16) + first_reaching(torch.stack(lows).sum(0), rank_in_bucket)
+    return (bucket << 16) + first_reaching(_summed(lib, [w.low for w in workers]), rank_in_bucket)
+
+
+def _summed(lib: ctypes.CDLL, hists: list[torch.Tensor | None]) -> torch.Tensor:
+    """Sum of the workers' histograms, added in place into the first (no allocation, no thread pool)."""
+    present = [h for h in hists if h is not None]
+    total = present[0]
+    for h in present[1:]:
+        lib.vk_add_i64(total.data_ptr(), h.data_ptr(), total.numel())
+    return total

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The comparison-engine runs on the lent H200 (docs/results/perf-h200.md). Run from the repo root:
+#   bash benchmarks/compare_h200.sh dev     # tests on the GPU + a kernel-configuration sweep
+#   bash benchmarks/compare_h200.sh final   # sweep, then the numbers with the best exact configuration,
+#                                           # the CUDA tests under that configuration, and the CPU section
+# Writes under $OUT (the device tool's output folder), else /tmp/compare-h200.
+set -o pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 VALIDATOR_KERNEL_CACHE=/tmp/vkc
+OUT=${OUT:-/tmp/compare-h200}
+mkdir -p "$OUT"
+mode=${1:-final}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, numpy, platform; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, platform.processor())"
+echo "cpus: $(nproc)  cc: $(command -v cc)"
+if [ "$mode" = dev ]; then
+  timeout 170 python3 -m pytest -q -p no:cacheprovider --maxfail=8 tests/validator/test_fastmetrics.py tests/validator/test_metrics.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+  timeout 250 python3 benchmarks/compare_bench.py --sections gpu,cpu --sweep --reps 5 --cpu-elems 33554432 \
+    --ref-elems 1048576 --json "$OUT/dev.json" 2>&1 | tee "$OUT/bench.log"
+else
+  timeout 230 python3 benchmarks/compare_bench.py --sections gpu --sweep --best-out "$OUT/best.json" --reps 10 \
+    --gpu-gib 1 --json "$OUT/perf-h200-gpu.json" 2>&1 | tee "$OUT/bench-gpu.log"
+  export VALIDATOR_CUDA_CONFIG="$(cat "$OUT/best.json" 2>/dev/null || echo '{}')"
+  echo "VALIDATOR_CUDA_CONFIG=$VALIDATOR_CUDA_CONFIG"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/validator/test_fastmetrics.py tests/validator/test_metrics.py \
+    -k "cuda or CUDA" 2>&1 | tail -15 | tee "$OUT/tests.log"
+  timeout 120 python3 benchmarks/compare_bench.py --sections cpu --reps 5 --cpu-elems 67108864 --ref-elems 2097152 \
+    --json "$OUT/perf-h200-cpu.json" 2>&1 | tee "$OUT/bench-cpu.log"
+fi

@@ -16,19 +16,15 @@ from typing import Any
 
 from probes.projection import ProjectionConfig
 
-from .policy import Policy, Rule
 from .projection import format_table, run_projection_report
-from .report import comparison_doc, format_comparison
+from .report import format_comparison
 from .service import Service
 
 __all__ = ["run_demo", "DEMO_CONFIG"]
 
 # Stage-level tensors (per-stage partials, running sums) exist only on the PP paths, so they have no
 # single-GEMM floor: judge them by the bf16 bound; everything else by 2x the floor.
-DEMO_POLICY = Policy(
-    rules=(Rule(match="ctx.partial", rel_l2_max=0.03), Rule(match="ctx.running", rel_l2_max=0.03)),
-    source="demo: stage tensors rel_l2 <= 0.03, others <= 2 x floor",
-)
+DEMO_POLICY = {"rule": [{"match": "ctx.partial", "rel_l2_max": 0.03}, {"match": "ctx.running", "rel_l2_max": 0.03}]}
 DEMO_CONFIG = ProjectionConfig(hidden=512, draft_layers=2, head_dim=64, tokens=256, dtype="bf16", seed=0)
 
 
@@ -50,13 +46,18 @@ def run_demo(svc: Service, *, out: str | None = None, json_out: bool = False) ->
     verdicts = []
     for cand in ("partial-fp32", "partial-bf16"):
         say(f"\n3. compare {cand} against the FP64 reference, floor = concat vs FP64")
-        c = svc.compare(names["ref"], names[cand], floor=floor, policy=DEMO_POLICY)
-        doc = comparison_doc(c)
+        # stored as a cached comparison, so the dashboard shows this very result at /comparisons/{id}
+        rec = svc.cached_comparison(names["ref"], names[cand], floor=floor, policy=DEMO_POLICY, background=False)
+        doc = rec["result"]
         docs[cand] = doc
         say(format_comparison(doc, limit=12))
-        worst = max((p for p in c.pairs if p.floor_ratio is not None), key=lambda p: p.floor_ratio or 0.0, default=None)
+        ratios = [p for p in doc["pairs"] if isinstance(p.get("floor_ratio"), (int, float))]
+        worst = max(ratios, key=lambda p: p["floor_ratio"], default=None)
         if worst is not None:
-            verdicts.append(f"{cand}: {c.verdict.upper()}, worst {worst.label} at {worst.floor_ratio:.2f}x the single-GEMM error")
+            verdicts.append(
+                f"{cand}: {doc['verdict'].upper()}, worst {worst['label']} at {worst['floor_ratio']:.2f}x the "
+                f"single-GEMM error  ->  http://127.0.0.1:8765/comparisons/{rec['id']}"
+            )
     if json_out:
         print(json.dumps({"bundles": str(work), "runs": names, "probe": report.to_dict(), "comparisons": docs}, indent=1))
     else:
@@ -64,7 +65,7 @@ def run_demo(svc: Service, *, out: str | None = None, json_out: bool = False) ->
         for v in verdicts:
             print(f"  {v}")
         print(
-            f"Browse the runs with `validator runs --label demo={tag}`; "
-            f"re-compare with `validator compare {names['concat']} {names['partial-bf16']}`."
+            "To look: `validator serve` (same VALIDATOR_HOME), then open the links above, or "
+            f"http://127.0.0.1:8765/runs?label=demo={tag}. From the shell: `validator runs --label demo={tag}`."
         )
     return 0

@@ -15,6 +15,7 @@ folder on ``PYTHONPATH``; ``python -m probes.sglang.launch`` sets that up) does 
 from __future__ import annotations
 
 import atexit
+import os
 import importlib.abc
 import importlib.machinery
 import sys
@@ -182,4 +183,4 @@ def activate_from_site() -> None:
     except (PluginStartupError, ProbeConfigError) as exc:
         sys.stderr.write(f"{exc}\n")
         sys.stderr.flush()
-        raise SystemExit(2) from None
+        os._exit(2)  # SystemExit during site start-up is a fatal interpreter error; nothing is running yet

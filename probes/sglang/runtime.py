@@ -6,6 +6,9 @@ created at the first capture, when SGLang's process groups exist: the part is na
 The step / request context comes from the speculative worker's ``forward_batch_generation``: a prefill
 (extend) forward is step 0 of each of its requests, the k-th verify of a request is step k; tensors whose
 rows are the batch's requests are split per request (``request`` = SGLang's rid, ``tokens`` = positions).
+Shards: K/V and vocabulary slices say which heads / columns a rank holds; every other tensor is the same on
+all TP ranks and is recorded as ``replicated(tp_rank, tp_size)`` (reassembly compares the copies); a PP
+partial projection is recorded by TP rank 0 of its stage only.
 
 Wrappers never break serving: an exception inside the plugin's own code is counted per point, warned
 about once and the SGLang call goes on. Everything that was reached, captured, skipped (inside CUDA graph
@@ -251,6 +254,11 @@ class Plugin:
         if s is None:
             return
         c = self.coords()
+        tp_rank, tp_size = c.get("tp_rank", 0), c.get("tp_size", 1)
+        if shard is None and tp_size > 1:  # the same tensor on every TP rank: copies, compared on reassembly
+            shard = ShardSpec.replicated(tp_rank, tp_size)
+        elif shard is not None and shard.kind == "partial" and tp_rank != 0:
+            return  # a PP partial sum is the same on every TP rank of the stage: recorded once
         for k in ("pp_stage", "tp_rank", "tp_size"):
             coords.setdefault(k, c.get(k))
         before = s.stats["captured"]

@@ -306,7 +306,8 @@ def write_projected(plugin: Plugin, point: str, fn: Callable[..., Any]) -> Calla
             plugin.capture_rows(point, "ctx.pre_norm", x)
 
     def after(a: Args, result: Any, state: Any) -> None:
-        if plugin.wants("draft.kv"):
+        if plugin.wants("draft.kv"):  # the last stage writes the draft KV here
+            plugin.stats["draft.kv"].reached += 1
             _readback(plugin, "draft.kv", a, a.get("pool"), getattr(a.get("self"), "layers", None))
 
     return _wrap(plugin, point, fn, before=before, after=after)

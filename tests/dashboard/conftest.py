@@ -63,7 +63,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(sample: Sample, browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(browser: Any, sample: Sample, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `validator serve` process over the sample store; yields its origin (http://127.0.0.1:PORT)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     with serve(sample.home, log) as url:

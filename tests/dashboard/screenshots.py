@@ -42,7 +42,7 @@ def take(out: Path, work: Path) -> list[Path]:
         page.set_viewport_size({"width": VIEWPORT["width"], "height": 1300})
         page.screenshot(path=shots[-1])
         page.set_viewport_size(VIEWPORT)
-        page.click("#first-exceedance a")
+        page.locator("a.pair-link", has_text="attn.q [step=0 tok=0:48 layer=5]").click()  # one with heads
         page.wait_for_selector("#tokens-chart[data-rendered='1']")
         shots.append(out / "pair.png")
         page.screenshot(path=shots[-1], full_page=True)

@@ -77,7 +77,10 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
         if service is None:
             svc.close()
 
-    app = FastAPI(title="validator", version="1", lifespan=lifespan, openapi_url="/openapi.json")
+    # No /docs or /redoc: FastAPI's pages load their assets from a CDN, and this server works offline.
+    app = FastAPI(
+        title="validator", version="1", lifespan=lifespan, openapi_url="/openapi.json", docs_url=None, redoc_url=None
+    )
     app.state.service = svc
 
     @app.exception_handler(ValidatorError)

@@ -239,7 +239,7 @@ def cmd_pd_layout(args: argparse.Namespace) -> int:
 
     p, d = pdl.KVLayout.from_dict(load(args.prefill)), pdl.KVLayout.from_dict(load(args.decode))
     pages: Any = ints(args.pages) if args.pages and "," in args.pages else (int(args.pages) if args.pages else None)
-    kw = {"src_pages": ints(args.src_pages), "dst_pages": ints(args.dst_pages)}
+    kw: dict[str, Any] = {"src_pages": ints(args.src_pages), "dst_pages": ints(args.dst_pages)}
     if args.pd_command == "plan":
         runs = pdl.transfer_plan(p, d, args.dst_rank, pages=1 if pages is None else pages, **kw)
         rows = [r.to_dict() for r in runs]

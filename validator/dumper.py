@@ -189,7 +189,7 @@ def read_dumper_dir(
         obj = _load(f, max_file_bytes)
         if not isinstance(obj, dict) or "value" not in obj:
             raise InputError(f"{f}: not a dumper file (expected a dict with 'value' and 'meta')")
-        meta = obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
+        meta: dict[str, Any] = obj["meta"] if isinstance(obj.get("meta"), dict) else {}
         value = obj["value"]
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for key, v in items:

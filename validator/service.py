@@ -201,14 +201,11 @@ class Service:
             raise
 
     def _store_tensor(self, ref: TensorRef, created: list[str]) -> tuple[str, int]:
-        t = ref.load()
-        from probes.bundle import tensor_bytes
-
-        data = tensor_bytes(t)
+        """Copy one tensor's bytes into the blob store, streamed (bounded memory), sha256 checked."""
         try:
-            sha, size, new = self.blobs.put([data], expect_sha256=ref.sha256)
-        except (InputError, StorageError) as exc:
-            raise type(exc)(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
+            sha, size, new = self.blobs.put(ref.byte_chunks(), expect_sha256=ref.sha256)
+        except InputError as exc:
+            raise InputError(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
         if new:
             created.append(sha)
         return sha, size
@@ -258,7 +255,7 @@ class Service:
         with self.session() as s:
             run = store.get_run(s, ref=ref)
             if run is None:
-                raise NotFoundError(f"no run named {ref!r} in the store ({self.settings.home})")
+                raise NotFoundError(f"no run named {ref!r} in the store")
             return run
 
     def show_run(self, ref: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, Bu
 from probes.shards import Coords, ShardSpec, ShardSpecError
 
 from .errors import InputError
-from .tensorfile import SafetensorsFile, dtype_name, torch_dtype
+from .tensorfile import SafetensorsFile, dtype_name, file_byte_chunks, torch_dtype
 
 __all__ = ["TensorRef", "RunView", "open_path", "read_bundle", "read_safetensors_dir", "read_safetensors_file"]
 
@@ -36,6 +36,17 @@ class TensorRef:
     nbytes: int
     origin: str  # where it came from, for messages: "path/file.safetensors[t000003]"
     loader: Callable[[], torch.Tensor] = field(repr=False, compare=False)
+    location: tuple[Path, int] | None = field(default=None, repr=False, compare=False)  # (file, byte offset)
+
+    def byte_chunks(self) -> Iterator[bytes | memoryview]:
+        """The tensor's raw bytes (as ``probes.bundle.tensor_bytes(self.load())``), streamed in bounded
+        pieces when the bytes lie contiguous in a file."""
+        if self.location is not None:
+            yield from file_byte_chunks(self.location[0], self.location[1], self.nbytes)
+        else:
+            from probes.bundle import tensor_bytes
+
+            yield tensor_bytes(self.load())
 
     def load(self) -> torch.Tensor:
         t = self.loader()
@@ -193,6 +204,7 @@ def _record_ref(part: Path, ppath: Path, i: int, rec: Any, files: dict[str, Safe
         nbytes=entry.nbytes,
         origin=f"{sf.path}[{key}]",
         loader=functools.partial(sf.load, key),
+        location=(sf.path, entry.begin),
     )
 
 
@@ -218,6 +230,7 @@ def _plain_refs(path: Path, seen: dict[str, str]) -> list[TensorRef]:
                 nbytes=e.nbytes,
                 origin=f"{path}[{key}]",
                 loader=functools.partial(sf.load, key),
+                location=(sf.path, e.begin),
             )
         )
     return refs

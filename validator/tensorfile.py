@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,9 @@ import torch
 
 from .errors import InputError
 
-__all__ = ["DTYPES", "TensorEntry", "SafetensorsFile", "torch_dtype", "dtype_name", "raw_tensor"]
+__all__ = ["DTYPES", "TensorEntry", "SafetensorsFile", "torch_dtype", "dtype_name", "raw_tensor", "file_byte_chunks"]
+
+CHUNK_BYTES = 8 << 20
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -150,6 +154,28 @@ class SafetensorsFile:
         if e is None:
             raise self._err("no such tensor in file", key)
         return raw_tensor(self.path, e.begin, e.nbytes, e.dtype, e.shape)
+
+
+def file_byte_chunks(path: str | Path, offset: int, nbytes: int, chunk: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """``nbytes`` bytes of ``path`` from ``offset``, in pieces of at most ``chunk`` bytes.
+
+    Each piece is a view of one reused buffer, valid until the next is requested (consume it at once, as
+    ``BlobStore.put`` does): resident memory is the buffer, whatever the tensor size. Raises ``OSError``
+    if the file is shorter than promised.
+    """
+    buf = bytearray(min(chunk, nbytes) or 1)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        left = nbytes
+        while left:
+            got = f.readinto(view[: min(left, len(buf))])
+            if not got:
+                raise OSError(f"{path}: file ended {left} bytes before the tensor's end")
+            left -= got
+            yield view[:got]
+        if hasattr(os, "posix_fadvise"):  # read once: let the page cache drop these pages first
+            os.posix_fadvise(f.fileno(), offset, nbytes, os.POSIX_FADV_DONTNEED)
 
 
 def raw_tensor(path: Path, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -15,9 +15,9 @@ folder on ``PYTHONPATH``; ``python -m probes.sglang.launch`` sets that up) does 
 from __future__ import annotations
 
 import atexit
-import os
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -94,7 +94,7 @@ class _Hook(importlib.abc.MetaPathFinder):
             if getattr(func, "__validator_probe__", None) or not callable(func):
                 status[target.path] = "wrapped" if callable(func) else "not a function"
                 continue
-            new = FACTORIES[_POINTS[point].wrapper](plugin, point, func)
+            new: Any = FACTORIES[_POINTS[point].wrapper](plugin, point, func)
             if isinstance(raw, staticmethod):
                 new = staticmethod(new)
             elif isinstance(raw, classmethod):

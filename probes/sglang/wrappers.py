@@ -232,7 +232,7 @@ def _norm_hook(plugin: Plugin, model: Any) -> None:
                 plugin.capture_rows("ctx.project", "ctx.pre_norm", args[0])
 
     norm.register_forward_pre_hook(pre)
-    norm.__validator_hooked__ = True  # type: ignore[attr-defined]
+    setattr(norm, "__validator_hooked__", True)  # noqa: B010 - a flag on a module that declares no such field
 
 
 def project(plugin: Plugin, point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -247,7 +247,7 @@ def project(plugin: Plugin, point: str, fn: Callable[..., Any]) -> Callable[...,
             k = 1
         width = x.shape[1] // k
         for j, layer in enumerate(_feature_layers(plugin, model, k)):
-            extra = {"layer": layer} if layer is not None else {"feature": j}
+            extra: dict[str, Any] = {"layer": layer} if layer is not None else {"feature": j}
             if layer is not None and layer not in plugin.coverage["seen"]:
                 plugin.coverage["seen"].append(layer)
             plugin.capture_rows(point, "target.features", x[:, j * width : (j + 1) * width], **extra)
@@ -285,7 +285,7 @@ def project_partial(plugin: Plugin, point: str, fn: Callable[..., Any]) -> Calla
             layer = layers[f] if layers and f < len(layers) else None
             if layer is not None and layer not in plugin.coverage["seen"]:
                 plugin.coverage["seen"].append(layer)
-            extra = {"layer": layer} if layer is not None else {"feature": f}
+            extra: dict[str, Any] = {"layer": layer} if layer is not None else {"feature": f}
             plugin.capture_rows(point, "target.features", x[:, j * width : (j + 1) * width], **extra)
 
     def after(a: Args, result: Any, state: Any) -> None:

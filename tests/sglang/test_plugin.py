@@ -92,7 +92,8 @@ def run_ranks(fake: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch, *, tp: 
             deactivate()
 
 
-def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("FAKE_DECODE_STEPS", "1")
     a, b = tmp_path / "pd-tp2", tmp_path / "donly-tp8"
     run_ranks(fake_sglang, a, monkeypatch, tp=2, role="prefill")
@@ -113,7 +114,10 @@ def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: P
     # and through the comparison the CLI runs
     from validator.cli import main
 
-    assert main(["--home", str(tmp_path / "home"), "compare", str(a), str(b), "--json"]) == 0
+    rc = main(["--home", str(tmp_path / "home"), "compare", str(a), str(b), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 3 and doc["verdict"] == "inconclusive"  # 4 verify steps: too few to judge acceptance
+    assert "all 54 pairs within thresholds" in doc["reasons"]
 
 
 PP_POINTS = "target.hidden,ctx.project,ctx.partial,ctx.write,pp.send,draft.kv"
@@ -122,12 +126,12 @@ PP_POINTS = "target.hidden,ctx.project,ctx.partial,ctx.write,pp.send,draft.kv"
 def pp_driver(buggy: bool) -> Any:
     def drive() -> None:
         import fake_server
+        import torch
         from sglang.srt.distributed.parallel_state import get_pp_group
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.models.dflash import DFlashDraftModel
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-        import torch
 
         pp = get_pp_group()
         stage, n = pp.rank_in_group, pp.world_size
@@ -166,7 +170,7 @@ def run_pp(fake: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch, buggy: boo
 def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_DECODE_STEPS", "0")
     pp1 = tmp_path / "pp1"
-    run_ranks(fake_sglang, pp1, monkeypatch, tp=1, role="prefill")
+    run_ranks(fake_sglang, pp1, monkeypatch, tp=1, role="prefill", points="target.hidden,ctx.project,draft.kv")
     good, bad = tmp_path / "pp2", tmp_path / "pp2-bug"
     msgs = run_pp(fake_sglang, good, monkeypatch, buggy=False)
     assert any("never reached" in m and "ctx.write" in m for m in msgs)  # stage 0 writes no draft KV: said so

@@ -295,15 +295,14 @@ def test_compare_runs_parallel_keeps_order(tmp_path: Path) -> None:
 def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
     from probes import BundleWriter
     from probes.bundle import tensor_bytes
-    from validator.kernels.streaming import ref_byte_chunks, tensor_file_location
     from validator.sources import open_path
 
     with BundleWriter(tmp_path / "r", run_name="r") as w:
         w.add("x", torch.randn(1000).to(torch.bfloat16), step=0)
         w.add("y", torch.randn(7, 3), step=0)
     for ref in open_path(tmp_path / "r").tensors:
-        assert tensor_file_location(ref) is not None
-        streamed = b"".join(bytes(c) for c in ref_byte_chunks(ref, chunk=100))
+        assert ref.location is not None
+        streamed = b"".join(bytes(c) for c in ref.byte_chunks())
         assert streamed == bytes(tensor_bytes(ref.load()))
 
 

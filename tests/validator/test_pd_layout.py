@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from probes.shards import ShardSpec
 from probes.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
+from probes.shards import ShardSpec
 from validator.pd_layout import (
     KVLayout,
     PDLayoutError,
@@ -177,3 +179,29 @@ def test_kv_head_shards_match_the_bundle_format_example() -> None:
     assert list(rank_heads(13, 32, 8)) == [3] and head_ranks(3, 32, 8) == [12, 13, 14, 15]
     with pytest.raises(HeadLayoutError):
         kv_head_shard(0, 3, 8)
+
+
+def test_cli_plan_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from validator.cli import main
+
+    p, d = layouts("HND")
+    lay = {"total_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "page_size": 64, "layers": [0], "page_layout": "HND"}
+    (tmp_path / "p.json").write_text(json.dumps({**lay, "tp_size": 4, "buffers": {"0": {"k": [P_BASE["k"]], "v": [P_BASE["v"]]}}}))
+    (tmp_path / "d.json").write_text(json.dumps({**lay, "tp_size": 32, "buffers": {"0": {"k": [D_BASE["k"]], "v": [D_BASE["v"]]}}}))
+    flat = [e.to_dict() for e in flat_plan(p, d, 0, 3)]
+    (tmp_path / "flat.json").write_text(json.dumps(flat))
+    args = ["pd-layout", "check", "--prefill", str(tmp_path / "p.json"), "--decode", str(tmp_path / "d.json"), "--dst-rank", "0"]
+    assert main([*args, "--plan", str(tmp_path / "flat.json")]) == 1
+    out = capsys.readouterr().out
+    assert "dst_addr 2065536" in out and "expected layer 0 page 2 K: dst_addr 2032768, 16384 bytes" in out
+    assert main(["pd-layout", "plan", *args[2:], "--pages", "3", "--json"]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert [r["dst_addr"] for r in good if r["kind"] == "k"] == [2000000, 2016384, 2032768]
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    assert main([*args, "--plan", str(tmp_path / "good.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    (tmp_path / "d.json").write_text(json.dumps({**lay, "tp_size": 32, "head_dim": 64}))
+    assert main([*args, "--plan", str(tmp_path / "good.json")]) == 2
+    assert "incompatible P/D draft KV layouts: head_dim: P 128 vs D 64" in capsys.readouterr().err

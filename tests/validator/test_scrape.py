@@ -63,7 +63,7 @@ def server() -> Iterator[tuple[str, list[str]]]:
     served = [0]
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = pages[min(served[0], len(pages) - 1)].encode()
             served[0] += 1
             self.send_response(200 if self.path == "/metrics" else 404)
@@ -76,7 +76,7 @@ def server() -> Iterator[tuple[str, list[str]]]:
             pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", pages

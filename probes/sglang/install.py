@@ -158,6 +158,7 @@ def activate(
             hook.patch(mod)
     if register_atexit:
         atexit.register(plugin.close)
+    plugin.watch_close_file()
     return plugin
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,11 +49,12 @@ class PluginConfig:
     capture_layers: tuple[int, ...] | None = None  # target capture layer ids (default: from SGLang)
     max_forwards: int | None = None  # close the part after this many worker forwards
     pp_keys: tuple[str, ...] = ("*ctx*", "*dspark*", "*aux*")  # pp.send: tensor-dict keys to record
+    close_file: str | None = None  # close the part once this file exists (and the rank is idle)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginConfig:
         env = os.environ if environ is None else environ
-        known = {"POINTS", "REQUIRED", "ROLE", "CAPTURE_LAYERS", "MAX_FORWARDS", "PP_KEYS"}
+        known = {"POINTS", "REQUIRED", "ROLE", "CAPTURE_LAYERS", "MAX_FORWARDS", "PP_KEYS", "CLOSE_FILE"}
         kw: dict[str, Any] = {}
         for key, value in env.items():
             if not key.startswith(ENV_PREFIX):
@@ -65,6 +67,8 @@ class PluginConfig:
                 kw[short.lower()] = items
             elif short == "ROLE":
                 kw["role"] = value.strip()
+            elif short == "CLOSE_FILE":
+                kw["close_file"] = value.strip() or None
             elif short == "CAPTURE_LAYERS":
                 try:
                     kw["capture_layers"] = tuple(int(x) for x in items)
@@ -80,6 +84,8 @@ class PluginConfig:
             if pat not in ("all", "default") and not any(glob_match(pat, n) for n in point_names()):
                 raise ProbeConfigError(f"{ENV_PREFIX}POINTS/REQUIRED: {pat!r} matches no capture point; "
                                        f"known: {', '.join(point_names())}")
+        if cfg.close_file and os.path.exists(cfg.close_file):
+            raise ProbeConfigError(f"{ENV_PREFIX}CLOSE_FILE {cfg.close_file} already exists: remove it before starting")
         if cfg.role and not all(c.isalnum() or c in "_-." for c in cfg.role):
             raise ProbeConfigError(f"{ENV_PREFIX}ROLE must be letters, digits, '_', '-', '.', got {cfg.role!r}")
         return cfg
@@ -141,13 +147,21 @@ def _sglang_coords() -> dict[str, int]:
     tp, pp = ps.get_tp_group(), ps.get_pp_group()
     out = {"tp_rank": int(tp.rank_in_group), "tp_size": int(tp.world_size),
            "pp_stage": int(pp.rank_in_group), "pp_size": int(pp.world_size)}
-    try:
-        from sglang.srt.layers import dp_attention as dpa
+    try:  # DP attention: sglang >= 0.5.2x keeps it in runtime_context.get_parallel(), older ones in dp_attention
+        try:
+            from sglang.srt.runtime_context import get_parallel
 
-        if dpa.is_dp_attention_enabled():
-            out.update(attn_tp_rank=int(dpa.get_attention_tp_rank()), attn_tp_size=int(dpa.get_attention_tp_size()),
-                       dp_rank=int(dpa.get_attention_dp_rank()), dp_size=int(dpa.get_attention_dp_size()))
-    except Exception:  # older or newer layouts of the module: plain TP
+            par = get_parallel()
+            if getattr(par, "attn_dp_enabled", False):
+                out.update(attn_tp_rank=int(par.attn_tp_rank), attn_tp_size=int(par.attn_tp_size),
+                           dp_rank=int(par.attn_dp_rank), dp_size=int(par.attn_dp_size))
+        except ImportError:
+            from sglang.srt.layers import dp_attention as dpa
+
+            if dpa.is_dp_attention_enabled():
+                out.update(attn_tp_rank=int(dpa.get_attention_tp_rank()), attn_tp_size=int(dpa.get_attention_tp_size()),
+                           dp_rank=int(dpa.get_attention_dp_rank()), dp_size=int(dpa.get_attention_dp_size()))
+    except Exception:  # a layout of these modules not known here: plain TP
         pass
     return out
 
@@ -181,6 +195,7 @@ class Plugin:
     coverage: dict[str, Any] = field(default_factory=dict)
     first_error: str | None = None
     in_project: bool = False  # inside project_target_hidden (for the hidden_norm pre-hook)
+    last_activity: float = 0.0  # time.monotonic() of the last worker forward's end
     _coords: dict[str, int] | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _pending: list[Callable[[bool], bool]] = field(default_factory=list)
@@ -333,9 +348,33 @@ class Plugin:
     def end_batch(self) -> None:
         self.batch = None
         self.forwards += 1
+        self.last_activity = time.monotonic()
         self.poll()
         if self.cfg.max_forwards is not None and self.forwards >= self.cfg.max_forwards:
             self.close()
+        elif self.cfg.close_file and os.path.exists(self.cfg.close_file):
+            self.close()
+
+    def watch_close_file(self, interval: float = 1.0) -> threading.Thread | None:
+        """Close the part from a daemon thread once ``close_file`` exists and no forward ran for ``interval``.
+
+        SGLang ends its scheduler processes with SIGKILL, which runs no exit handler: this (or
+        ``max_forwards``) is how a rank's part gets its ``part.json`` after the workload.
+        """
+        path = self.cfg.close_file
+        if not path:
+            return None
+
+        def watch() -> None:
+            while not self.closed:
+                time.sleep(interval)
+                idle = self.batch is None and time.monotonic() - self.last_activity >= interval
+                if idle and os.path.exists(path):
+                    self.close()
+
+        t = threading.Thread(target=watch, name="validator-probe-close-file", daemon=True)
+        t.start()
+        return t
 
     # -- deferred work (acceptance copies) --------------------------------------------------------------
     def defer(self, fn: Callable[[bool], bool]) -> None:

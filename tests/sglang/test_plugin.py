@@ -211,3 +211,31 @@ def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeyp
     assert kref.keys() == kgot.keys()
     for label in kref:
         assert kref[label].materialize().allclose(kgot[label].materialize(), atol=1e-5)
+
+
+def test_close_file_closes_idle_ranks(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang SIGKILLs its scheduler processes: the part is closed by the close file, not by an exit handler."""
+    import time
+
+    import fake_server
+
+    monkeypatch.setenv("FAKE_DECODE_STEPS", "1")
+    flag, bundle = tmp_path / "close-now", tmp_path / "run"
+    env = {"VALIDATOR_PROBE_BUNDLE": str(bundle), "VALIDATOR_SGLANG_POINTS": "ctx.project,accept",
+           "VALIDATOR_SGLANG_CLOSE_FILE": str(flag)}
+    plugin = activate(env, search_path=[str(fake_sglang)], register_atexit=False)
+    assert plugin is not None
+    fake_server.main()
+    plugin.watch_close_file(0.05)
+    assert not (bundle / "parts" / "pp0-tp0" / "part.json").exists()
+    flag.touch()
+    deadline = time.monotonic() + 10
+    while not plugin.closed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert plugin.closed and (bundle / "parts" / "pp0-tp0" / "part.json").exists()
+    assert (bundle / "parts" / "pp0-tp0" / "acceptance.jsonl").exists()
+    deactivate()
+    from probes.config import ProbeConfigError
+
+    with pytest.raises(ProbeConfigError, match="already exists"):
+        activate(env, search_path=[str(fake_sglang)], register_atexit=False)

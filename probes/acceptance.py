@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from .bundle import write_json_atomic
+
 __all__ = ["ACCEPTANCE_FILE", "AcceptanceRecordError", "AcceptanceRecorder"]
 
 ACCEPTANCE_FILE = "acceptance.jsonl"
@@ -159,16 +161,7 @@ class AcceptanceRecorder:
             },
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(manifest, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, mpath)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(mpath, manifest)
 
     def record(
         self,

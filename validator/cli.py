@@ -16,20 +16,12 @@ from probes.config import ProbeConfigError
 from probes.projection import ProjectionConfigError
 from probes.shards import ShardSpecError
 
-from .config import Settings
+from .config import Settings, parse_labels
 from .errors import InputError, ValidatorError
 
 __all__ = ["main", "build_parser"]
 
 
-def _labels(items: Sequence[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise InputError(f"label {item!r} must be KEY=VALUE")
-        out[k] = v
-    return out
 
 
 @contextmanager
@@ -80,9 +72,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                     raise InputError(f"--split {item!r} must be NAME_GLOB=DIM")
                 split[pat] = int(dim)
             view = read_dumper_dir(args.path, split=split, max_file_bytes=args.max_file_bytes)
-            run = svc.ingest_view(view, name=args.name, labels=_labels(args.label), progress=prog)
+            run = svc.ingest_view(view, name=args.name, labels=parse_labels(args.label), progress=prog)
         else:
-            run = svc.ingest(args.path, name=args.name, labels=_labels(args.label), progress=prog)
+            run = svc.ingest(args.path, name=args.name, labels=parse_labels(args.label), progress=prog)
     if args.json:
         _print_json(run.to_dict())
     else:
@@ -93,7 +85,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     from .report import format_rows
 
-    runs = _service(args).list_runs(labels=_labels(args.label), limit=args.limit, offset=args.offset)
+    runs = _service(args).list_runs(labels=parse_labels(args.label), limit=args.limit, offset=args.offset)
     if args.json:
         _print_json({"runs": [r.to_dict() for r in runs]})
         return 0
@@ -192,7 +184,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise InputError("push needs --server URL (to store locally, use `validator ingest`)")
     client = _client(args)
     try:
-        run = client.push(args.bundle, name=args.name, labels=_labels(args.label))
+        run = client.push(args.bundle, name=args.name, labels=parse_labels(args.label))
     finally:
         client.close()
     print(json.dumps(run, indent=1) if args.json else f"pushed run {run['name']!r} (id {run['id']}): {run['n_tensors']} tensors")

@@ -6,7 +6,20 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Settings"]
+from .errors import InputError
+
+__all__ = ["Settings", "parse_labels"]
+
+
+def parse_labels(items: list[str] | tuple[str, ...] | None) -> dict[str, str]:
+    """``["model=kimi-k3", "tp=4"]`` -> ``{"model": "kimi-k3", "tp": "4"}`` (CLI options, query strings)."""
+    out = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise InputError(f"label {item!r} must be KEY=VALUE")
+        out[k] = v
+    return out
 
 
 def _int(env: dict[str, str], key: str, default: int) -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config import parse_labels
 from .errors import InputError
 from .gsm8k_client import APIS, ClientConfig, send_all
 from .gsm8k_scoring import (
@@ -262,14 +263,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run summary as JSON")
 
 
-def _labels(items: Sequence[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise InputError(f"label {item!r} must be KEY=VALUE")
-        out[k] = v
-    return out
 
 
 def run_from_args(args: argparse.Namespace, ingest: Callable[[Path], object] | None = None) -> int:
@@ -280,7 +273,7 @@ def run_from_args(args: argparse.Namespace, ingest: Callable[[Path], object] | N
     """
     if args.limit < 1 or args.shots < 0 or args.max_new_tokens < 1 or args.timeout <= 0:
         raise InputError("--limit and --max-new-tokens must be >= 1, --shots >= 0, --timeout > 0")
-    extra_labels = _labels(args.label)
+    extra_labels = parse_labels(args.label)
     n_load = max(args.limit, args.shots if args.prompt_style == "sglang" else 0)
     test = load_questions(args.data, n_load) if args.data else _hub_split("test", n_load)
     questions = test[: args.limit]

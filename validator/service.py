@@ -23,7 +23,7 @@ from . import store
 from .blobs import open_blob_store, remove_stale_temp, temp_prefix
 from .compare import Comparison, compare_runs
 from .config import Settings
-from .errors import ConflictError, InputError, NotFoundError, StorageError
+from .errors import ConflictError, InputError, NotFoundError
 from .models import ComparisonRecord, Run
 from .policy import Policy
 from .report import comparison_json

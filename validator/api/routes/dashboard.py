@@ -34,6 +34,7 @@ from markupsafe import Markup
 from ...dashboard import pages
 from ...dashboard.views import json_safe
 from ...errors import InputError, NotFoundError, ValidatorError
+from ...report import fmt_num
 from ..deps import ReadAuth, ServiceDep
 
 __all__ = ["router", "DASHBOARD_DIR"]
@@ -98,17 +99,8 @@ def _script_json(v: Any) -> Markup:
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or isinstance(v, bool):
-        return "-" if v is None else str(v)
-    if isinstance(v, str):
-        return v
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return f"{v:.{digits}g}"
-    return str(v)
+    """Numbers as the CLI prints them (``report.fmt_num``), with ``digits`` significant digits."""
+    return str(v) if isinstance(v, bool) else fmt_num(v, digits - 1)
 
 
 def _excludes_zero(ci: Any) -> bool:

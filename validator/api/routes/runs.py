@@ -10,7 +10,8 @@ import anyio.from_thread
 from fastapi import APIRouter, Query, Request
 
 from ... import uploads
-from ...errors import InputError, NotFoundError
+from ...config import parse_labels
+from ...errors import NotFoundError
 from ..deps import ReadAuth, ServiceDep, WriteAuth
 from ..schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
 
@@ -21,14 +22,6 @@ async def _next(stream: AsyncIterator[bytes]) -> bytes:
     return await stream.__anext__()
 
 
-def _labels(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise InputError(f"label filter {item!r} must be KEY=VALUE")
-        out[k] = v
-    return out
 
 
 @router.post("", status_code=201, dependencies=[WriteAuth])
@@ -45,7 +38,7 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> RunsPublic:
-    runs = svc.list_runs(labels=_labels(label), limit=limit, offset=offset)
+    runs = svc.list_runs(labels=parse_labels(label), limit=limit, offset=offset)
     return RunsPublic(data=[RunPublic(**r.to_dict()) for r in runs], count=len(runs), limit=limit, offset=offset)
 
 

@@ -215,11 +215,25 @@ def compare_runs(
         reasons += [f"acceptance: {r}" for r in acc["reasons"]]
     elif a.has_acceptance or b.has_acceptance:
         reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
+    if a.engine_metrics_file is not None and b.engine_metrics_file is not None:
+        from .engine_metrics import compare_engine_metrics
+        from .scrape import load_metrics_doc
+
+        opts = {k: v for k, v in policy.extra.get("acceptance", {}).items() if k in ("margin", "alpha")}
+        eng = compare_engine_metrics(load_metrics_doc(a.engine_metrics_file), load_metrics_doc(b.engine_metrics_file), **opts)
+        sections["engine_metrics"] = eng
+        verdicts.append(eng["verdict"])
+        reasons += [f"engine metrics: {r}" for r in eng["reasons"]]
     if a.gsm8k_file is not None and b.gsm8k_file is not None:
         gsm = _gsm8k_section(a, b)
         sections["gsm8k"] = gsm
         verdicts.append(gsm["verdict"])
         reasons += [f"gsm8k: {r}" for r in gsm["reasons"]]
+    for side, view in (("A", a), ("B", b)):
+        cov = view.manifest.get("coverage")
+        if isinstance(cov, dict) and not cov.get("ok", True):
+            verdicts.append("fail")
+            reasons += [f"{side}: capture coverage: {p}" for p in cov.get("problems", [])] or [f"{side}: capture coverage incomplete"]
     if not verdicts:
         verdicts.append("inconclusive")
         reasons.append("nothing to compare: neither tensors nor acceptance records in both runs")

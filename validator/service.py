@@ -223,6 +223,16 @@ class Service:
                 created.append(sha)
             blobs[sha] = size
             out.append({"kind": "gsm8k", "sha256": sha, "nbytes": size})
+        if view.engine_metrics_file is not None:
+            from .scrape import load_metrics_doc
+
+            load_metrics_doc(view.engine_metrics_file)  # validate
+            with open(view.engine_metrics_file, "rb") as f:
+                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
+            if new:
+                created.append(sha)
+            blobs[sha] = size
+            out.append({"kind": "engine-metrics", "sha256": sha, "nbytes": size})
         if not view.has_acceptance:
             return out
         from .acceptance import write_acceptance_parquet  # pandas/pyarrow only when needed
@@ -311,6 +321,7 @@ class Service:
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
         gsm = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
+        eng = next((a for a in run.artifacts if a.kind == "engine-metrics"), None)
         return RunView(
             name=run.name,
             source="store",
@@ -320,6 +331,7 @@ class Service:
             tensors=refs,
             acceptance_parquet=self.blobs.path(acc.sha256) if acc else None,
             gsm8k_file=self.blobs.path(gsm.sha256) if gsm else None,
+            engine_metrics_file=self.blobs.path(eng.sha256) if eng else None,
             run_id=run.id,
         )
 

@@ -69,6 +69,7 @@ class RunView:
     acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records (bundle parts, or a .jsonl)
     acceptance_parquet: Path | None = None  # a stored run's acceptance records
     gsm8k_file: Path | None = None  # GSM8K probe rows (gsm8k.jsonl), see validator.gsm8k
+    engine_metrics_file: Path | None = None  # scraped engine counters (metrics.json), see validator.scrape
     run_id: int | None = None
 
     @property
@@ -146,6 +147,10 @@ def read_bundle(root: Path) -> RunView:
         acc = part / "acceptance.jsonl"
         if acc.exists():
             view.acceptance_files.append(acc)  # written whole and renamed into place: complete by itself
+        if (part / "metrics.json").exists():
+            if view.engine_metrics_file is not None:
+                raise InputError(f"{part}: a second metrics.json in one bundle ({view.engine_metrics_file})")
+            view.engine_metrics_file = part / "metrics.json"
         if (part / "gsm8k.jsonl").exists():
             if view.gsm8k_file is not None:
                 raise InputError(f"{part}: a second gsm8k.jsonl in one bundle ({view.gsm8k_file})")
@@ -161,7 +166,26 @@ def read_bundle(root: Path) -> RunView:
         files: dict[str, SafetensorsFile] = {}
         for i, rec in enumerate(recs):
             view.tensors.append(_record_ref(part, ppath, i, rec, files))
+    _check_capture_coverage(root, view)
     return view
+
+
+def _check_capture_coverage(root: Path, view: RunView) -> None:
+    """Bundles written by the SGLang plugin: every capture layer must have been seen on some PP stage
+    (the "aux hidden states captured only on the last PP rank" bug). The result goes in the manifest,
+    where compare turns problems into a failing reason."""
+    from probes.sglang.coverage import check_coverage, read_reports
+
+    try:
+        reports = read_reports(root)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{root}: unreadable probe report in a part.json ({exc})") from None
+    if reports:
+        cov = check_coverage(reports)
+        view.manifest = {
+            **view.manifest,
+            "coverage": {"ok": cov.ok, "capture_layers": list(cov.capture_layers), "problems": list(cov.problems)},
+        }
 
 
 def _record_ref(part: Path, ppath: Path, i: int, rec: Any, files: dict[str, SafetensorsFile]) -> TensorRef:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
-_FILE_RE = re.compile(r"(tensors-\d{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl)")
+_FILE_RE = re.compile(r"(tensors-\d{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl|metrics\.json)")
 ROOT_PART = "_root"  # the manifest's pseudo-part
 
 

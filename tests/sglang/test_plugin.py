@@ -212,6 +212,14 @@ def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeyp
     for label in kref:
         assert kref[label].materialize().allclose(kgot[label].materialize(), atol=1e-5)
 
+    # `validator compare` of the buggy PP run fails on coverage, whatever the tensors say
+    from validator.compare import compare_runs
+
+    c = compare_runs(open_path(pp1), open_path(bad))
+    assert c.verdict == "fail"
+    assert any("B: capture coverage: layer 1" in r for r in c.reasons)
+    assert open_path(good).manifest["coverage"]["ok"] is True
+
 
 def test_close_file_closes_idle_ranks(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang SIGKILLs its scheduler processes: the part is closed by the close file, not by an exit handler."""

@@ -23,7 +23,7 @@ from . import store
 from .blobs import open_blob_store, remove_stale_temp, temp_prefix
 from .compare import Comparison, compare_runs
 from .config import Settings
-from .errors import ConflictError, InputError, NotFoundError
+from .errors import ConflictError, InputError, NotFoundError, StorageError
 from .models import ComparisonRecord, Run
 from .policy import Policy
 from .report import comparison_json
@@ -204,8 +204,10 @@ class Service:
         """Copy one tensor's bytes into the blob store, streamed (bounded memory), sha256 checked."""
         try:
             sha, size, new = self.blobs.put(ref.byte_chunks(), expect_sha256=ref.sha256)
-        except InputError as exc:
-            raise InputError(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
+        except (InputError, StorageError) as exc:
+            raise type(exc)(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
+        except OSError as exc:  # reading the source file
+            raise InputError(f"{ref.origin}: tensor {ref.name!r}: {exc.strerror or exc}") from None
         if new:
             created.append(sha)
         return sha, size

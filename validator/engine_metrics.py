@@ -13,7 +13,7 @@ from typing import Any
 
 from scipy import stats as sps
 
-from .acceptance_stats import tost_p_value
+from .acceptance_stats import equivalence_verdict, tost_p_value
 
 __all__ = ["compare_engine_metrics"]
 
@@ -36,12 +36,7 @@ def compare_engine_metrics(a: dict[str, Any], b: dict[str, Any], *, margin: floa
         se = math.sqrt(pa * (1 - pa) / steps_a + pb * (1 - pb) / steps_b)
         p_diff = float(2 * sps.norm.sf(abs(diff) / se)) if se > 0 else (0.0 if diff else 1.0)
         p_tost = tost_p_value(diff, se, margin)
-        if p_tost < alpha:
-            verdict = "equivalent"
-        elif p_diff < alpha and abs(diff) > margin:
-            verdict = "different"
-        else:
-            verdict = "inconclusive"
+        verdict = equivalence_verdict(diff, p_tost, p_diff, margin=margin, alpha=alpha)
         rows.append({"position": k, "rate_a": pa, "rate_b": pb, "diff": diff, "se": se, "p_diff": p_diff,
                      "p_tost": p_tost, "verdict": verdict})  # fmt: skip
     reasons: list[str] = []

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,8 +12,7 @@ import torch
 
 from probes import BundleWriter, ShardSpec
 from probes.bundle import MANIFEST
-
-EXE = str(Path(sys.executable).parent / "validator")
+from tests.servers import validator_serve
 
 RANK_SCRIPT = r"""
 import sys, httpx
@@ -31,12 +28,6 @@ with httpx.Client(headers=h, timeout=120) as c:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_32_concurrent_rank_pushes_lose_nothing(tmp_path: Path, db_url: str | None) -> None:
     ranks = 32
     root = tmp_path / "big"
@@ -47,19 +38,10 @@ def test_32_concurrent_rank_pushes_lose_nothing(tmp_path: Path, db_url: str | No
             w.add("k", t, step=0, layer=0, tp_rank=r, tp_size=ranks, shard=ShardSpec.split(0, r, ranks))
             w.add(f"own.r{r}", torch.randn(16), step=0)
             expected[r] = t
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "VALIDATOR_HOME": str(tmp_path / "home"), "VALIDATOR_TOKENS": "tok"}
     if db_url:
         env["VALIDATOR_DATABASE_URL"] = db_url
-    server = subprocess.Popen([EXE, "serve", "--port", str(port)], env=env, stderr=subprocess.PIPE)
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with validator_serve(env, tmp_path / "server.log") as url:
         h = {"Authorization": "Bearer tok"}
         assert httpx.post(url + "/api/v1/runs", json={"name": "big"}, headers=h).status_code == 201
         httpx.put(f"{url}/api/v1/runs/big/files/_root/{MANIFEST}", content=(root / MANIFEST).read_bytes(), headers=h).raise_for_status()
@@ -77,6 +59,3 @@ def test_32_concurrent_rank_pushes_lose_nothing(tmp_path: Path, db_url: str | No
         k = next(t for t in inv if t["name"] == "k")
         assert k["shape"] == [64 * ranks, 8] and k["shards"] == ranks
         assert len([t for t in inv if t["name"].startswith("own.")]) == ranks
-    finally:
-        server.terminate()
-        server.communicate(timeout=30)

@@ -4,39 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from tests.factories import tensors, write_tp_bundle
-
-EXE = str(Path(sys.executable).parent / "validator")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.servers import VALIDATOR as EXE
+from tests.servers import validator_serve
 
 
 def test_serve_push_gate_end_to_end(tmp_path: Path) -> None:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "VALIDATOR_HOME": str(tmp_path / "server-home"), "VALIDATOR_TOKENS": "tok"}
-    server = subprocess.Popen([EXE, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("server did not start")
+    with validator_serve(env, tmp_path / "server.log") as url:
         full = tensors()
         bundles = {
             "ref": write_tp_bundle(tmp_path, "ref", full, tp=4),
@@ -77,6 +55,3 @@ def test_serve_push_gate_end_to_end(tmp_path: Path) -> None:
         r = subprocess.run([EXE, "--server", url, "--token", "tok", "compare", "ref", "missing"], env=cenv, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and "missing" in r.stderr
-    finally:
-        server.terminate()
-        server.communicate(timeout=30)

@@ -5,14 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+from tests.servers import validator_serve
 
 CHROMIUM = os.environ.get("VALIDATOR_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -24,7 +20,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-EXE = str(Path(sys.executable).parent / "validator")
 
 
 def missing_browser() -> str | None:
@@ -38,40 +33,13 @@ def missing_browser() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serve(home: Path, log: Path) -> Iterator[str]:
     """`validator serve` on a free loopback port over the store at ``home``; yields its origin."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VALIDATOR_")}
     env["VALIDATOR_HOME"] = str(home)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([EXE, "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"validator serve did not start:\n{log.read_text()}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with validator_serve(env, log, timeout=30) as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -17,17 +16,12 @@ from typing import Any
 import httpx
 
 from probes.bundle import MANIFEST, PART_FILE
+from tests.servers import VALIDATOR as EXE
+from tests.servers import free_port, stop_process, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-EXE = str(Path(sys.executable).parent / "validator")
 TOKEN = "rel-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def safetensors_bytes(header: dict[str, Any], data: bytes = b"", *, hlen: int | None = None) -> bytes:
@@ -115,19 +109,11 @@ class Server:
         self.home.parent.mkdir(parents=True, exist_ok=True)
         self._logf = open(self.log, "ab")  # closed in kill()/stop()
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=self._logf, stderr=subprocess.STDOUT)
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/api/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise AssertionError(f"server did not start: {self.log.read_text()[-3000:]}")
+        try:
+            wait_healthy(self.proc, self.url + "/api/v1/health", timeout=60, log_path=self.log)
+        except BaseException:
+            self.stop()
+            raise
 
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", headers=AUTH, timeout=kw.pop("timeout", 60), **kw)
@@ -140,13 +126,7 @@ class Server:
         self._logf.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop_process(self.proc, timeout=30)
         self._logf.close()
 
     def output(self) -> str:

@@ -2,16 +2,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.servers import free_port, start_process
 from validator.errors import InputError
 from validator.gsm8k import (
     add_arguments,
@@ -162,40 +160,12 @@ def test_without_data_or_datasets_the_error_is_clear(monkeypatch) -> None:
 # -- end to end against the harness server ----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_server(tmp: Path, *args: str) -> Iterator[str]:
-    port = _free_port()
-    log_path = tmp / f"server-{port}.log"
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "validator.harness.server", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {log_path.read_text()}")
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server did not start within 60 s")
-                time.sleep(0.2)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    cmd = [sys.executable, "-m", "validator.harness.server", "--port", str(port), *args]
+    with start_process(cmd, url + "/health", log_path=tmp / f"server-{port}.log"):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +265,7 @@ def test_malformed_and_slow_responses_are_recorded_not_fatal(faulty_server: str,
 def test_refused_connection_is_recorded(tmp_path: Path, capsys) -> None:
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"question": f"q{i}?", "answer": f"#### {i}"}) + "\n" for i in range(3)))
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     code = run_from_args(_args(["--url", url, "--data", str(data), "--limit", "3", "--shots", "0", "--json",
                                 "--out", str(tmp_path / "b")]))
     s = json.loads(capsys.readouterr().out)

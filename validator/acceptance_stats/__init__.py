@@ -1,0 +1,67 @@
+"""Acceptance statistics for speculative decoding: two runs, per draft position. Pure numpy/scipy, no I/O.
+
+Definitions (see docs/metrics-acceptance.md): for a verify step with ``n`` proposed drafts of which
+``a`` were accepted, draft position ``k`` (0-based) was *reached* when ``n > k and a >= k`` and
+*accepted* when ``a > k``. Rates are ratios of counts summed over steps; every uncertainty that crosses
+steps is estimated with a request-level (prompt-level) bootstrap, because the steps of one request are
+correlated. Run A is the reference, B the candidate; differences are B - A.
+
+Inputs are :class:`StepArrays` (build one from an acceptance DataFrame with :meth:`StepArrays.from_frame`,
+or pass the DataFrame directly to :func:`compare_acceptance`). Results are frozen dataclasses with
+``to_dict()`` (JSON-safe) and ``__bool__`` (the item passed its check).
+
+Modules: ``primitives`` (intervals, TOST, trials needed, chi-square, JS distance, McNemar), ``steps``
+(:class:`StepArrays`, :func:`summarize_run`, the request-level bootstrap), ``results`` (the result types
+and the text table), ``pairing`` (requests and steps matched across runs, McNemar, greedy divergence,
+draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
+"""
+
+from .compare import acceptance_verdict, compare_acceptance
+from .primitives import (
+    chi2_homogeneity,
+    equivalence_verdict,
+    js_distance,
+    mcnemar_test,
+    needed_trials,
+    position_counts,
+    tost_p_value,
+    wilson_interval,
+)
+from .results import (
+    AcceptanceComparison,
+    AcceptanceSummary,
+    ComparisonSettings,
+    DivergenceSummary,
+    HistogramComparison,
+    LogprobComparison,
+    McNemarResult,
+    MeanComparison,
+    PositionComparison,
+    RequestDivergence,
+)
+from .steps import StepArrays, summarize_run
+
+__all__ = [
+    "AcceptanceComparison",
+    "AcceptanceSummary",
+    "ComparisonSettings",
+    "DivergenceSummary",
+    "HistogramComparison",
+    "LogprobComparison",
+    "McNemarResult",
+    "MeanComparison",
+    "PositionComparison",
+    "RequestDivergence",
+    "StepArrays",
+    "acceptance_verdict",
+    "chi2_homogeneity",
+    "compare_acceptance",
+    "equivalence_verdict",
+    "js_distance",
+    "mcnemar_test",
+    "needed_trials",
+    "position_counts",
+    "summarize_run",
+    "tost_p_value",
+    "wilson_interval",
+]

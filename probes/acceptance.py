@@ -1,4 +1,4 @@
-"""Acceptance recorder: one JSON line per speculative-decoding verify step (stdlib only, no torch).
+"""Acceptance recorder: one JSON line per speculative-decoding verify step (no torch operations).
 
 Layout inside a run bundle (see docs/metrics-acceptance.md for the record schema)::
 
@@ -26,20 +26,15 @@ import os
 import re
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from .bundle import write_json_atomic
+from .bundle import BundleError, ensure_manifest
 
 __all__ = ["ACCEPTANCE_FILE", "AcceptanceRecordError", "AcceptanceRecorder"]
 
 ACCEPTANCE_FILE = "acceptance.jsonl"
-# Same values as probes.bundle (kept here so that this module does not import torch); a test checks them.
-_BUNDLE_FORMAT = "validator-bundle"
-_BUNDLE_VERSION = 1
-_MANIFEST = "manifest.json"
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
 
@@ -121,7 +116,10 @@ class AcceptanceRecorder:
         if self.path.exists():
             raise AcceptanceRecordError(f"{self.path}: acceptance records for part {part!r} already exist")
         self.part_dir.mkdir(parents=True, exist_ok=True)
-        self._ensure_manifest(run_name, labels or {})
+        try:
+            ensure_manifest(self.root, run_name, labels or {})
+        except BundleError as exc:
+            raise AcceptanceRecordError(str(exc)) from None
         self.buffer_records = buffer_records
         self.buffer_bytes = buffer_bytes
         fd, tmp = tempfile.mkstemp(prefix=".tmp-acceptance-", suffix=".jsonl", dir=self.part_dir)
@@ -138,30 +136,6 @@ class AcceptanceRecorder:
     def for_writer(cls, writer: Any, **kwargs: Any) -> AcceptanceRecorder:
         """A recorder for the same bundle and part as a ``probes.bundle.BundleWriter``."""
         return cls(writer.root, writer.part, **kwargs)
-
-    def _ensure_manifest(self, run_name: str | None, labels: Mapping[str, str]) -> None:
-        mpath = self.root / _MANIFEST
-        if mpath.exists():
-            if run_name is not None:
-                try:
-                    existing = json.loads(mpath.read_text())
-                except (OSError, ValueError) as exc:
-                    raise AcceptanceRecordError(f"{mpath}: unreadable manifest: {exc}") from None
-                if existing.get("run", {}).get("name") != run_name:
-                    raise AcceptanceRecordError(
-                        f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}"
-                    )
-            return
-        manifest = {
-            "format": _BUNDLE_FORMAT,
-            "version": _BUNDLE_VERSION,
-            "run": {
-                "name": run_name or self.root.name,
-                "labels": {str(k): str(v) for k, v in labels.items()},
-            },
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        write_json_atomic(mpath, manifest)
 
     def record(
         self,

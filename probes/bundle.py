@@ -19,6 +19,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "BundleWriter",
     "BundleError",
     "check_tensor_name",
+    "ensure_manifest",
     "tensor_sha256",
     "write_json_atomic",
 ]
@@ -73,6 +75,33 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def tensor_sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(tensor_bytes(t)).hexdigest()
+
+
+def ensure_manifest(
+    root: Path, run_name: str | None, labels: Mapping[str, str], extra: Mapping[str, Any] | None = None
+) -> None:
+    """Create ``root/manifest.json`` atomically, or check an existing one belongs to ``run_name``
+    (``None``: any run). Every writer of a bundle (tensor parts, acceptance parts) calls this."""
+    mpath = Path(root) / MANIFEST
+    if mpath.exists():
+        if run_name is None:
+            return
+        try:
+            existing = json.loads(mpath.read_text())
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
+        if existing.get("run", {}).get("name") != run_name:
+            raise BundleError(f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}")
+        return
+    run: dict[str, Any] = {"name": run_name or Path(root).name, "labels": {str(k): str(v) for k, v in labels.items()}}
+    run.update(extra or {})
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "version": BUNDLE_VERSION,
+        "run": run,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_json_atomic(mpath, manifest)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -118,7 +147,7 @@ class BundleWriter:
         if (self.part_dir / PART_FILE).exists():
             raise BundleError(f"{self.part_dir}: part {part!r} already exists in this bundle")
         self.part_dir.mkdir(parents=True, exist_ok=True)
-        self._write_manifest(run_name or self.root.name, labels or {}, manifest or {})
+        ensure_manifest(self.root, run_name or self.root.name, labels or {}, manifest or {})
         self.max_file_bytes = max_file_bytes
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_records: list[dict[str, Any]] = []
@@ -128,28 +157,6 @@ class BundleWriter:
         self._count = 0
         self._seen: set[tuple[Any, ...]] = set()
         self.closed = False
-
-    def _write_manifest(self, run_name: str, labels: dict[str, str], extra: dict[str, Any]) -> None:
-        mpath = self.root / MANIFEST
-        run: dict[str, Any] = {"name": run_name, "labels": {str(k): str(v) for k, v in labels.items()}}
-        run.update(extra)
-        manifest = {
-            "format": BUNDLE_FORMAT,
-            "version": BUNDLE_VERSION,
-            "run": run,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        if mpath.exists():
-            try:
-                existing = json.loads(mpath.read_text())
-            except (OSError, ValueError) as exc:
-                raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
-            if existing.get("run", {}).get("name") != run_name:
-                raise BundleError(
-                    f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}"
-                )
-            return
-        write_json_atomic(mpath, manifest)
 
     def add(
         self,

@@ -215,26 +215,25 @@ class Service:
     def _store_artifacts(self, view: RunView, created: list[str], blobs: dict[str, int]) -> list[dict[str, Any]]:
         """Acceptance records (validated, then stored columnar as one Parquet blob); GSM8K rows as JSONL."""
         out = []
+
+        def put_file(path: Path, kind: str) -> None:
+            with open(path, "rb") as f:
+                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
+            if new:
+                created.append(sha)
+            blobs[sha] = size
+            out.append({"kind": kind, "sha256": sha, "nbytes": size})
+
         if view.gsm8k_file is not None:
             from .gsm8k import load_gsm8k_rows
 
-            load_gsm8k_rows(view.gsm8k_file)  # validate
-            with open(view.gsm8k_file, "rb") as f:
-                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
-            if new:
-                created.append(sha)
-            blobs[sha] = size
-            out.append({"kind": "gsm8k", "sha256": sha, "nbytes": size})
+            load_gsm8k_rows(view.gsm8k_file)  # validate before storing
+            put_file(view.gsm8k_file, "gsm8k")
         if view.engine_metrics_file is not None:
             from .scrape import load_metrics_doc
 
-            load_metrics_doc(view.engine_metrics_file)  # validate
-            with open(view.engine_metrics_file, "rb") as f:
-                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
-            if new:
-                created.append(sha)
-            blobs[sha] = size
-            out.append({"kind": "engine-metrics", "sha256": sha, "nbytes": size})
+            load_metrics_doc(view.engine_metrics_file)
+            put_file(view.engine_metrics_file, "engine-metrics")
         if not view.has_acceptance:
             return out
         from .acceptance import write_acceptance_parquet  # pandas/pyarrow only when needed

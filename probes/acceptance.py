@@ -1,6 +1,6 @@
 """Acceptance recorder: one JSON line per speculative-decoding verify step (no torch operations).
 
-Layout inside a run bundle (see docs/metrics-acceptance.md for the record schema)::
+Layout inside a run bundle (see docs/metrics.md, "Acceptance metrics" for the record schema)::
 
     BUNDLE/parts/<part>/acceptance.jsonl
 

@@ -1,6 +1,6 @@
 """Acceptance statistics for speculative decoding: two runs, per draft position. Pure numpy/scipy, no I/O.
 
-Definitions (see docs/metrics-acceptance.md): for a verify step with ``n`` proposed drafts of which
+Definitions (see docs/metrics.md, "Acceptance metrics"): for a verify step with ``n`` proposed drafts of which
 ``a`` were accepted, draft position ``k`` (0-based) was *reached* when ``n > k and a >= k`` and
 *accepted* when ``a > k``. Rates are ratios of counts summed over steps; every uncertainty that crosses
 steps is estimated with a request-level (prompt-level) bootstrap, because the steps of one request are

@@ -46,7 +46,7 @@ _STAT_KEYS = (
 
 def _capturing_any() -> bool:
     """Is this thread's current CUDA stream capturing a graph (False when CUDA was never initialised)?"""
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()  # type: ignore[no-untyped-call]
 
 
 class ProbeError(RuntimeError):

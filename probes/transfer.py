@@ -74,7 +74,7 @@ class Transfer:
     def side_stream(self, device: torch.device) -> Any:
         s = self._side.get(device)
         if s is None:
-            s = self._side[device] = torch.cuda.Stream(device=device)
+            s = self._side[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
         return s
 
     def to_host(self, srcs: list[torch.Tensor], on_ready: Callable[[list[torch.Tensor]], list[Write]]) -> None:
@@ -92,7 +92,7 @@ class Transfer:
         with torch.cuda.stream(side):
             for h, s in zip(hosts, srcs, strict=True):
                 h.copy_(s, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(side)
         for s in srcs:
             s.record_stream(side)

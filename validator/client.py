@@ -64,7 +64,8 @@ class Client:
             files.append((part.name, part / PART_FILE))  # last: a part is complete once this arrives
         for part_name, f in files:
             self._upload(run_name, part_name, f)
-        return self.request("POST", f"/runs/{run_name}/finalize")
+        run: dict[str, Any] = self.request("POST", f"/runs/{run_name}/finalize")
+        return run
 
     def _upload(self, run: str, part: str, path: Path) -> None:
         url = f"/runs/{run}/files/{part}/{path.name}"
@@ -98,8 +99,3 @@ class Client:
         if rec["status"] == "error":
             raise InputError(f"the server could not compare: {rec['error']}")
         return dict(rec["result"], comparison_id=rec["id"])
-
-    def gate(self, baseline: str, candidate: str, *, floor: tuple[str, str] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.request(
-            "POST", "/gates", json={"baseline": baseline, "candidate": candidate, "floor": list(floor) if floor else None, "policy": policy}
-        )

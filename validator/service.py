@@ -410,7 +410,7 @@ class Service:
             rec.status = "running"
         try:
             floor = tuple(request["floor"]) if request["floor"] else None
-            c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False)  # type: ignore[arg-type]
+            c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False)
             result, verdict, status, error = json.loads(comparison_json(c)), c.verdict, "done", None
         except Exception as exc:  # recorded, shown to the client; never lost
             result, verdict, status, error = None, None, "error", f"{type(exc).__name__}: {exc}"[:2000]

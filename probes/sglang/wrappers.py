@@ -463,7 +463,7 @@ def _to_host(ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
     hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in ts]
     for h, t in zip(hosts, ts):
         h.copy_(t.detach(), non_blocking=True)
-    event = torch.cuda.Event()
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
     event.record()
     return hosts, event
 

@@ -318,7 +318,7 @@ def _grid_max(device: torch.device) -> int:
     return _sm_count(index) * CONFIG["programs_per_sm"]
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int):  # type: ignore[no-untyped-def]
+def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int):
     """Contiguous 1-D pieces of a and b on ``device`` (views when both are already there, contiguous)."""
     if a.device == device and b.device == device and a.is_contiguous() and b.is_contiguous():
         fa, fb = a.reshape(-1), b.reshape(-1)

@@ -167,7 +167,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from .report import EXIT_CODES, markdown_summary, write_junit
 
     doc, _ = _comparison(args, args.baseline, args.candidate)
-    link = f"{args.server.rstrip('/')}/api/v1/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
+    link = f"{args.server.rstrip('/')}/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
     md = markdown_summary(doc, link=link)
     if args.junit:
         write_junit(doc, args.junit)

@@ -8,7 +8,7 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ from .policy import Policy
 from .report import comparison_json
 from .shards import group_logical
 from .sources import RunView, TensorRef, open_path
-from .tensorfile import torch_dtype
+from .tensorfile import file_byte_chunks, torch_dtype
 
 __all__ = ["Service", "RunSummary", "Progress"]
 
@@ -163,9 +163,11 @@ class Service:
         created: list[str] = []
         try:
             records, blobs = [], {}
+            sources: dict[str, Callable[[], Iterable[bytes | memoryview]]] = {}
             for i, ref in enumerate(view.tensors):
                 sha, size = self._store_tensor(ref, created)
                 blobs[sha] = size
+                sources[sha] = ref.byte_chunks
                 records.append(
                     {
                         "name": ref.name,
@@ -179,9 +181,10 @@ class Service:
                 )
                 if progress:
                     progress(i + 1, len(view.tensors))
-            artifacts = self._store_artifacts(view, created, blobs)
+            artifacts = self._store_artifacts(view, created, blobs, sources)
             all_labels = {**view.labels, **(labels or {})}
             with self.session() as s, s.begin():
+                store.blob_gc_lock(s, exclusive=False)
                 store.add_blobs(s, blobs=blobs)
                 manifest = {**view.manifest, "ingested_from": view.location}
                 if pending is None:
@@ -192,6 +195,7 @@ class Service:
                         raise ConflictError(f"run {run_name!r} is not pending (already finalized?)")
                     run = got_pending
                 store.complete_run(s, run=run, tensors=records, artifacts=artifacts, manifest=manifest, labels=all_labels)
+            self._restore_missing(sources)
             with self.session() as s:
                 got = store.get_run(s, ref=str(run.id))
                 assert got is not None
@@ -212,17 +216,27 @@ class Service:
             created.append(sha)
         return sha, size
 
-    def _store_artifacts(self, view: RunView, created: list[str], blobs: dict[str, int]) -> list[dict[str, Any]]:
-        """Acceptance records (validated, then stored columnar as one Parquet blob); GSM8K rows as JSONL."""
+    def _store_artifacts(
+        self,
+        view: RunView,
+        created: list[str],
+        blobs: dict[str, int],
+        sources: dict[str, Callable[[], Iterable[bytes | memoryview]]],
+    ) -> list[dict[str, Any]]:
+        """Acceptance records (validated, then stored columnar as one Parquet blob); GSM8K rows and
+        engine counters as the files they are."""
         out = []
 
-        def put_file(path: Path, kind: str) -> None:
-            with open(path, "rb") as f:
-                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
+        def put_bytes(data: Callable[[], Iterable[bytes | memoryview]], kind: str) -> None:
+            sha, size, new = self.blobs.put(data())
             if new:
                 created.append(sha)
             blobs[sha] = size
+            sources[sha] = data
             out.append({"kind": kind, "sha256": sha, "nbytes": size})
+
+        def put_file(path: Path, kind: str) -> None:
+            put_bytes(functools.partial(file_byte_chunks, path, 0, path.stat().st_size), kind)
 
         if view.gsm8k_file is not None:
             from .gsm8k import load_gsm8k_rows
@@ -243,19 +257,27 @@ class Service:
         with tempfile.TemporaryDirectory(prefix=temp_prefix(), dir=self.settings.staging_dir) as tmp:
             path = Path(tmp) / "acceptance.parquet"
             write_acceptance_parquet(df, path)
-            with open(path, "rb") as f:
-                sha, size, new = self.blobs.put(iter(lambda: f.read(1 << 20), b""))
-        if new:
-            created.append(sha)
-        blobs[sha] = size
-        return out + [{"kind": "acceptance", "sha256": sha, "nbytes": size}]
+            data = path.read_bytes()  # columnar and compressed: small next to the records it holds
+        put_bytes(lambda: [data], "acceptance")
+        return out
 
     def _discard(self, created: list[str]) -> None:
+        """After a failed ingest: delete the blobs it created that nothing references (see blob_gc_lock)."""
         if not created:
             return
-        with self.session() as s:
-            for sha in store.unreferenced_blobs(s, candidates=created):
+        with self.session() as s, s.begin():
+            store.blob_gc_lock(s, exclusive=True)
+            gone = store.unreferenced_blobs(s, candidates=created)
+            for sha in gone:
                 self.blobs.delete(sha)
+            store.delete_blob_rows(s, shas=gone)
+
+    def _restore_missing(self, sources: dict[str, Callable[[], Iterable[bytes | memoryview]]]) -> None:
+        """After commit: a blob this ingest found already present may have been deleted by a concurrent
+        failed ingest just before our references landed; write it again from our own copy."""
+        for sha, source in sources.items():
+            if not self.blobs.exists(sha):
+                self.blobs.put(source(), expect_sha256=sha)
 
     # -- queries --------------------------------------------------------------------------------
     def list_runs(self, *, labels: dict[str, str] | None = None, limit: int = 100, offset: int = 0) -> list[RunSummary]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, select, update
+from sqlalchemy import Engine, create_engine, delete, event, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,6 +38,8 @@ __all__ = [
     "add_blobs",
     "run_tensors",
     "unreferenced_blobs",
+    "blob_gc_lock",
+    "delete_blob_rows",
 ]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -226,12 +228,38 @@ def run_tensors(session: Session, *, run_id: int) -> Sequence[Tensor]:
 
 
 def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:
-    """Which of ``candidates`` no tensor or artifact row points to (safe to delete after a failed ingest)."""
+    """Which of ``candidates`` no tensor, artifact or upload row points to (safe to delete after a failed
+    ingest, under :func:`blob_gc_lock` exclusive)."""
     if not candidates:
         return []
     used = set(session.scalars(select(Tensor.sha256).where(Tensor.sha256.in_(candidates))))
     used |= set(session.scalars(select(Artifact.sha256).where(Artifact.sha256.in_(candidates))))
+    used |= set(session.scalars(select(Upload.sha256).where(Upload.sha256.in_(candidates))))
     return [c for c in candidates if c not in used]
+
+
+_BLOB_GC_LOCK = 0x76616C62  # PostgreSQL advisory lock key ("valb")
+
+
+def blob_gc_lock(session: Session, *, exclusive: bool) -> None:
+    """Serialise blob deletion against transactions that start referencing blobs.
+
+    A failed ingest deletes the blobs it created that nothing references; a concurrent ingest may have
+    found the same content already present and be about to reference it. Deleting holds this lock
+    exclusively for the whole check-and-delete; committing references holds it shared (PostgreSQL
+    advisory transaction locks; on SQLite the database write lock, taken up front, does the same).
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        session.execute(text(f"SELECT {fn}(:k)"), {"k": _BLOB_GC_LOCK})
+    elif dialect == "sqlite" and exclusive:
+        session.execute(text("UPDATE blobs SET nbytes = nbytes WHERE 0"))  # takes the write lock now
+
+
+def delete_blob_rows(session: Session, *, shas: Sequence[str]) -> None:
+    if shas:
+        session.execute(delete(Blob).where(Blob.sha256.in_(list(shas))))
 
 
 # -- uploads and cached comparisons -------------------------------------------------------------

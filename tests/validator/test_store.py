@@ -124,3 +124,32 @@ def test_stored_run_round_trips(service, tmp_path: Path) -> None:
     assert c.verdict == "pass" and all(p.metrics.rel_l2 == 0.0 for p in c.pairs)
     assert service.list_runs(labels={"model": "m"})[0].name == "rt"
     assert service.list_runs(labels={"model": "other"}) == []
+
+
+def test_blob_deleted_by_a_failed_ingest_is_restored_by_the_one_that_references_it(service, tmp_path: Path, monkeypatch) -> None:
+    """Race: ingest Y finds a tensor's blob already present (created by ingest X); X then fails and
+    deletes the blobs it created before Y's references are committed. Y must not end up pointing at a
+    missing blob."""
+    from validator import service as service_mod
+
+    t = torch.randn(64)
+    path = tmp_path / "y"
+    with BundleWriter(path, run_name="y", part="p0") as w:
+        w.add("x", t)
+    sha = json.loads((path / "parts" / "p0" / "part.json").read_text())["tensors"][0]["sha256"]
+    service.blobs.put([t.numpy().tobytes()])  # X wrote it...
+    original = service_mod.store.blob_gc_lock
+    fired = []
+
+    def lock(session, *, exclusive: bool) -> None:
+        if not exclusive and not fired:  # ...and fails just before Y commits its references
+            fired.append(True)
+            service._discard([sha])
+            assert not service.blobs.exists(sha)
+        original(session, exclusive=exclusive)
+
+    monkeypatch.setattr(service_mod.store, "blob_gc_lock", lock)
+    service.ingest(path)
+    assert fired and service.blobs.exists(sha)
+    c = service.compare("y", str(path))
+    assert c.verdict == "pass" and c.pairs[0].metrics.rel_l2 == 0.0

@@ -255,6 +255,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_service(args), out=args.out, json_out=args.json)
 
 
+def _judging_options(s: argparse.ArgumentParser, *, json_help: str) -> None:
+    """The options `compare` and `gate` share."""
+    s.add_argument("--policy", help="TOML policy file (per-name-glob thresholds); see docs/policy.md")
+    s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair: thresholds as multiples of it")
+    s.add_argument("--json", action="store_true", help=json_help)
+    s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="validator",
@@ -308,10 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("a", help="reference run")
     s.add_argument("b", help="candidate run")
-    s.add_argument("--policy", help="TOML policy file (per-name-glob thresholds); see docs/metrics.md")
-    s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair: thresholds as multiples of it")
-    s.add_argument("--json", action="store_true", help="print one JSON document")
-    s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    _judging_options(s, json_help="print one JSON document")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser(
@@ -320,10 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("baseline", help="reference run")
     s.add_argument("candidate", help="candidate run")
-    s.add_argument("--policy", help="TOML policy file")
-    s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair")
-    s.add_argument("--json", action="store_true", help="print the comparison JSON instead of Markdown")
-    s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    _judging_options(s, json_help="print the comparison JSON instead of Markdown")
     s.set_defaults(func=cmd_gate)
 
     s = sub.add_parser("push", help="upload a bundle to a server (--server URL) as one run")

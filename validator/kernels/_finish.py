@@ -8,13 +8,24 @@ differ from the reference only in the float64 order of summation, never in a for
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
 
 from .. import metrics as _ref
 
-__all__ = ["FINE_BINS", "ULP_DTYPES", "metrics_from_totals", "nearest_rank", "first_reaching"]
+__all__ = [
+    "FINE_BINS",
+    "ULP_DTYPES",
+    "SAMPLE_STRIDE",
+    "WINDOW_MAX_BINS",
+    "metrics_from_totals",
+    "nearest_rank",
+    "first_reaching",
+    "p99_window",
+    "p99_in_window",
+]
 
 FINE_BINS = _ref._FINE_BINS  # exact bins 0..FINE_BINS-1, then one overflow bin
 ULP_DTYPES = frozenset(_ref._ULP_DTYPES)
@@ -49,3 +60,75 @@ def metrics_from_totals(
     if ulp is None:
         return m
     return dataclasses.replace(m, max_ulp=int(ulp[0]), p99_ulp=int(ulp[1]))
+
+
+# ---------------------------------------------------------------- speculative p99 window
+#
+# An exact p99 needs the rank-k distance, and an exact histogram of every distance costs more than
+# all the arithmetic together. The fast paths therefore first histogram a small strided sample of
+# the pair (SAMPLE_STRIDE: about 1 element in 64), take from it a window [lo, hi) that holds the
+# p99 with near certainty, and then, in the one full pass, count exactly the distances below ``lo``
+# and histogram exactly only those inside the window. If the p99's rank falls inside the window
+# (the rank minus the count below lands in the window's histogram), the p99 is exact. If not (a
+# sample that does not look like the whole), the caller runs the full-histogram method: the result
+# is always exact, only the time differs. docs/performance.md, "The exact p99".
+
+SAMPLE_STRIDE = 64
+WINDOW_MIN_SAMPLE = 1 << 14  # fewer sampled distances: no window (the full histograms are cheap then)
+WINDOW_MAX_BINS = 1 << 20  # wider windows (float32 with a spread-out tail): the full method
+_WINDOW_MIN_DELTA = 5e-4  # the window spans at least the ranks 0.99 -+ this
+_WINDOW_SIGMAS = 6.0
+
+
+def p99_window(fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int) -> tuple[int, int] | None:
+    """The window ``[lo, hi)`` of ULP distances that should hold the p99, from a sample's histograms.
+
+    ``fine``: int64 counts of distances 0..FINE_BINS-1 and, in its last bin, of every larger one;
+    ``coarse``: int64 counts of ``distance >> 16`` (float32), else ``None``; ``n_sample``: the number
+    of sampled distances. The window spans the sample's quantiles ``0.99 -+ delta``, with ``delta``
+    the larger of 5e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``.
+    Returns ``None`` when the sample is too small or the window wider than ``WINDOW_MAX_BINS``.
+    """
+    if n_sample < WINDOW_MIN_SAMPLE:
+        return None
+    delta = max(_WINDOW_MIN_DELTA, _WINDOW_SIGMAS * math.sqrt(0.99 * 0.01 / n_sample))
+    r_lo = math.floor((0.99 - delta) * n_sample)
+    r_hi = math.ceil((0.99 + delta) * n_sample)
+    cum = fine.to(torch.int64).cumsum(0)
+    last = FINE_BINS  # the fine histogram's overflow bin
+
+    def value_at(rank: int, upper: bool) -> int | None:
+        """The sampled distance of 1-based ``rank``: exact in the fine range; beyond it, the edge of its
+        ``>> 16`` bucket (lower edge for ``lo``, upper edge for ``hi``); ``None`` past the top."""
+        if rank < 1:
+            return 0
+        if rank > n_sample:
+            return None
+        idx = int(torch.searchsorted(cum, torch.tensor([rank], dtype=torch.int64)).item())
+        if idx < last:
+            return idx
+        if coarse is None:  # narrow dtypes never reach the overflow bin
+            return None
+        bucket = first_reaching(coarse.to(torch.int64), rank)
+        return (bucket + 1) << 16 if upper else bucket << 16
+
+    lo = value_at(r_lo, upper=False)
+    hi_v = value_at(r_hi, upper=True)
+    if lo is None:
+        return None
+    hi = (hi_v + 1) if hi_v is not None else None
+    if hi is None:  # the window reaches the top of the sample: the largest sampled distance bounds nothing
+        return None
+    if hi - lo > WINDOW_MAX_BINS:
+        return None
+    return lo, hi
+
+
+def p99_in_window(n: int, below: int, window: torch.Tensor, lo: int) -> int | None:
+    """The exact p99 of ``n`` distances from the count ``below`` the window and the window's exact
+    histogram (int64, bin ``i`` = distance ``lo + i``); ``None`` when the rank is outside the window."""
+    rank = nearest_rank(n)
+    inside = rank - below
+    if n == 0 or inside < 1 or inside > int(window.sum()):
+        return None
+    return lo + first_reaching(window.to(torch.int64), inside)

@@ -232,7 +232,7 @@ def section_cpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 _INGEST_CHILD = r"""
-import json, resource, sys, time, functools
+import json, resource, sys, time
 def hwm():
     # VmHWM: this process's own peak RSS. ru_maxrss is also printed, but Linux carries the parent's
     # high-water mark across fork+exec into it, so in a child of a large process it over-reports.
@@ -240,24 +240,19 @@ def hwm():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 sys.path.insert(0, sys.argv[1])
+mode, bundle, home = sys.argv[2], sys.argv[3], sys.argv[4]
+if mode == "with-torch":  # what every ingest cost before it stopped importing torch: the import alone
+    import torch
 from validator.config import Settings
 from validator.service import Service
-mode, bundle, home = sys.argv[2], sys.argv[3], sys.argv[4]
 svc = Service(Settings(home=__import__("pathlib").Path(home)))
 base = hwm()
-if mode == "mmap":  # the earlier ingest, for comparison: whole tensor through a memory map
-    from probes.bundle import tensor_bytes
-    def _store_tensor(self, ref, created):
-        sha, size, new = self.blobs.put([tensor_bytes(ref.load())], expect_sha256=ref.sha256)
-        if new:
-            created.append(sha)
-        return sha, size
-    Service._store_tensor = _store_tensor
 t = time.perf_counter()
 s = svc.ingest(bundle, name="bench")
 dt = time.perf_counter() - t
 print(json.dumps({"seconds": dt, "bytes": s.total_bytes, "rss_after_import_mb": base, "peak_rss_mb": hwm(),
-                  "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "torch_loaded": "torch" in sys.modules}))
 """
 
 _COMPARE_CHILD = r"""
@@ -314,13 +309,14 @@ def section_ingest(args: argparse.Namespace, out: dict[str, Any]) -> None:
         total = _write_bundle(tmpd / "run_a", "run_a", args.ingest_mb << 20, args.ingest_tensor_mb, 0.0, 1)
         _write_bundle(tmpd / "run_b", "run_b", args.ingest_mb << 20, args.ingest_tensor_mb, 0.01, 2)
         res["bytes"] = total
-        for mode in ("mmap", "streamed"):
+        modes = {"streamed": "ingest (torch not imported)", "with-torch": "ingest, torch imported first"}
+        for mode, label in modes.items():
             r = _child(_INGEST_CHILD, mode, str(tmpd / "run_a"), str(tmpd / f"home-{mode}"))
             r["gbps"] = gbps(r["bytes"], r["seconds"])
             res[mode] = r
             rows.append(
                 (
-                    f"ingest {mode}",
+                    label,
                     r["gbps"],
                     f"peak RSS {r['peak_rss_mb']:.0f} MB (after imports {r['rss_after_import_mb']:.0f} MB)",
                 )
@@ -398,6 +394,12 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
         res["chosen_config"] = dict(kc.CONFIG)
         if args.best_out:
             Path(args.best_out).write_text(json.dumps(best))
+    if args.profile:
+        for n in (1024, 8192 * 7168):
+            try:
+                gpu_profile(n)
+            except Exception as exc:  # the profiler is a diagnostic: report and go on
+                print("profile failed:", type(exc).__name__, exc)
     tiny = make_pair(1024, torch.bfloat16, dev)
     res["per_call_overhead_us"] = 1e6 * timed(lambda: compare_tensors(*tiny), 20, sync)
     rows.append(
@@ -465,23 +467,29 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
     table(f"GPU: bf16 pairs on {res['device']} (config {res.get('chosen_config', kc.CONFIG)})", rows)
 
 
-SWEEP = [  # BLOCK, num_warps, programs_per_sm, NSMALL, PREFETCH, DIAG
-    (512, 4, 16, 16, 1, 0),
-    (512, 4, 16, 16, 0, 0),
-    (512, 4, 16, 8, 1, 0),
-    (512, 4, 16, 32, 1, 0),
-    (1024, 4, 8, 16, 1, 0),
-    (1024, 8, 8, 16, 1, 0),
-    (256, 4, 16, 16, 1, 0),
-    (2048, 8, 4, 16, 1, 0),
-    (512, 4, 16, 16, 1, 1),
-    (512, 4, 16, 16, 1, 2),
+SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda.py CONFIG keys)
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8},
+    {"BLOCK": 512, "num_warps": 4, "programs_per_sm": 16},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 4},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 16},
+    {"BLOCK": 1024, "num_warps": 8, "programs_per_sm": 8},
+    {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 4},
+    {"BLOCK": 2048, "num_warps": 4, "programs_per_sm": 4},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "PREFETCH": 0},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "NCOPY": 64},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "WINDOW": 0, "NSMALL": 32},
+    # attribution (never chosen): 1 = no window histogram, 2 = no ULP work, 3 = ULP work but no
+    # float64 arithmetic, 4 = loads only
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 1},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 2},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 3},
+    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 4},
 ]
 
 
 def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Kernel configurations on the 8192x7168 pair and a 1 GiB pair; the best exact one is returned.
-    DIAG rows leave parts of the ULP work out: they are timings for attribution, never chosen."""
+    DIAG rows leave parts of the work out: they are timings for attribution, never chosen."""
     from validator.kernels import cuda as kc
 
     saved = dict(kc.CONFIG)
@@ -493,19 +501,21 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
         ref = {n: printed(compare_tensors(*p)) for n, p in pairs.items()}
     finally:
         os.environ.pop("VALIDATOR_KERNELS")
-    best, best_score = dict(saved), -1.0
-    for block, warps, per_sm, nsmall, prefetch, diag in SWEEP:
-        cfg = {"BLOCK": block, "num_warps": warps, "programs_per_sm": per_sm, "NSMALL": nsmall,
-               "PREFETCH": prefetch, "DIAG": diag}  # fmt: skip
+    best, best_score = {}, -1.0
+    for cfg in SWEEP:
+        kc.CONFIG.clear()
+        kc.CONFIG.update(saved)
         kc.CONFIG.update(cfg)
         row: dict[str, Any] = dict(cfg)
         try:
             for n, (a, b) in pairs.items():
                 t = timed(lambda: compare_tensors(a, b), args.reps, torch.cuda.synchronize)
                 row[f"gbps_{n}"] = gbps(4 * n, t)
+                before = dict(kc.WINDOW_STATS)
                 row[f"exact_{n}"] = printed(compare_tensors(a, b)) == ref[n]
+                row[f"fallback_{n}"] = kc.WINDOW_STATS["fallback"] - before["fallback"]
             score = min(row[f"gbps_{sizes[0]}"] / 1000, row[f"gbps_{sizes[1]}"] / 2500)
-            if diag == 0 and all(row[f"exact_{n}"] for n in sizes) and score > best_score:
+            if not cfg.get("DIAG") and all(row[f"exact_{n}"] for n in sizes) and score > best_score:
                 best, best_score = dict(cfg), score
         except Exception as exc:  # a configuration that does not compile is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -516,6 +526,22 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
     del pairs
     torch.cuda.empty_cache()
     return results, best
+
+
+def gpu_profile(n: int, reps: int = 20) -> None:
+    """Where the time of one call goes: torch.profiler over ``reps`` calls on an ``n``-element pair."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = make_pair(n, torch.bfloat16, "cuda", seed=5)
+    compare_tensors(a, b)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            compare_tensors(a, b)
+        torch.cuda.synchronize()
+    print(f"\n== profile: {reps} calls on a {n}-element bf16 pair")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=40))
+    sys.stdout.flush()
 
 
 def table(title: str, rows: list[tuple[str, float, str]], unit: str = "GB/s") -> None:
@@ -537,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair-elems", type=int, default=1024)
     p.add_argument("--gpu-gib", type=float, default=1.0, help="GiB per tensor of the large GPU pair")
     p.add_argument("--sweep", action="store_true", help="time several GPU kernel configurations, then use the best")
+    p.add_argument("--profile", action="store_true", help="GPU: torch.profiler tables of one call")
     p.add_argument("--best-out", default=None, help="with --sweep: write the chosen configuration (JSON) here")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--tmp", default=None, help="folder for the temporary bundles")

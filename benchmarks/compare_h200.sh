@@ -13,9 +13,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 python3 -c "import torch, triton, numpy, platform; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, platform.processor())"
 echo "cpus: $(nproc)  cc: $(command -v cc)"
 if [ "$mode" = dev ]; then
-  timeout 170 python3 -m pytest -q -p no:cacheprovider --maxfail=8 tests/validator/test_fastmetrics.py tests/validator/test_metrics.py 2>&1 | tail -40 | tee "$OUT/tests.log"
-  timeout 250 python3 benchmarks/compare_bench.py --sections gpu,cpu --sweep --reps 5 --cpu-elems 33554432 \
-    --ref-elems 1048576 --json "$OUT/dev.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider --maxfail=8 tests/validator/test_cuda_window.py \
+    tests/validator/test_p99_window.py tests/validator/test_fastmetrics.py tests/validator/test_metrics.py -k "cuda or CUDA or window" \
+    2>&1 | tail -30 | tee "$OUT/tests.log"
+  timeout 300 python3 benchmarks/compare_bench.py --sections gpu --sweep --profile --best-out "$OUT/best.json" --reps 10 \
+    --json "$OUT/dev.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 100 python3 benchmarks/compare_bench.py --sections cpu --reps 5 --cpu-elems 67108864 --ref-elems 2097152 \
+    --json "$OUT/dev-cpu.json" 2>&1 | tee "$OUT/bench-cpu.log"
 else
   timeout 230 python3 benchmarks/compare_bench.py --sections gpu --sweep --best-out "$OUT/best.json" --reps 10 \
     --gpu-gib 1 --json "$OUT/perf-h200-gpu.json" 2>&1 | tee "$OUT/bench-gpu.log"

@@ -24,6 +24,7 @@ __all__ = [
     "nearest_rank",
     "first_reaching",
     "p99_window",
+    "window_ranks",
     "p99_in_window",
 ]
 
@@ -80,48 +81,53 @@ _WINDOW_MIN_DELTA = 5e-4  # the window spans at least the ranks 0.99 -+ this
 _WINDOW_SIGMAS = 6.0
 
 
+def window_ranks(n_sample: int) -> tuple[int, int] | None:
+    """The 1-based sample ranks ``(r_lo, r_hi)`` whose distances bound the window (``p99_window``), or
+    ``None`` when the sample is too small or the upper rank lies past the sample's top."""
+    if n_sample < WINDOW_MIN_SAMPLE:
+        return None
+    delta = max(_WINDOW_MIN_DELTA, _WINDOW_SIGMAS * math.sqrt(0.99 * 0.01 / n_sample))
+    r_lo = math.floor((0.99 - delta) * n_sample)
+    r_hi = math.ceil((0.99 + delta) * n_sample)
+    if r_hi > n_sample:
+        return None
+    return r_lo, r_hi
+
+
 def p99_window(fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int) -> tuple[int, int] | None:
     """The window ``[lo, hi)`` of ULP distances that should hold the p99, from a sample's histograms.
 
     ``fine``: int64 counts of distances 0..FINE_BINS-1 and, in its last bin, of every larger one;
     ``coarse``: int64 counts of ``distance >> 16`` (float32), else ``None``; ``n_sample``: the number
     of sampled distances. The window spans the sample's quantiles ``0.99 -+ delta``, with ``delta``
-    the larger of 5e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``.
-    Returns ``None`` when the sample is too small or the window wider than ``WINDOW_MAX_BINS``.
+    the larger of 5e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``: ``lo``
+    is the sampled distance of rank ``floor((0.99 - delta) n)`` and ``hi - 1`` that of rank
+    ``ceil((0.99 + delta) n)``; beyond the fine range, the edges of their ``>> 16`` buckets.
+    Returns ``None`` when the sample is too small, the upper rank lies past the sample's top, or the
+    window is wider than ``WINDOW_MAX_BINS``.
     """
-    if n_sample < WINDOW_MIN_SAMPLE:
+    ranks = window_ranks(n_sample)
+    if ranks is None:
         return None
-    delta = max(_WINDOW_MIN_DELTA, _WINDOW_SIGMAS * math.sqrt(0.99 * 0.01 / n_sample))
-    r_lo = math.floor((0.99 - delta) * n_sample)
-    r_hi = math.ceil((0.99 + delta) * n_sample)
+    r_lo, r_hi = ranks
     cum = fine.to(torch.int64).cumsum(0)
-    last = FINE_BINS  # the fine histogram's overflow bin
 
     def value_at(rank: int, upper: bool) -> int | None:
-        """The sampled distance of 1-based ``rank``: exact in the fine range; beyond it, the edge of its
-        ``>> 16`` bucket (lower edge for ``lo``, upper edge for ``hi``); ``None`` past the top."""
         if rank < 1:
             return 0
-        if rank > n_sample:
-            return None
         idx = int(torch.searchsorted(cum, torch.tensor([rank], dtype=torch.int64)).item())
-        if idx < last:
+        if idx < FINE_BINS:
             return idx
         if coarse is None:  # narrow dtypes never reach the overflow bin
             return None
-        bucket = first_reaching(coarse.to(torch.int64), rank)
+        rank_beyond = rank - int(cum[FINE_BINS - 1])
+        bucket = first_reaching(coarse.to(torch.int64)[1:], rank_beyond) + 1  # bucket 0 lies below 2**16
         return (bucket + 1) << 16 if upper else bucket << 16
 
-    lo = value_at(r_lo, upper=False)
-    hi_v = value_at(r_hi, upper=True)
-    if lo is None:
+    lo, top = value_at(r_lo, upper=False), value_at(r_hi, upper=True)
+    if lo is None or top is None or top + 1 - lo > WINDOW_MAX_BINS:
         return None
-    hi = (hi_v + 1) if hi_v is not None else None
-    if hi is None:  # the window reaches the top of the sample: the largest sampled distance bounds nothing
-        return None
-    if hi - lo > WINDOW_MAX_BINS:
-        return None
-    return lo, hi
+    return lo, top + 1
 
 
 def p99_in_window(n: int, below: int, window: torch.Tensor, lo: int) -> int | None:

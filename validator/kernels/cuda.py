@@ -31,7 +31,16 @@ from typing import Any
 import torch
 
 from .. import metrics as _ref
-from ._finish import FINE_BINS, ULP_DTYPES, first_reaching, metrics_from_totals, nearest_rank
+from ._finish import (
+    FINE_BINS,
+    SAMPLE_STRIDE,
+    ULP_DTYPES,
+    WINDOW_MAX_BINS,
+    first_reaching,
+    metrics_from_totals,
+    nearest_rank,
+    window_ranks,
+)
 
 __all__ = ["available", "compare_cuda", "CONFIG"]
 
@@ -51,7 +60,14 @@ CONFIG: dict[str, int] = {
     "NSMALL": 32,  # register-histogram bins; the last one means "NSMALL - 1 or more"
     "NCOPY": 8,  # copies of the global histogram
     "PREFETCH": 1,  # load the next tile before computing this one
-    "DIAG": 0,  # timing diagnostics only: 1 = no ULP histograms (no p99), 2 = no ULP work at all
+    # timing diagnostics only: 1 = no ULP histograms (no p99), 2 = no ULP work at all, 3 = the ULP work
+    # but no float64 arithmetic, 4 = the loads alone
+    "DIAG": 0,
+    "WINDOW": 1,  # the exact p99 through a sampled window (0: every distance histogrammed, the old way)
+    "NHEAD": 1024,  # window bins kept per program copy; wider windows go to one shared histogram
+    "SCOPY": 4,  # copies of the sample's histograms
+    "SNSMALL": 64,  # register-histogram bins of the sample kernel
+    "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
     CONFIG.update({k: int(v) for k, v in json.loads(os.environ["VALIDATOR_CUDA_CONFIG"]).items() if k in CONFIG})
@@ -106,56 +122,82 @@ if _HAVE_TRITON:
     def _tile(
         a, b, inb, atol, rtol, fine_ptr, coarse_ptr, hoff,
         s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist,
+        lo, wn, whead_ptr, wbig_ptr, wsup_ptr, c_below,
         EDGE: tl.constexpr, MASKED: tl.constexpr, ULP_BITS: tl.constexpr, NSMALL: tl.constexpr,
-        DIAG: tl.constexpr,
+        DIAG: tl.constexpr, WINDOW: tl.constexpr, NHEAD: tl.constexpr,
     ):  # fmt: skip
-        """Add one tile of loaded values. EDGE: ``inb`` marks the lanes inside the tensor."""
-        xa = _to_f64(a)
-        xb = _to_f64(b)
-        if EDGE:
-            xa = tl.where(inb, xa, 0.0)
-            xb = tl.where(inb, xb, 0.0)
-        if MASKED:
-            fa = tl.abs(xa) <= 1.7976931348623157e308
-            fb = tl.abs(xb) <= 1.7976931348623157e308
-            both = fa & fb
-            same = (~fa) & (~fb) & ((xa == xb) | ((xa != xa) & (xb != xb)))
+        """Add one tile of loaded values. EDGE: ``inb`` marks the lanes inside the tensor.
+
+        WINDOW: instead of histogramming every distance, count those below ``lo`` (``c_below``) and
+        histogram exactly those in ``[lo, lo + wn)``: the first NHEAD window bins in this program's copy
+        at ``whead_ptr``, the others in one shared ``wbig_ptr`` with their ``>> 10`` totals in
+        ``wsup_ptr`` (docs/performance.md, "The exact p99")."""
+        if DIAG >= 3:  # timing diagnostics: 3 = the ULP work only, 4 = the loads only
+            c_pass += (a == b).to(tl.int32)
+        if DIAG < 3:
+            xa = _to_f64(a)
+            xb = _to_f64(b)
             if EDGE:
-                both = both & inb
-                same = same & inb
-                fa = fa | (~inb)
-                fb = fb | (~inb)
-            xa = tl.where(both, xa, 0.0)
-            xb = tl.where(both, xb, 0.0)
-        d = xb - xa
-        ad = tl.abs(d)
-        s_aa = tl.fma(xa, xa, s_aa)
-        s_bb = tl.fma(xb, xb, s_bb)
-        s_ab = tl.fma(xa, xb, s_ab)
-        s_dd = tl.fma(d, d, s_dd)
-        s_ad = s_ad + ad
-        m_ad = tl.maximum(m_ad, ad)
-        ok = ad <= atol + rtol * tl.abs(xa)
-        if MASKED:
-            ok = (ok & both) | same
-            c_both += both.to(tl.int32)
-            c_nfa += (~fa).to(tl.int32)
-            c_nfb += (~fb).to(tl.int32)
-            mis = (~both) & (~same)
-            if EDGE:
-                mis = mis & inb
-            c_mis += mis.to(tl.int32)
-        elif EDGE:
-            ok = ok & inb
-        c_pass += ok.to(tl.int32)
-        if ULP_BITS > 0 and DIAG < 2:
+                xa = tl.where(inb, xa, 0.0)
+                xb = tl.where(inb, xb, 0.0)
+            if MASKED:
+                fa = tl.abs(xa) <= 1.7976931348623157e308
+                fb = tl.abs(xb) <= 1.7976931348623157e308
+                both = fa & fb
+                same = (~fa) & (~fb) & ((xa == xb) | ((xa != xa) & (xb != xb)))
+                if EDGE:
+                    both = both & inb
+                    same = same & inb
+                    fa = fa | (~inb)
+                    fb = fb | (~inb)
+                xa = tl.where(both, xa, 0.0)
+                xb = tl.where(both, xb, 0.0)
+            d = xb - xa
+            ad = tl.abs(d)
+            s_aa = tl.fma(xa, xa, s_aa)
+            s_bb = tl.fma(xb, xb, s_bb)
+            s_ab = tl.fma(xa, xb, s_ab)
+            s_dd = tl.fma(d, d, s_dd)
+            s_ad = s_ad + ad
+            m_ad = tl.maximum(m_ad, ad)
+            ok = ad <= atol + rtol * tl.abs(xa)
+            if MASKED:
+                ok = (ok & both) | same
+                c_both += both.to(tl.int32)
+                c_nfa += (~fa).to(tl.int32)
+                c_nfb += (~fb).to(tl.int32)
+                mis = (~both) & (~same)
+                if EDGE:
+                    mis = mis & inb
+                c_mis += mis.to(tl.int32)
+            elif EDGE:
+                ok = ok & inb
+            c_pass += ok.to(tl.int32)
+        if ULP_BITS > 0 and (DIAG < 2 or DIAG == 3):
             dist = tl.abs(_ordinal(a, ULP_BITS) - _ordinal(b, ULP_BITS))
             if MASKED:
                 dist = tl.where(both, dist, 0)
             elif EDGE:
                 dist = tl.where(inb, dist, 0)
             m_ulp = tl.maximum(m_ulp, dist)
-            if DIAG == 0:  # DIAG 1 (timing only): no histograms, so no p99
+            if WINDOW:
+                u = dist - lo
+                if MASKED:
+                    c_below += ((u < 0) & both).to(tl.int32)
+                    inw = (u >= 0) & (u < wn) & both
+                elif EDGE:
+                    c_below += ((u < 0) & inb).to(tl.int32)
+                    inw = (u >= 0) & (u < wn) & inb
+                else:
+                    c_below += (u < 0).to(tl.int32)
+                    inw = (u >= 0) & (u < wn)
+                if DIAG == 0 or DIAG == 3:  # DIAG 1 (timing only): no window histogram, so no p99
+                    head = u < NHEAD
+                    ui = u.to(tl.int32)
+                    tl.atomic_add(whead_ptr + tl.where(head, ui, 0), 1, mask=inw & head, sem="relaxed")
+                    tl.atomic_add(wbig_ptr + tl.where(head, 0, ui), 1, mask=inw & (~head), sem="relaxed")
+                    tl.atomic_add(wsup_ptr + tl.where(head, 0, ui >> 10), 1, mask=inw & (~head), sem="relaxed")
+            elif DIAG == 0:  # DIAG 1 (timing only): no histograms, so no p99
                 hist += tl.histogram(tl.minimum(dist, NSMALL - 1).to(tl.int32), NSMALL)
                 tail = dist >= NSMALL - 1
                 fidx = tl.minimum(dist, 65536).to(tl.int32)
@@ -163,13 +205,15 @@ if _HAVE_TRITON:
                 if ULP_BITS == 32:
                     cidx = (dist >> 16).to(tl.int32)
                     tl.atomic_add(coarse_ptr + hoff + cidx, 1, mask=dist >= 65536, sem="relaxed")
-        return s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist
+        return s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist, c_below
 
     @triton.jit(do_not_specialize=["n", "nprog"])
     def _compare_kernel(
         a_ptr, b_ptr, n, nprog, tol_ptr, part_ptr, small_ptr, fine_ptr, coarse_ptr,
+        win_ptr, whead_ptr, wbig_ptr, wsup_ptr,
         BLOCK: tl.constexpr, MASKED: tl.constexpr, ULP_BITS: tl.constexpr, NSMALL: tl.constexpr,
         NCOPY: tl.constexpr, NPART: tl.constexpr, PREFETCH: tl.constexpr, DIAG: tl.constexpr,
+        WINDOW: tl.constexpr, NHEAD: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)  # nprog: the grid size (an argument, for Triton's interpreter)
         atol = tl.load(tol_ptr)  # float64: a Python float argument would arrive as float32
@@ -189,8 +233,20 @@ if _HAVE_TRITON:
         c_nfa = tl.zeros([BLOCK], tl.int32)
         c_nfb = tl.zeros([BLOCK], tl.int32)
         c_mis = tl.zeros([BLOCK], tl.int32)
+        c_below = tl.zeros([BLOCK], tl.int32)
         hist = tl.zeros([NSMALL], tl.int32)
         hoff = (pid % NCOPY) * 65537
+        if WINDOW:  # [lo, lo + wn): the window the sample chose (wn = 0: none)
+            if ULP_BITS == 32:
+                lo = tl.load(win_ptr)
+                wn = tl.load(win_ptr + 1)
+            else:
+                lo = tl.load(win_ptr).to(tl.int32)
+                wn = tl.load(win_ptr + 1).to(tl.int32)
+        else:
+            lo = 0
+            wn = 0
+        whead = whead_ptr + (pid % NCOPY) * NHEAD
         n_full = n // BLOCK
         offs = tl.arange(0, BLOCK)
         if PREFETCH:
@@ -204,29 +260,32 @@ if _HAVE_TRITON:
                 tn = t + nprog
                 a_nx = tl.load(a_ptr + tn * BLOCK + offs, mask=(offs < BLOCK) & (tn < n_full))
                 b_nx = tl.load(b_ptr + tn * BLOCK + offs, mask=(offs < BLOCK) & (tn < n_full))
-                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist = _tile(
+                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist, c_below = _tile(
                     a, b, offs < BLOCK, atol, rtol, fine_ptr, coarse_ptr, hoff,
                     s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist,
-                    False, MASKED, ULP_BITS, NSMALL, DIAG,
+                    lo, wn, whead, wbig_ptr, wsup_ptr, c_below,
+                    False, MASKED, ULP_BITS, NSMALL, DIAG, WINDOW, NHEAD,
                 )  # fmt: skip
         else:
             for t in range(pid, n_full, nprog):
                 a = tl.load(a_ptr + t * BLOCK + offs)
                 b = tl.load(b_ptr + t * BLOCK + offs)
-                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist = _tile(
+                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist, c_below = _tile(
                     a, b, offs < BLOCK, atol, rtol, fine_ptr, coarse_ptr, hoff,
                     s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist,
-                    False, MASKED, ULP_BITS, NSMALL, DIAG,
+                    lo, wn, whead, wbig_ptr, wsup_ptr, c_below,
+                    False, MASKED, ULP_BITS, NSMALL, DIAG, WINDOW, NHEAD,
                 )  # fmt: skip
         if pid == nprog - 1:
             if n_full * BLOCK < n:
                 inb = offs < n - n_full * BLOCK
                 a = tl.load(a_ptr + n_full * BLOCK + offs, mask=inb)  # lanes past the end: zeroed in _tile
                 b = tl.load(b_ptr + n_full * BLOCK + offs, mask=inb)
-                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist = _tile(
+                s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist, c_below = _tile(
                     a, b, inb, atol, rtol, fine_ptr, coarse_ptr, hoff,
                     s_aa, s_bb, s_ab, s_dd, s_ad, m_ad, c_pass, m_ulp, c_both, c_nfa, c_nfb, c_mis, hist,
-                    True, MASKED, ULP_BITS, NSMALL, DIAG,
+                    lo, wn, whead, wbig_ptr, wsup_ptr, c_below,
+                    True, MASKED, ULP_BITS, NSMALL, DIAG, WINDOW, NHEAD,
                 )  # fmt: skip
         # add this program's totals into its own row (several launches accumulate)
         row = part_ptr + pid * NPART
@@ -243,10 +302,93 @@ if _HAVE_TRITON:
             tl.store(row + 9, tl.load(row + 9) + tl.sum(c_nfa.to(tl.int64), 0).to(tl.float64))
             tl.store(row + 10, tl.load(row + 10) + tl.sum(c_nfb.to(tl.int64), 0).to(tl.float64))
             tl.store(row + 11, tl.load(row + 11) + tl.sum(c_mis.to(tl.int64), 0).to(tl.float64))
-        if ULP_BITS > 0:
+        if WINDOW:
+            tl.store(row + 12, tl.load(row + 12) + tl.sum(c_below.to(tl.int64), 0).to(tl.float64))
+        elif ULP_BITS > 0:
             bins = tl.arange(0, NSMALL)
             srow = small_ptr + pid * NSMALL + bins
             tl.store(srow, tl.load(srow) + hist)
+
+    @triton.jit
+    def _sample_kernel(
+        a_ptr, b_ptr, n, nprog, fine_ptr, sup_ptr, coarse_ptr, csup_ptr,
+        BLOCK: tl.constexpr, STRIDE: tl.constexpr, ULP_BITS: tl.constexpr, NSMALL: tl.constexpr,
+        SCOPY: tl.constexpr,
+    ):  # fmt: skip
+        """Exact histograms of the distances of every STRIDE-th full tile (the sample for the window):
+        ``fine`` (0..2**16, the last bin counting larger ones) with its ``>> 10`` totals in ``sup``, and
+        for float32 ``coarse`` (``distance >> 16``, distances of 2**16 and more only) with its ``>> 10``
+        totals in ``csup``; SCOPY copies of each. Non-finite values are binned by their bits: the
+        sample only steers the window, it never decides a result."""
+        pid = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        n_tiles = (n // BLOCK + STRIDE - 1) // STRIDE
+        hist = tl.zeros([NSMALL], tl.int32)
+        fine = fine_ptr + (pid % SCOPY) * 65537
+        sup = sup_ptr + (pid % SCOPY) * 128
+        coarse = coarse_ptr + (pid % SCOPY) * 65537
+        csup = csup_ptr + (pid % SCOPY) * 128
+        for t in range(pid, n_tiles, nprog):
+            base = t * (STRIDE * BLOCK)
+            dist = tl.abs(
+                _ordinal(tl.load(a_ptr + base + offs), ULP_BITS) - _ordinal(tl.load(b_ptr + base + offs), ULP_BITS)
+            )
+            hist += tl.histogram(tl.minimum(dist, NSMALL - 1).to(tl.int32), NSMALL)
+            tail = dist >= NSMALL - 1
+            fidx = tl.minimum(dist, 65536).to(tl.int32)
+            tl.atomic_add(fine + fidx, 1, mask=tail, sem="relaxed")
+            tl.atomic_add(sup + (fidx >> 10), 1, mask=tail, sem="relaxed")
+            if ULP_BITS == 32:
+                big = dist >= 65536
+                cidx = (dist >> 16).to(tl.int32)
+                tl.atomic_add(coarse + cidx, 1, mask=big, sem="relaxed")
+                tl.atomic_add(csup + (cidx >> 10), 1, mask=big, sem="relaxed")
+        bins = tl.arange(0, NSMALL)
+        low = bins < NSMALL - 1  # bin NSMALL-1 ("that or more") was counted exactly above
+        tl.atomic_add(fine + bins, hist, mask=low, sem="relaxed")
+        tl.atomic_add(sup, tl.sum(tl.where(low, hist, 0), 0), sem="relaxed")
+
+    @triton.jit
+    def _rank_in(hist_ptr, sup_ptr, rank, prior, NCOPY: tl.constexpr, STRIDE_C: tl.constexpr, NSUP: tl.constexpr):
+        """Smallest bin whose cumulative count (after ``prior``) reaches ``rank``, in a histogram kept in
+        NCOPY copies ``STRIDE_C`` apart with its ``>> 10`` totals (NSUP bins, same copies) at ``sup_ptr``.
+        Returns (bin, total count): bin is past the top when the histogram never reaches ``rank``."""
+        copies = tl.arange(0, NCOPY)
+        sb = tl.arange(0, NSUP)
+        sup = tl.sum(tl.load(sup_ptr + copies[:, None] * 128 + sb[None, :]), 0).to(tl.int64)
+        total = tl.sum(sup, 0)
+        cum = tl.cumsum(sup, 0) + prior
+        k = tl.sum((cum < rank).to(tl.int32), 0)
+        before = prior + tl.sum(tl.where(sb < k, sup, 0), 0)
+        i = tl.arange(0, 1024)
+        idx = k * 1024 + i
+        blk = tl.load(
+            hist_ptr + copies[:, None] * STRIDE_C + idx[None, :], mask=(idx < STRIDE_C)[None, :] & (k < NSUP), other=0
+        )
+        cum2 = tl.cumsum(tl.sum(blk, 0).to(tl.int64), 0) + before
+        return k * 1024 + tl.sum((cum2 < rank).to(tl.int32), 0), total
+
+    @triton.jit(do_not_specialize=["r_lo", "r_hi"])
+    def _window_kernel(
+        fine_ptr, sup_ptr, coarse_ptr, csup_ptr, win_ptr, r_lo, r_hi,
+        SCOPY: tl.constexpr, ULP_BITS: tl.constexpr, WMAX: tl.constexpr,
+    ):  # fmt: skip
+        """The window ``[lo, lo + wn)`` from the sample's histograms and the sample ranks ``r_lo < r_hi``
+        (validator.kernels._finish.p99_window is the same rule, on the host); ``wn = 0`` when it would
+        be wider than WMAX."""
+        lo, _ = _rank_in(fine_ptr, sup_ptr, r_lo.to(tl.int64), 0, SCOPY, 65537, 128)
+        top, n_fine = _rank_in(fine_ptr, sup_ptr, r_hi.to(tl.int64), 0, SCOPY, 65537, 128)
+        lo = lo.to(tl.int64)
+        top = top.to(tl.int64)
+        if ULP_BITS == 32:  # ranks in the overflow bin: the >> 16 buckets of the coarse histogram
+            below16 = n_fine - tl.sum(tl.load(fine_ptr + tl.arange(0, SCOPY) * 65537 + 65536), 0).to(tl.int64)
+            clo, _ = _rank_in(coarse_ptr, csup_ptr, r_lo.to(tl.int64), below16, SCOPY, 65537, 128)
+            chi, _ = _rank_in(coarse_ptr, csup_ptr, r_hi.to(tl.int64), below16, SCOPY, 65537, 128)
+            lo = tl.where(lo >= 65536, clo.to(tl.int64) << 16, lo)
+            top = tl.where(top >= 65536, (chi.to(tl.int64) + 1) << 16, top)
+        wn = top + 1 - lo
+        tl.store(win_ptr, lo)
+        tl.store(win_ptr + 1, tl.where(wn <= WMAX, wn, 0))
 
     @triton.jit(do_not_specialize=["grid", "slots", "n_known"])
     def _finish_kernel(
@@ -289,6 +431,58 @@ if _HAVE_TRITON:
             res = tl.where(cols == 12, idx.to(tl.float64), res)
             res = tl.where(cols == 13, tl.sum(hist, 0).to(tl.float64), res)
             res = tl.where(cols == 14, rank.to(tl.float64), res)
+        tl.store(out_ptr + cols, res)
+
+
+if _HAVE_TRITON:
+
+    @triton.jit(do_not_specialize=["grid", "n_known"])
+    def _finish_window_kernel(
+        part_ptr, grid, n_known, win_ptr, whead_ptr, wbig_ptr, wsup_ptr, out_ptr,
+        MASKED: tl.constexpr, NPART: tl.constexpr, ROWS: tl.constexpr, NCOPY: tl.constexpr,
+        NHEAD: tl.constexpr, NSUPW: tl.constexpr,
+    ):  # fmt: skip
+        """One program: the totals of the per-program rows (columns as in the kernel; 8 = elements finite
+        in both) and, in column 12, the exact p99 found in the window, or -1 when its rank lies outside
+        (13 = the rank, 14 = the count below the window)."""
+        cols = tl.arange(0, NPART)
+        tot = tl.zeros([NPART], tl.float64)
+        mx = tl.zeros([NPART], tl.float64)
+        for r0 in range(0, grid, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            blk = tl.load(part_ptr + rows[:, None] * NPART + cols[None, :], mask=(rows < grid)[:, None], other=0.0)
+            tot += tl.sum(blk, 0)
+            mx = tl.maximum(mx, tl.max(blk, 0))
+        res = tl.where((cols == 5) | (cols == 7), mx, tot)
+        if MASKED:
+            n_both = tl.sum(tl.where(cols == 8, tot, 0.0), 0).to(tl.int64)
+        else:
+            n_both = n_known.to(tl.int64)
+            res = tl.where(cols == 8, n_both.to(tl.float64), res)
+        below = tl.sum(tl.where(cols == 12, tot, 0.0), 0).to(tl.int64)
+        rank = (99 * n_both + 99) // 100
+        inside = rank - below  # the p99 is the inside-th smallest distance of the window
+        lo = tl.load(win_ptr)
+        copies = tl.arange(0, NCOPY)
+        hb = tl.arange(0, NHEAD)
+        head = tl.sum(tl.load(whead_ptr + copies[:, None] * NHEAD + hb[None, :]), 0).to(tl.int64)
+        h_tot = tl.sum(head, 0)
+        idx_head = tl.sum((tl.cumsum(head, 0) < inside).to(tl.int64), 0)
+        # bins NHEAD and up: the >> 10 totals name the 1024-bin block, then the block itself
+        sb = tl.arange(0, NSUPW)
+        sup = tl.load(wsup_ptr + sb).to(tl.int64)
+        cum = tl.cumsum(sup, 0) + h_tot
+        k = tl.sum((cum < inside).to(tl.int64), 0)
+        before = h_tot + tl.sum(tl.where(sb < k, sup, 0), 0)
+        i = k * 1024 + tl.arange(0, 1024)
+        big = tl.load(wbig_ptr + i, mask=i < NSUPW * 1024, other=0).to(tl.int64)
+        idx_big = k * 1024 + tl.sum(((tl.cumsum(big, 0) + before) < inside).to(tl.int64), 0)
+        w_tot = h_tot + tl.sum(sup, 0)
+        found = (n_both > 0) & (inside >= 1) & (inside <= w_tot)
+        p99 = tl.where(inside <= h_tot, lo + idx_head, lo + idx_big)
+        res = tl.where(cols == 12, tl.where(found, p99, -1).to(tl.float64), res)
+        res = tl.where(cols == 13, rank.to(tl.float64), res)
+        res = tl.where(cols == 14, below.to(tl.float64), res)
         tl.store(out_ptr + cols, res)
 
 
@@ -359,9 +553,9 @@ def _run(
         grid_used = max(grid_used, grid)
         slots += tiles * block
         _compare_kernel[(grid,)](
-            ca, cb, n, grid, tol, part, small, fine, coarse,
+            ca, cb, n, grid, tol, part, small, fine, coarse, part, small, small, small,
             BLOCK=block, MASKED=masked, ULP_BITS=ulp_bits, NSMALL=nsmall, NCOPY=ncopy, NPART=_NPART,
-            PREFETCH=bool(CONFIG.get("PREFETCH", 0)), DIAG=int(CONFIG.get("DIAG", 0)),
+            PREFETCH=bool(CONFIG.get("PREFETCH", 0)), DIAG=int(CONFIG.get("DIAG", 0)), WINDOW=False, NHEAD=1,
             num_warps=CONFIG["num_warps"], enable_fp_fusion=False,
         )  # fmt: skip
     out = torch.zeros(_NPART, dtype=torch.float64, device=device)
@@ -377,6 +571,101 @@ def _run(
         below = (tail.cumsum(0).to(torch.float64) + out[13] < out[14]).sum()
         out[15] = below.to(torch.float64) + (nsmall - 1)
     return out.cpu().tolist(), (fine if ulp_bits else None), (coarse if ulp_bits == 32 else None)
+
+
+_WS_CACHE: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
+    """A zeroed byte buffer on ``device``: one allocation (cached) and one memset per call."""
+    key = (str(device), nbytes)
+    buf = _WS_CACHE.get(key)
+    if buf is None:
+        if len(_WS_CACHE) > 8:
+            _WS_CACHE.clear()
+        buf = _WS_CACHE[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    buf.zero_()
+    return buf
+
+
+def _carve(buf: torch.Tensor, layout: list[tuple[str, torch.dtype, int]]) -> dict[str, torch.Tensor]:
+    out, off = {}, 0
+    for name, dtype, count in layout:
+        size = torch.empty((), dtype=dtype).element_size()
+        off = -(-off // 16) * 16
+        out[name] = buf[off : off + size * count].view(dtype)
+        off += size * count
+    return out
+
+
+def _layout(grid_max: int, ulp_bits: int) -> list[tuple[str, torch.dtype, int]]:
+    scopy, ncopy, nhead = CONFIG["SCOPY"], CONFIG["NCOPY"], CONFIG["NHEAD"]
+    wide = ulp_bits == 32
+    return [
+        ("part", torch.float64, grid_max * _NPART),
+        ("out", torch.float64, _NPART),
+        ("win", torch.int64, 2),
+        ("sfine", torch.int32, scopy * 65537),
+        ("ssup", torch.int32, scopy * 128),
+        ("scoarse", torch.int32, scopy * 65537 if wide else 1),
+        ("scsup", torch.int32, scopy * 128 if wide else 1),
+        ("whead", torch.int32, ncopy * nhead),
+        ("wbig", torch.int32, WINDOW_MAX_BINS),
+        ("wsup", torch.int32, WINDOW_MAX_BINS >> 10),
+    ]
+
+
+def _ws_bytes(layout: list[tuple[str, torch.dtype, int]]) -> int:
+    total = 0
+    for _, dtype, count in layout:
+        total = -(-total // 16) * 16 + torch.empty((), dtype=dtype).element_size() * count
+    return total
+
+
+def _run_window(
+    a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool, ulp_bits: int
+) -> list[float] | None:
+    """One pass with the sampled window (docs/performance.md, "The exact p99"): a sample kernel over
+    every SAMPLE_STRIDE-th tile, a one-program kernel that turns the sample into ``[lo, lo + wn)``,
+    the full pass, and a one-program finish. Column 12 of the result is the exact p99, or -1 when its
+    rank fell outside the window. ``None``: the pair is too small for a useful sample."""
+    block = CONFIG["BLOCK"]
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    n = fa.numel()
+    n_full = n // block
+    s_tiles = -(-n_full // SAMPLE_STRIDE)
+    ranks = window_ranks(s_tiles * block)
+    if ranks is None or n > _MAX_LAUNCH:
+        return None
+    grid_max = _grid_max(device)
+    layout = _layout(grid_max, ulp_bits)
+    w = _carve(_workspace(device, _ws_bytes(layout)), layout)
+    tol = _tolerances(device, float(atol), float(rtol))
+    scopy, ncopy, nhead = CONFIG["SCOPY"], CONFIG["NCOPY"], CONFIG["NHEAD"]
+    _sample_kernel[(min(s_tiles, grid_max),)](
+        fa, fb, n, min(s_tiles, grid_max), w["sfine"], w["ssup"], w["scoarse"], w["scsup"],
+        BLOCK=block, STRIDE=SAMPLE_STRIDE, ULP_BITS=ulp_bits, NSMALL=CONFIG["SNSMALL"], SCOPY=scopy,
+        num_warps=CONFIG["num_warps"],
+    )  # fmt: skip
+    _window_kernel[(1,)](
+        w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], ranks[0], ranks[1],
+        SCOPY=scopy, ULP_BITS=ulp_bits, WMAX=WINDOW_MAX_BINS, num_warps=4,
+    )  # fmt: skip
+    grid = min(-(-n // block), grid_max)
+    _compare_kernel[(grid,)](
+        fa, fb, n, grid, tol, w["part"], w["whead"], w["whead"], w["whead"],
+        w["win"], w["whead"], w["wbig"], w["wsup"],
+        BLOCK=block, MASKED=masked, ULP_BITS=ulp_bits, NSMALL=2, NCOPY=ncopy, NPART=_NPART,
+        PREFETCH=bool(CONFIG.get("PREFETCH", 0)), DIAG=int(CONFIG.get("DIAG", 0)), WINDOW=True, NHEAD=nhead,
+        num_warps=CONFIG["num_warps"], enable_fp_fusion=False,
+    )  # fmt: skip
+    _finish_window_kernel[(1,)](
+        w["part"], grid, n, w["win"], w["whead"], w["wbig"], w["wsup"], w["out"],
+        MASKED=masked, NPART=_NPART, ROWS=64, NCOPY=ncopy, NHEAD=nhead, NSUPW=WINDOW_MAX_BINS >> 10,
+        num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip
+    res: list[float] = w["out"].cpu().tolist()
+    return res
 
 
 def supports(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> bool:
@@ -418,7 +707,47 @@ def _compare_on(
 ) -> _ref.TensorMetrics:
     a, b = a.detach(), b.detach()
     ulp_bits = _TORCH_TO_ULP_BITS.get(a.dtype, 0) if a.dtype == b.dtype and a.dtype in ULP_DTYPES else 0
+    windowed = (
+        ulp_bits > 0
+        and CONFIG.get("WINDOW", 1)
+        and a.numel() >= CONFIG["window_min"]
+        and a.device == device
+        and b.device == device
+        and a.is_contiguous()
+        and b.is_contiguous()
+    )
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        if windowed:
+            wres = _run_window(a, b, device, atol, rtol, force_masked, ulp_bits)
+            masked = force_masked
+            if wres is not None and not masked and not all(_finite(x) for x in wres[0:2]):
+                masked = True
+                wres = _run_window(a, b, device, atol, rtol, True, ulp_bits)
+            if wres is not None:
+                WINDOW_STATS["window"] += 1
+                p99 = int(wres[12])
+                n_both = int(wres[8])
+                if CONFIG.get("DIAG"):  # timing diagnostics leave parts out: no p99, no second pass
+                    p99 = -1
+                elif p99 < 0 and n_both > 0:  # the rank fell outside the window: the full histograms
+                    WINDOW_STATS["fallback"] += 1
+                    full, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, masked, ulp_bits)
+                    p99 = _p99_of(full, a, b, device, fine, coarse, n_both, chunk_elems)
+                counts = (
+                    [n_both, int(wres[6]), int(wres[9]), int(wres[10]), int(wres[11])]
+                    if masked
+                    else [a.numel(), int(wres[6]), 0, 0, 0]
+                )
+                return metrics_from_totals(
+                    a,
+                    b,
+                    atol,
+                    rtol,
+                    wres[0:5],
+                    wres[5],
+                    counts,
+                    (int(wres[7]), p99 if CONFIG.get("DIAG") else max(p99, 0)),
+                )
         res, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, force_masked, ulp_bits)
         masked = force_masked
         if not masked and not all(_finite(x) for x in res[0:2]):
@@ -430,16 +759,26 @@ def _compare_on(
     )
     ulp = None
     if ulp_bits:
-        nsmall = CONFIG["NSMALL"]
-        p99 = int(res[12]) if int(res[12]) < nsmall - 1 else int(res[15])
-        if CONFIG.get("DIAG"):  # timing diagnostics leave the histograms out: there is no p99
-            p99 = -1
-        elif n_both == 0:
-            p99 = 0
-        elif p99 >= FINE_BINS:
-            p99 = _p99_beyond_fine(a, b, device, fine, coarse, n_both, chunk_elems)
-        ulp = (int(res[7]), p99)
+        p99 = -1 if CONFIG.get("DIAG") else _p99_of(res, a, b, device, fine, coarse, n_both, chunk_elems)
+        ulp = (int(res[7]), p99)  # timing diagnostics (DIAG) leave the histograms out: no p99
     return metrics_from_totals(a, b, atol, rtol, res[0:5], res[5], counts, ulp)
+
+
+WINDOW_STATS = {"window": 0, "fallback": 0}  # how often the window path ran, and missed (tests read it)
+
+
+def _p99_of(
+    res: list[float], a: torch.Tensor, b: torch.Tensor, device: torch.device, fine: Any, coarse: Any,
+    n_both: int, chunk_elems: int,
+) -> int:  # fmt: skip
+    """The p99 from the full-histogram pass's totals (``_run``)."""
+    if n_both == 0:
+        return 0
+    nsmall = CONFIG["NSMALL"]
+    p99 = int(res[12]) if int(res[12]) < nsmall - 1 else int(res[15])
+    if p99 >= FINE_BINS:
+        p99 = _p99_beyond_fine(a, b, device, fine, coarse, n_both, chunk_elems)
+    return p99
 
 
 def _finite(x: float) -> bool:

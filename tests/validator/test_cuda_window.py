@@ -1,0 +1,113 @@
+"""The CUDA path's sampled p99 window (validator/kernels/cuda.py, docs/performance.md "The exact p99"):
+results identical to the streamed float64 reference whether the window holds the p99 or misses it.
+
+The CUDA tests run on a GPU (they ran on the H200: docs/results/perf-h200.md). The interpreter test
+runs the same kernels on the CPU through Triton's interpreter; it is opt-in
+(``VALIDATOR_TEST_TRITON_INTERPRET=1 TRITON_INTERPRET=1``, Triton 3.6 needs NumPy < 2.3 there) because
+the interpreter takes seconds per case.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.validator.test_fastmetrics import CUDA, _name, assert_same, pair, reference  # noqa: F401
+from validator.kernels import _finish
+
+WINDOW_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.fixture
+def kc() -> Iterator[object]:
+    from validator.kernels import cuda
+
+    saved = dict(cuda.CONFIG)
+    yield cuda
+    cuda.CONFIG.clear()
+    cuda.CONFIG.update(saved)
+
+
+def _counts(kc: object) -> dict[str, int]:
+    return dict(kc.WINDOW_STATS)  # type: ignore[attr-defined]
+
+
+def _delta(kc: object, before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before[k] for k, v in kc.WINDOW_STATS.items()}  # type: ignore[attr-defined]
+
+
+def _sampled_tiles_equal(a: torch.Tensor, b: torch.Tensor, block: int, stride: int) -> torch.Tensor:
+    """b with every tile the sample reads set equal to a: the sample sees distance 0 everywhere, the
+    rest of the pair does not, so the window misses the p99."""
+    b = b.clone()
+    for t in range(0, a.numel() // block, stride):
+        b[t * block : (t + 1) * block] = a[t * block : (t + 1) * block]
+    return b
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", WINDOW_DTYPES, ids=_name)
+def test_cuda_window_matches_reference(reference, kc, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    a, b = pair(dtype, (1 << 21) + 37, seed=21)
+    before = _counts(kc)
+    assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+    assert _delta(kc, before)["window"] == 1
+
+
+@CUDA
+def test_cuda_window_miss_falls_back_exactly(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    a, b = pair(torch.bfloat16, 1 << 21, seed=22)
+    b = _sampled_tiles_equal(a, b, kc.CONFIG["BLOCK"], _finish.SAMPLE_STRIDE)
+    before = _counts(kc)
+    assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+    assert _delta(kc, before) == {"window": 1, "fallback": 1}
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=_name)
+def test_cuda_window_nonfinite_and_identical(reference, kc, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    a, b = pair(dtype, 1 << 21, seed=23)
+    b[::1000] = float("nan")
+    a[5::7777] = float("inf")
+    b[5::7777] = float("inf")
+    a[9::9999] = float("-inf")
+    assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+    assert_same(torch_compare(a.cuda(), a.cuda()), reference(a, a))  # lo == 0: every distance 0
+    c = a.clone()
+    c[:4096] = (-a[:4096].double()).to(dtype)  # a wide tail above the p99
+    assert_same(torch_compare(a.cuda(), c.cuda()), reference(a, c))
+
+
+def torch_compare(a: torch.Tensor, b: torch.Tensor) -> object:
+    from validator.metrics import compare_tensors
+
+    return compare_tensors(a, b)
+
+
+@pytest.mark.skipif(
+    os.environ.get("VALIDATOR_TEST_TRITON_INTERPRET") != "1", reason="set VALIDATOR_TEST_TRITON_INTERPRET=1"
+)
+@pytest.mark.parametrize("dtype", WINDOW_DTYPES, ids=_name)
+def test_window_kernels_in_interpreter(reference, kc, monkeypatch, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # small tiles and a denser sample, so that a pair of a few 10,000 elements takes the window path
+    monkeypatch.setattr(_finish, "WINDOW_MIN_SAMPLE", 256)
+    monkeypatch.setattr(kc, "SAMPLE_STRIDE", 4)
+    kc.CONFIG.update(BLOCK=64, NCOPY=2, SCOPY=2, SNSMALL=8, NSMALL=8, window_min=1000, NHEAD=16)
+    a, b = pair(dtype, 20037, seed=24)
+    cases = [(a, b, 0), (a, _sampled_tiles_equal(a, b, 64, 4), 1)]
+    for x, y, fallbacks in cases:
+        before = _counts(kc)
+        for masked in (False, True):
+            with warnings.catch_warnings():  # the interpreter's NumPy arithmetic warns on inf - inf
+                warnings.simplefilter("ignore", RuntimeWarning)
+                fast = kc._compare_on(
+                    x, y, torch.device("cpu"), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, force_masked=masked
+                )
+            assert_same(fast, reference(x, y))
+        assert _delta(kc, before)["window"] == 2
+        if dtype != torch.float32:  # float32's window may be too wide and miss either way
+            assert _delta(kc, before)["fallback"] == 2 * fallbacks

@@ -376,6 +376,12 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
     dev = "cuda"
     sync = torch.cuda.synchronize
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "info": info()}
+    from validator.kernels import cuda as kc_
+
+    probe = make_pair(1 << 21, torch.bfloat16, dev)
+    compare_tensors(*probe)
+    res["cuda_c_errors"] = {str(k): v for k, v in kc_._CU_ERRORS.items()}
+    print("CUDA C engine:", "in use" if kc_.WINDOW_STATS["cuda_c"] else f"not in use: {res['cuda_c_errors']}")
     out["gpu"] = res  # filled in as we go: a later failure keeps what was measured
     rows: list[tuple[str, float, str]] = []
     buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -468,22 +474,22 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda.py CONFIG keys)
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8},
-    {"BLOCK": 512, "num_warps": 4, "programs_per_sm": 16},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 4},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 16},
-    {"BLOCK": 1024, "num_warps": 8, "programs_per_sm": 8},
-    {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 4},
-    {"BLOCK": 2048, "num_warps": 4, "programs_per_sm": 4},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "PREFETCH": 0},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "NCOPY": 64},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "WINDOW": 0, "NSMALL": 32},
-    # attribution (never chosen): 1 = no window histogram, 2 = no ULP work, 3 = ULP work but no
-    # float64 arithmetic, 4 = loads only
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 1},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 2},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 3},
-    {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 8, "DIAG": 4},
+    # the CUDA C engine (_cuda_kernel.cu): vectors in flight per thread, blocks of 256 per SM
+    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 4},
+    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 4},
+    {"ENGINE": 1, "UNROLL": 8, "cu_blocks_per_sm": 4},
+    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 2},
+    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 8},
+    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 8},
+    {"ENGINE": 1, "UNROLL": 8, "cu_blocks_per_sm": 2},
+    # the Triton kernels alone
+    {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16},
+    {"ENGINE": 0, "BLOCK": 1024, "num_warps": 8, "programs_per_sm": 8},
+    # attribution on the Triton kernels (never chosen): 1 = no window histogram, 2 = no ULP work,
+    # 4 = loads only
+    {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16, "DIAG": 1},
+    {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16, "DIAG": 2},
+    {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16, "DIAG": 4},
 ]
 
 
@@ -514,6 +520,7 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
                 before = dict(kc.WINDOW_STATS)
                 row[f"exact_{n}"] = printed(compare_tensors(a, b)) == ref[n]
                 row[f"fallback_{n}"] = kc.WINDOW_STATS["fallback"] - before["fallback"]
+                row[f"cuda_c_{n}"] = kc.WINDOW_STATS["cuda_c"] - before["cuda_c"]
             score = min(row[f"gbps_{sizes[0]}"] / 1000, row[f"gbps_{sizes[1]}"] / 2500)
             if not cfg.get("DIAG") and all(row[f"exact_{n}"] for n in sizes) and score > best_score:
                 best, best_score = dict(cfg), score

@@ -53,18 +53,33 @@ def _sampled_tiles_equal(a: torch.Tensor, b: torch.Tensor, block: int, stride: i
 @pytest.mark.parametrize("dtype", WINDOW_DTYPES, ids=_name)
 def test_cuda_window_matches_reference(reference, kc, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     a, b = pair(dtype, (1 << 21) + 37, seed=21)
-    before = _counts(kc)
-    assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
-    assert _delta(kc, before)["window"] == 1
+    for engine in (1, 0):  # the CUDA C kernels, then the Triton ones
+        kc.CONFIG["ENGINE"] = engine
+        before = _counts(kc)
+        assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+        assert _delta(kc, before)["window"] == 1
+        assert _delta(kc, before)["cuda_c"] == engine, kc._CU_ERRORS
 
 
 @CUDA
 def test_cuda_window_miss_falls_back_exactly(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     a, b = pair(torch.bfloat16, 1 << 21, seed=22)
     b = _sampled_tiles_equal(a, b, kc.CONFIG["BLOCK"], _finish.SAMPLE_STRIDE)
-    before = _counts(kc)
-    assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
-    assert _delta(kc, before) == {"window": 1, "fallback": 1}
+    for engine in (1, 0):
+        kc.CONFIG["ENGINE"] = engine
+        before = _counts(kc)
+        assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+        assert _delta(kc, before) == {"window": 1, "fallback": 1, "cuda_c": engine}
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=_name)
+def test_cuda_window_unaligned_views_and_sizes(reference, kc, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    a, b = pair(dtype, (1 << 21) + 5, seed=25)
+    ga, gb = a.cuda(), b.cuda()
+    assert_same(torch_compare(ga[1:], gb[1:]), reference(a[1:], b[1:]))  # not 16-byte aligned: Triton
+    for n in ((1 << 20) + 1, (1 << 21) + 15, 3 << 20):  # tails of every length below one vector
+        assert_same(torch_compare(ga[:n], gb[:n]), reference(a[:n], b[:n]))
 
 
 @CUDA

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,6 +69,9 @@ CONFIG: dict[str, int] = {
     "SCOPY": 4,  # copies of the sample's histograms
     "SNSMALL": 64,  # register-histogram bins of the sample kernel
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
+    "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
+    "UNROLL": 4,  # CUDA C: 16-byte vectors in flight per thread
+    "cu_blocks_per_sm": 4,  # CUDA C: blocks of 256 threads per multiprocessor
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
     CONFIG.update({k: int(v) for k, v in json.loads(os.environ["VALIDATOR_CUDA_CONFIG"]).items() if k in CONFIG})
@@ -637,6 +641,10 @@ def _run_window(
     ranks = window_ranks(s_tiles * block)
     if ranks is None or n > _MAX_LAUNCH:
         return None
+    if device.type == "cuda":
+        res = _run_cu(fa, fb, device, atol, rtol, masked)
+        if res is not None:
+            return res
     grid_max = _grid_max(device)
     layout = _layout(grid_max, ulp_bits)
     w = _carve(_workspace(device, _ws_bytes(layout)), layout)
@@ -665,6 +673,99 @@ def _run_window(
         num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
     res: list[float] = w["out"].cpu().tolist()
+    return res
+
+
+# ---------------------------------------------------------------- the CUDA C engine (NVRTC)
+
+_CU_SOURCE = Path(__file__).with_name("_cuda_kernel.cu")
+_CU_DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
+_CU_TILE = 1024  # the sample's tile (elements), as in _cuda_kernel.cu
+_CU_THREADS = 256
+_CU_ERRORS: dict[tuple[int, int, int, int], str] = {}
+
+
+@functools.cache
+def _cu_kernels(dt: int, masked: int, nhead: int, unroll: int, device_index: int) -> tuple[Any, Any] | None:
+    """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
+    mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
+    Triton kernels are used then; the reason is kept in ``_CU_ERRORS``)."""
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is None:
+        _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
+        return None
+    head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
+    source = head + _CU_SOURCE.read_text()
+    try:
+        with torch.cuda.device(device_index):
+            return (
+                compile_kernel(source, "vk_sample", nvcc_options=["--fmad=false"]),
+                compile_kernel(source, "vk_main", nvcc_options=["--fmad=false"]),
+            )
+    except Exception as exc:  # no NVRTC, an old driver: the Triton path still works
+        _CU_ERRORS[(dt, masked, nhead, unroll)] = f"{type(exc).__name__}: {exc}"[:2000]
+        return None
+
+
+def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
+    return [
+        ("part", torch.float64, grid * _NPART),
+        ("out", torch.float64, _NPART),
+        ("win", torch.int64, 2),
+        ("done", torch.int32, 4),
+        ("sfine", torch.int32, 66 * 1024),
+        ("ssup", torch.int32, 256),
+        ("scoarse", torch.int32, 65 * 1024),
+        ("scsup", torch.int32, 256),
+        ("whead", torch.int32, CONFIG["NHEAD"]),
+        ("wbig", torch.int32, WINDOW_MAX_BINS + 1024),
+        ("wsup", torch.int32, 1024),
+    ]
+
+
+def _run_cu(
+    a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool
+) -> list[float] | None:
+    """The windowed pass on the CUDA C engine: two launches, one memset, one 128-byte read back.
+    ``None`` where it does not apply (see ``_compare_on``): the Triton kernels run then."""
+    dt = _CU_DT.get(a.dtype)
+    n = a.numel()
+    if (
+        CONFIG.get("ENGINE", 1) != 1
+        or CONFIG.get("DIAG")
+        or dt is None
+        or b.dtype != a.dtype
+        or n >= 1 << 31
+        or a.data_ptr() % 16
+        or b.data_ptr() % 16
+    ):
+        return None
+    s_tiles = -(-(n // _CU_TILE) // SAMPLE_STRIDE)
+    ranks = window_ranks(s_tiles * _CU_TILE)
+    if ranks is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    kernels = _cu_kernels(dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index)
+    if kernels is None:
+        return None
+    sample, main = kernels
+    grid = _sm_count(index) * CONFIG["cu_blocks_per_sm"]
+    layout = _cu_layout(grid)
+    w = _carve(_workspace(device, _ws_bytes(layout)), layout)
+    tol = _tolerances(device, float(atol), float(rtol))
+    done = w["done"]
+    block = (_CU_THREADS, 1, 1)
+    sample(
+        grid=(min(s_tiles, grid), 1, 1), block=block,
+        args=[a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
+              ranks[0], ranks[1], WINDOW_MAX_BINS],
+    )  # fmt: skip
+    main(
+        grid=(grid, 1, 1), block=block,
+        args=[a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
+    )  # fmt: skip
+    res: list[float] = w["out"].cpu().tolist()
+    WINDOW_STATS["cuda_c"] += 1
     return res
 
 
@@ -764,7 +865,7 @@ def _compare_on(
     return metrics_from_totals(a, b, atol, rtol, res[0:5], res[5], counts, ulp)
 
 
-WINDOW_STATS = {"window": 0, "fallback": 0}  # how often the window path ran, and missed (tests read it)
+WINDOW_STATS = {"window": 0, "fallback": 0, "cuda_c": 0}  # how often the window path ran, and missed (tests read it)
 
 
 def _p99_of(

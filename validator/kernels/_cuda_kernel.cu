@@ -1,0 +1,417 @@
+// The CUDA C path of validator.kernels.cuda (docs/performance.md, "CUDA kernel"), compiled at first
+// use with NVRTC (torch.cuda._compile_kernel) for one element type and masking mode at a time:
+//
+//   DT      1 float32, 2 float16, 3 bfloat16, 4 float8_e4m3fn, 5 float8_e5m2 (both tensors the same)
+//   MASKED  0: every element assumed finite (the host reruns with 1 when the sums come out non-finite)
+//   NHEAD   window bins counted in shared memory (the rest go to global memory)
+//   UNROLL  16-byte vectors in flight per thread
+//
+// vk_sample: exact histograms of the distances of a strided sample (every SAMPLE_STRIDE-th tile of
+//   TILE elements); its last block turns them into the window [lo, lo + wn) that should hold the p99
+//   (the rule of validator.kernels._finish.p99_window, with the sample ranks computed on the host).
+// vk_main: the one full pass. Float64 sums (explicit fma; built with --fmad=false so that the
+//   tolerance test atol + rtol*|a| rounds like the reference), max |d|, pass count, max ULP, the count
+//   of distances below the window and the exact histogram of those inside it. Each block writes its
+//   totals to its own row; the last block to finish reduces the rows in a fixed order and finds the
+//   p99 in the window (or -1 when its rank lies outside: the host then runs the full histograms).
+//
+// out[16]: 0-4 sums of a^2, b^2, ab, d^2, |d|; 5 max |d|; 6 passed; 7 max ULP; 8 finite in both;
+//   9, 10 non-finite in a, in b; 11 mismatches; 12 p99 or -1; 13 rank; 14 count below the window.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define FINE 65536
+#define NPART 16
+#define NSUP 1024 /* window bins NHEAD.. : their >> 10 totals */
+#define THREADS 256
+
+#if DT == 1
+#define EB 4
+#elif DT == 2 || DT == 3
+#define EB 2
+#else
+#define EB 1
+#endif
+#define VEC (16 / EB)          /* elements per 16-byte vector */
+#define PER_WORD (4 / EB)      /* elements per 32-bit word */
+#define EMASK ((EB == 4) ? 0xFFFFFFFFu : ((1u << (8 * EB)) - 1u))
+
+__device__ __forceinline__ double to_f64(u32 bits) {
+#if DT == 1
+    return (double)__uint_as_float(bits);
+#elif DT == 3
+    return (double)__uint_as_float(bits << 16);
+#elif DT == 2 || DT == 5
+    float f;
+    unsigned short h = (unsigned short)(DT == 2 ? bits : (bits << 8)); /* e5m2: the top byte of a float16 */
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return (double)f;
+#else /* e4m3fn: bias 7, no infinities, S.1111.111 is NaN */
+    const u32 e = (bits >> 3) & 0xF, m = bits & 7;
+    float f;
+    if ((bits & 0x7F) == 0x7F)
+        f = __uint_as_float(0x7FC00000u);
+    else if (e == 0)
+        f = (float)m * 0.001953125f; /* m * 2**-9, exact */
+    else
+        f = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (bits & 0x80) ? -(double)f : (double)f;
+#endif
+}
+
+/* |ord(a) - ord(b)|: the bit patterns on the monotonic integer line (-0.0 and +0.0 both 0) */
+__device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
+#if EB == 4
+    const int sa = (int)a, sb = (int)b;
+    const i64 oa = sa < 0 ? -(i64)(sa & 0x7FFFFFFF) : (i64)sa;
+    const i64 ob = sb < 0 ? -(i64)(sb & 0x7FFFFFFF) : (i64)sb;
+    const i64 d = oa - ob;
+    return (u32)(d < 0 ? -d : d);
+#elif EB == 2
+    const int sa = (short)a, sb = (short)b;
+    const int d = (sa < 0 ? -(sa & 0x7FFF) : sa) - (sb < 0 ? -(sb & 0x7FFF) : sb);
+    return (u32)(d < 0 ? -d : d);
+#else
+    const int sa = (signed char)a, sb = (signed char)b;
+    const int d = (sa < 0 ? -(sa & 0x7F) : sa) - (sb < 0 ? -(sb & 0x7F) : sb);
+    return (u32)(d < 0 ? -d : d);
+#endif
+}
+
+struct Acc {
+    double aa, bb, ab, dd, ad, mad;
+    u32 pass, mulp, below, both, nfa, nfb, mis;
+};
+
+__device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u) {
+    if (u < NHEAD)
+        atomicAdd(sh + u, 1u);
+    else {
+        atomicAdd(wbig + u, 1u);
+        atomicAdd(wsup + (u >> 10), 1u);
+    }
+}
+
+/* one element pair, given by its bits */
+__device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
+                                     u32 *wbig, u32 *wsup) {
+    double xa = to_f64(ab_), xb = to_f64(bb_);
+#if MASKED
+    const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
+    const bool both = fa && fb;
+    const bool same = !fa && !fb && (xa == xb || (xa != xa && xb != xb));
+    if (!both) {
+        xa = 0.0;
+        xb = 0.0;
+    }
+    s.both += both;
+    s.nfa += !fa;
+    s.nfb += !fb;
+    s.mis += !both && !same;
+#endif
+    const double d = xb - xa, ad = fabs(d);
+    s.aa = fma(xa, xa, s.aa);
+    s.bb = fma(xb, xb, s.bb);
+    s.ab = fma(xa, xb, s.ab);
+    s.dd = fma(d, d, s.dd);
+    s.ad += ad;
+    s.mad = fmax(s.mad, ad);
+#if MASKED
+    s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
+    if (!both) return;
+#else
+    s.pass += ad <= atol + rtol * fabs(xa);
+#endif
+    const u32 dist = ulp_dist(ab_, bb_);
+    s.mulp = max(s.mulp, dist);
+    s.below += dist < lo;
+    const u32 u = dist - lo;
+    if (dist >= lo && u < wn) window_add(sh, wbig, wsup, u);
+}
+
+__device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
+                                          u32 *wbig, u32 *wsup) {
+#pragma unroll
+    for (int k = 0; k < PER_WORD; k++)
+        step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
+}
+
+__device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
+#if EB == 4
+    return ((const u32 *)p)[i];
+#elif EB == 2
+    return ((const unsigned short *)p)[i];
+#else
+    return p[i];
+#endif
+}
+
+/* ---------------------------------------------------------------- block-wide helpers */
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_max(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_down_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+
+/* Sum (or max, for the columns in max_mask) of NPART values over the block, in a fixed order; the
+ * result is valid in thread 0. red: shared scratch of THREADS/32 * NPART doubles. */
+__device__ void block_reduce(double *v, double *red, u32 max_mask) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < NPART; j++) {
+        const double r = ((max_mask >> j) & 1) ? warp_max(v[j]) : warp_sum(v[j]);
+        if (lane == 0) red[warp * NPART + j] = r;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < NPART; j++) {
+            double r = red[j];
+            for (int w = 1; w < THREADS / 32; w++)
+                r = ((max_mask >> j) & 1) ? fmax(r, red[w * NPART + j]) : r + red[w * NPART + j];
+            v[j] = r;
+        }
+    }
+    __syncthreads();
+}
+
+/* Inclusive prefix sums of THREADS per-thread int64 values (Hillis-Steele in shared memory). */
+__device__ i64 block_scan(i64 x, i64 *tmp) {
+    tmp[threadIdx.x] = x;
+    __syncthreads();
+    for (int o = 1; o < THREADS; o <<= 1) {
+        const i64 y = threadIdx.x >= o ? tmp[threadIdx.x - o] : 0;
+        __syncthreads();
+        tmp[threadIdx.x] += y;
+        __syncthreads();
+    }
+    const i64 r = tmp[threadIdx.x];
+    __syncthreads();
+    return r;
+}
+
+/* Smallest index i < nbins with prior + cum(hist[0..i]) >= rank (nbins a multiple of THREADS, at
+ * most 4 * THREADS... any multiple works), or nbins when not reached; *total gets the histogram's sum.
+ * Every thread gets the result. */
+__device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *tmp, i64 *total) {
+    const int per = nbins / THREADS;
+    const int base = threadIdx.x * per;
+    i64 mine = 0;
+    for (int k = 0; k < per; k++) mine += __ldcg(hist + base + k);
+    const i64 incl = block_scan(mine, tmp) + prior;
+    __shared__ i64 found, tot;
+    if (threadIdx.x == 0) found = nbins;
+    if (threadIdx.x == THREADS - 1) tot = incl - prior;
+    __syncthreads();
+    i64 run = incl - mine;
+    if (run < rank && incl >= rank) {
+        for (int k = 0; k < per; k++) {
+            run += __ldcg(hist + base + k);
+            if (run >= rank) {
+                found = base + k;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const i64 r = found;
+    *total = tot;
+    __syncthreads();
+    return r;
+}
+
+/* ---------------------------------------------------------------- sample + window */
+
+#define TILE 1024
+#define SMALLS 1024
+
+// fine: FINE + 1 bins (the last: FINE or more), sup: fine's >> 10 totals (65 used of 128);
+// coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
+// win: [lo, wn] (int64) and done: a zeroed counter.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
+              u32 *coarse, u32 *csup, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
+    __shared__ u32 sh[SMALLS];
+    __shared__ i64 tmp[THREADS];
+    __shared__ bool last;
+    for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
+    __syncthreads();
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const i64 base = (i64)t * stride * TILE;
+        for (int e = threadIdx.x; e < TILE; e += THREADS) {
+            const u32 d = ulp_dist(load_bits(a, base + e), load_bits(b, base + e));
+            if (d < SMALLS)
+                atomicAdd(sh + d, 1u);
+            else {
+                const u32 f = d < FINE ? d : FINE;
+                atomicAdd(fine + f, 1u);
+                atomicAdd(sup + (f >> 10), 1u);
+#if EB == 4
+                if (d >= FINE) {
+                    atomicAdd(coarse + (d >> 16), 1u);
+                    atomicAdd(csup + (d >> 26), 1u);
+                }
+#endif
+            }
+        }
+    }
+    __syncthreads();
+    u32 low = 0;
+    for (int i = threadIdx.x; i < SMALLS; i += THREADS)
+        if (sh[i]) {
+            atomicAdd(fine + i, sh[i]);
+            low += sh[i];
+        }
+    for (int o = 16; o > 0; o >>= 1) low += __shfl_down_sync(0xFFFFFFFFu, low, o);
+    if ((threadIdx.x & 31) == 0 && low) atomicAdd(sup, low);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the window: sampled distances of ranks r_lo and r_hi (beyond the fine range: bucket edges) */
+    i64 bound[2];
+    for (int w = 0; w < 2; w++) {
+        const i64 rank = w == 0 ? r_lo : r_hi;
+        i64 total;
+        i64 k = block_find(sup, 256, rank, 0, tmp, &total); /* sup has 128 bins per copy; 256 >= 65 used */
+        i64 before = 0;
+        for (int j = 0; j < k && j < 256; j++) before += __ldcg(sup + j);
+        i64 v = 0;
+        if (rank >= 1 && k < 65) {
+            i64 t2;
+            const i64 idx = block_find(fine + k * 1024, 1024, rank, before, tmp, &t2);
+            v = k * 1024 + idx;
+        } else if (rank < 1) {
+            v = 0;
+        }
+#if EB == 4
+        if (rank >= 1 && v >= FINE) {
+            const i64 below16 = total - __ldcg(fine + FINE);
+            i64 t3;
+            const i64 ck = block_find(csup, 256, rank, below16, tmp, &t3);
+            i64 cbefore = below16;
+            for (int j = 0; j < ck && j < 64; j++) cbefore += __ldcg(csup + j);
+            const i64 cidx = block_find(coarse + ck * 1024, 1024, rank, cbefore, tmp, &t3);
+            const i64 bucket = ck * 1024 + cidx;
+            v = w == 0 ? (bucket << 16) : ((bucket + 1) << 16);
+        }
+#endif
+        bound[w] = v;
+    }
+    if (threadIdx.x == 0) {
+        const i64 wn = bound[1] + 1 - bound[0];
+        win[0] = bound[0];
+        win[1] = wn <= wmax ? wn : 0;
+    }
+}
+
+/* ---------------------------------------------------------------- the full pass */
+
+// part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
+// wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    vk_main(const unsigned char *a, const unsigned char *b, int n, const double *tol, const i64 *win, double *part,
+            u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out) {
+    __shared__ u32 sh[NHEAD];
+    __shared__ double red[THREADS / 32 * NPART];
+    __shared__ i64 tmp[THREADS];
+    __shared__ bool last;
+    for (int i = threadIdx.x; i < NHEAD; i += THREADS) sh[i] = 0;
+    __syncthreads();
+    const double atol = tol[0], rtol = tol[1];
+    const i64 lo64 = win[0], wn64 = win[1];
+    /* distances are below 2**32; a window starting there or empty holds nothing */
+    const u32 lo = lo64 > 0xFFFFFFFFll ? 0xFFFFFFFFu : (u32)lo64;
+    const u32 wn = (u32)(wn64 > 0 ? wn64 : 0);
+    Acc s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
+    const i64 nvec = n / VEC;
+    const i64 stride = (i64)gridDim.x * THREADS;
+    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += stride * UNROLL) {
+        uint4 ra[UNROLL], rb[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 v = v0 + k * stride;
+            if (v < nvec) {
+                ra[k] = __ldcs(va + v);
+                rb[k] = __ldcs(vb + v);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            if (v0 + k * stride < nvec) {
+                step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
+            }
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
+        for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
+            step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
+    double v[NPART] = {s.aa, s.bb, s.ab, s.dd, s.ad, s.mad, (double)s.pass, (double)s.mulp,
+                       (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis, (double)s.below, 0, 0, 0};
+    const u32 max_cols = (1u << 5) | (1u << 7);
+    block_reduce(v, red, max_cols);
+    if (threadIdx.x == 0)
+        for (int j = 0; j < NPART; j++) part[(i64)blockIdx.x * NPART + j] = v[j];
+    for (int i = threadIdx.x; i < NHEAD; i += THREADS)
+        if (sh[i]) atomicAdd(whead + i, sh[i]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the last block: every row, in a fixed order whichever block this is */
+    double t[NPART];
+    for (int j = 0; j < NPART; j++) t[j] = 0.0;
+    for (int r = threadIdx.x; r < (int)gridDim.x; r += THREADS)
+        for (int j = 0; j < NPART; j++) {
+            const double x = __ldcg(part + (i64)r * NPART + j);
+            t[j] = ((max_cols >> j) & 1) ? fmax(t[j], x) : t[j] + x;
+        }
+    block_reduce(t, red, max_cols);
+    __shared__ double tot[NPART];
+    if (threadIdx.x == 0)
+        for (int j = 0; j < NPART; j++) tot[j] = t[j];
+    __syncthreads();
+    const i64 n_both = MASKED ? (i64)tot[8] : (i64)n;
+    const i64 below = (i64)tot[12];
+    const i64 rank = (99 * n_both + 99) / 100;
+    const i64 inside = rank - below;
+    i64 h_tot, s_tot, b_tot;
+    const i64 ih = block_find(whead, NHEAD, inside, 0, tmp, &h_tot);
+    i64 p99 = -1;
+    if (n_both > 0 && inside >= 1) {
+        if (inside <= h_tot)
+            p99 = (i64)lo + ih;
+        else {
+            const i64 k = block_find(wsup, NSUP, inside, h_tot, tmp, &s_tot);
+            if (k < NSUP) {
+                i64 before = h_tot;
+                for (int j = 0; j < k; j++) before += __ldcg(wsup + j);
+                const i64 ib = block_find(wbig + k * 1024, 1024, inside, before, tmp, &b_tot);
+                if (ib < 1024) p99 = (i64)lo + k * 1024 + ib;
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < 12; j++) out[j] = tot[j];
+        if (!MASKED) out[8] = (double)n;
+        out[12] = (double)p99;
+        out[13] = (double)rank;
+        out[14] = (double)below;
+        out[15] = 0.0;
+    }
+}

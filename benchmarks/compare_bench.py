@@ -421,6 +421,7 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
         ours = compare_tensors(a, b)
         saved = dict(kc.CONFIG)
         kc.CONFIG["DIAG"] = 2
+        kc.CONFIG["CUDIAG"] = 2
         t_noulp = timed(lambda: compare_tensors(a, b), args.reps, sync)
         kc.CONFIG.update(saved)
         os.environ["VALIDATOR_KERNELS"] = "0"

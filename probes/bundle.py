@@ -1,5 +1,8 @@
 """The run bundle writer (format v1, see docs/bundle-format.md). Needs torch and safetensors only.
 
+Importing this module does not import torch (the validator reads bundles without it): the functions that
+take tensors import it when called.
+
 Layout::
 
     BUNDLE/
@@ -21,11 +24,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .shards import Coords, ShardSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -64,6 +68,8 @@ def check_tensor_name(name: str) -> str:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's raw little-endian bytes, row-major (as safetensors stores them)."""
+    import torch
+
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -167,6 +173,8 @@ class BundleWriter:
         **coords: Any,
     ) -> dict[str, Any]:
         """Add one tensor. ``coords``: step, request, tokens, layer, pp_stage, tp_rank, tp_size, or extra keys."""
+        import torch
+
         if self.closed:
             raise BundleError(f"{self.part_dir}: writer is closed")
         check_tensor_name(name)

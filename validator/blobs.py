@@ -13,12 +13,13 @@ import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import InputError, StorageError
 from .tensorfile import raw_tensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BlobStore", "LocalBlobStore", "open_blob_store", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
-
-import torch
 
 from .blobs import LocalBlobStore, check_sha, write_temp
 from .errors import InputError, ValidatorError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["S3BlobStore"]
 
@@ -102,6 +103,8 @@ class S3BlobStore:
 
     def open_tensor(self, sha256: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
         if nbytes == 0:
+            import torch
+
             return torch.empty(shape, dtype=dtype)
         self.path(sha256)
         return self.cache.open_tensor(sha256, dtype, shape, nbytes)

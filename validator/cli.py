@@ -13,7 +13,6 @@ from typing import Any
 
 from probes.bundle import BundleError
 from probes.config import ProbeConfigError
-from probes.projection import ProjectionConfigError
 from probes.shards import ShardSpecError
 
 from .config import Settings, parse_labels
@@ -369,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=cmd_pd_layout)
 
-    probe = sub.add_parser("probe", help="run a probe").add_subparsers(dest="probe", metavar="PROBE")
+    probe = sub.add_parser("probe", help="run a probe").add_subparsers(
+        dest="probe", metavar="PROBE", parser_class=_DeferredParser
+    )
     probe.required = True
     s = probe.add_parser("metrics", help="acceptance counters from an SGLang/vLLM Prometheus endpoint over a window")
     from .scrape import add_arguments as _metrics_args
@@ -385,7 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     gsm8k_arguments(s)
     s.set_defaults(func=cmd_probe_gsm8k)
-    s = probe.add_parser("projection", help="DFlash context projection: concat vs PP-partial vs FP64 reference")
+    probe.add_parser(
+        "projection",
+        help="DFlash context projection: concat vs PP-partial vs FP64 reference",
+        define=_projection_options,  # validator.projection imports torch: only when this command is used
+    )
+    return p
+
+
+def _projection_options(s: argparse.ArgumentParser) -> None:
     try:
         from .projection import add_arguments, run_from_args
 
@@ -394,7 +403,41 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError as exc:  # pragma: no cover - only while the module is missing
         err = f"validator: error: the projection probe is unavailable ({exc})"
         s.set_defaults(func=lambda a: print(err, file=sys.stderr) or 2)
-    return p
+
+
+class _DeferredParser(argparse.ArgumentParser):
+    """A subcommand parser whose options are defined by ``define(parser)`` the first time it parses or formats
+    its help. Options that come from a module importing torch then cost nothing to the other commands (an
+    ingest never imports torch; see docs/performance.md)."""
+
+    def __init__(self, *args: Any, define: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._define = define
+
+    def _defined(self) -> None:
+        define, self._define = self._define, None
+        if define is not None:
+            define(self)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:  # type: ignore[override]
+        self._defined()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._defined()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._defined()
+        return super().format_help()
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors of the probes package that are the user's to fix (exit 2). ``ProjectionConfigError`` lives in a
+    module that imports torch; it can only have been raised if that module was loaded."""
+    errors: tuple[type[Exception], ...] = (BundleError, ShardSpecError, ProbeConfigError)
+    projection = sys.modules.get("probes.projection_config")
+    return errors if projection is None else (*errors, projection.ProjectionConfigError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -405,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidatorError as exc:
         print(f"validator: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except (BundleError, ShardSpecError, ProbeConfigError, ProjectionConfigError) as exc:
+    except _user_errors() as exc:
         print(f"validator: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

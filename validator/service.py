@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -21,15 +21,16 @@ from probes.shards import Coords, ShardSpec
 
 from . import store
 from .blobs import open_blob_store, remove_stale_temp, temp_prefix
-from .compare import Comparison, compare_runs
 from .config import Settings
 from .errors import ConflictError, InputError, NotFoundError, StorageError
 from .models import ComparisonRecord, Run
-from .policy import Policy
-from .report import comparison_json
 from .shards import group_logical
 from .sources import RunView, TensorRef, open_path
 from .tensorfile import file_byte_chunks, torch_dtype
+
+if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
+    from .compare import Comparison
+    from .policy import Policy
 
 __all__ = ["Service", "RunSummary", "Progress"]
 
@@ -380,6 +381,8 @@ class Service:
         progress: Progress | None = None,
         allow_paths: bool = True,
     ) -> Comparison:
+        from .compare import compare_runs
+
         va, vb = self.resolve(a, allow_paths=allow_paths), self.resolve(b, allow_paths=allow_paths)
         fl = (self.resolve(floor[0], allow_paths=allow_paths), self.resolve(floor[1], allow_paths=allow_paths)) if floor else None
         return compare_runs(va, vb, policy=policy, floor=fl, progress=progress)
@@ -398,6 +401,8 @@ class Service:
         Stored runs are immutable, so the cache never goes stale. Large comparisons run in the background
         (``background=None`` decides by size); the record's ``status`` says queued/running/done/error.
         """
+        from .policy import Policy
+
         pol = Policy.from_dict(policy or {}, source="request") if policy else None
         runs = [self.get_run(r) for r in (a, b, *(floor or ()))]
         request = {"a": runs[0].name, "b": runs[1].name, "floor": [r.name for r in runs[2:]] or None, "policy": policy or {}}
@@ -426,6 +431,8 @@ class Service:
         return self.get_comparison(rec_id)
 
     def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None) -> None:
+        from .report import comparison_json
+
         with self.session() as s, s.begin():
             rec = store.get_comparison(s, id=rec_id)
             assert rec is not None

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from probes.shards import Coords
 
 from .errors import InputError
 from .sources import TensorRef
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LogicalTensor", "group_logical", "logical_key"]
 
@@ -69,6 +70,8 @@ class LogicalTensor:
 
     def materialize(self) -> torch.Tensor:
         """Load and assemble the logical tensor. Replica disagreements are appended to ``notes``."""
+        import torch  # grouping and validating shards (ingest) needs no torch; assembling them does
+
         kind = self.kind
         if kind == "full":
             return self.shards[0].load()
@@ -97,6 +100,8 @@ class LogicalTensor:
         return total
 
     def _check_replicas(self, first: torch.Tensor, reps: list[TensorRef]) -> None:
+        import torch
+
         ref0 = reps[0]
         for r in reps[1:]:
             if r.sha256 is not None and r.sha256 == ref0.sha256:

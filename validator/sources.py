@@ -10,15 +10,16 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, BundleError, check_tensor_name
 from probes.shards import Coords, ShardSpec, ShardSpecError
 
 from .errors import InputError
-from .tensorfile import SafetensorsFile, dtype_name, file_byte_chunks, torch_dtype
+from .tensorfile import SafetensorsFile, check_dtype, dtype_name, file_byte_chunks
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TensorRef", "RunView", "open_path", "read_bundle", "read_safetensors_dir", "read_safetensors_file"]
 
@@ -211,18 +212,18 @@ def _record_ref(part: Path, ppath: Path, i: int, rec: Any, files: dict[str, Safe
     entry = sf.entries.get(key) if isinstance(key, str) else None
     if entry is None:
         raise InputError(f"{sf.path}: tensor {name!r} (key {key!r}) is not in the file")
-    dtype = torch_dtype(str(rec["dtype"]), where=f"{where}: tensor {name!r}: ")
+    dtype = check_dtype(str(rec["dtype"]), where=f"{where}: tensor {name!r}: ")
     shape = tuple(rec["shape"]) if isinstance(rec["shape"], list) else None
-    if entry.dtype != dtype or entry.shape != shape:
+    if entry.dtype_name != dtype or entry.shape != shape:
         raise InputError(
-            f"{sf.path}: tensor {name!r} is {dtype_name(entry.dtype)}{list(entry.shape)} in the file "
+            f"{sf.path}: tensor {name!r} is {entry.dtype_name}{list(entry.shape)} in the file "
             f"but {rec['dtype']}{rec['shape']} in {PART_FILE}"
         )
     return TensorRef(
         name=name,
         coords=coords,
         shard=shard,
-        dtype=dtype_name(dtype),
+        dtype=dtype,
         shape=entry.shape,
         sha256=str(rec["sha256"]),
         nbytes=entry.nbytes,
@@ -248,7 +249,7 @@ def _plain_refs(path: Path, seen: dict[str, str]) -> list[TensorRef]:
                 name=key,
                 coords=Coords(),
                 shard=ShardSpec.full(),
-                dtype=dtype_name(e.dtype),
+                dtype=e.dtype_name,
                 shape=e.shape,
                 sha256=None,
                 nbytes=e.nbytes,

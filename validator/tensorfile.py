@@ -3,6 +3,10 @@
 safetensors never unpickles, but a corrupt or hostile file can still claim offsets beyond its end,
 overlap tensors, or use an unknown dtype. Every such problem becomes an :class:`InputError` naming the
 file and the tensor. Tensor data is memory-mapped, so reading one tensor does not read the others.
+
+Headers, dtypes, shapes and byte sizes are plain data here: parsing and validating a file (and so an
+ingest, which streams the bytes) does not import torch. Only materialising a tensor (:meth:`SafetensorsFile.load`,
+:func:`raw_tensor`, :func:`torch_dtype`, :data:`DTYPES`) does.
 """
 
 from __future__ import annotations
@@ -15,42 +19,90 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 
-__all__ = ["DTYPES", "TensorEntry", "SafetensorsFile", "torch_dtype", "dtype_name", "raw_tensor", "file_byte_chunks"]
+if TYPE_CHECKING:
+    import torch
+
+    DTYPES: dict[str, torch.dtype]  # safetensors dtype code -> torch dtype (built on first use, see __getattr__)
+
+__all__ = [
+    "DTYPES",
+    "DTYPE_NAMES",
+    "ITEMSIZES",
+    "TensorEntry",
+    "SafetensorsFile",
+    "check_dtype",
+    "torch_dtype",
+    "dtype_name",
+    "raw_tensor",
+    "file_byte_chunks",
+]
 
 CHUNK_BYTES = 8 << 20
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-# safetensors dtype code -> torch dtype
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+# safetensors dtype code -> dtype name (as torch spells it without "torch.", and as records store it)
+DTYPE_NAMES: dict[str, str] = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
-_BY_NAME = {str(t).removeprefix("torch."): t for t in DTYPES.values()}
+# dtype name -> bytes per element
+ITEMSIZES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":  # needs torch: built on first use, so that importing this module does not load it
+        import torch
+
+        table = {code: getattr(torch, dname) for code, dname in DTYPE_NAMES.items()}
+        globals()["DTYPES"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_dtype(name: str, *, where: str = "") -> str:
+    """The dtype name (``bfloat16``) of a record's dtype name or a safetensors code (``BF16``); no torch."""
+    if name in ITEMSIZES:
+        return name
+    got = DTYPE_NAMES.get(name)
+    if got is None:
+        raise InputError(f"{where}unknown dtype {name!r}")
+    return got
 
 
 def torch_dtype(name: str, *, where: str = "") -> torch.dtype:
     """Torch dtype from a record's dtype name (``bfloat16``) or a safetensors code (``BF16``)."""
-    t = _BY_NAME.get(name) or DTYPES.get(name)
-    if t is None:
-        raise InputError(f"{where}unknown dtype {name!r}")
-    return t
+    import torch
+
+    dtype: torch.dtype = getattr(torch, check_dtype(name, where=where))
+    return dtype
 
 
 def dtype_name(t: torch.dtype) -> str:
@@ -60,7 +112,7 @@ def dtype_name(t: torch.dtype) -> str:
 @dataclass(frozen=True)
 class TensorEntry:
     key: str
-    dtype: torch.dtype
+    dtype_name: str  # "bfloat16" (see DTYPE_NAMES)
     shape: tuple[int, ...]
     begin: int  # absolute byte offset in the file
     end: int
@@ -68,6 +120,11 @@ class TensorEntry:
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype (imports torch)."""
+        return torch_dtype(self.dtype_name)
 
 
 class SafetensorsFile:
@@ -125,7 +182,7 @@ class SafetensorsFile:
         if not isinstance(info, dict):
             raise self._err("header entry is not an object", key)
         code = info.get("dtype")
-        if code not in DTYPES:
+        if not isinstance(code, str) or code not in DTYPE_NAMES:
             raise self._err(f"unknown dtype {code!r}", key)
         shape = info.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
@@ -140,13 +197,13 @@ class SafetensorsFile:
             or not 0 <= offs[0] <= offs[1]
         ):
             raise self._err(f"bad data_offsets {offs!r}", key)
-        dtype = DTYPES[code]
-        expected = math.prod(shape) * dtype.itemsize
+        dname = DTYPE_NAMES[code]
+        expected = math.prod(shape) * ITEMSIZES[dname]
         if offs[1] - offs[0] != expected:
             raise self._err(f"data_offsets span {offs[1] - offs[0]} bytes but shape {shape} of {code} needs {expected}", key)
         if offs[1] > data_len:
             raise self._err(f"truncated: tensor data ends at byte {offs[1]} but the file holds {data_len} data bytes", key)
-        return TensorEntry(key, dtype, tuple(shape), data_start + offs[0], data_start + offs[1])
+        return TensorEntry(key, dname, tuple(shape), data_start + offs[0], data_start + offs[1])
 
     def load(self, key: str) -> torch.Tensor:
         """The tensor, memory-mapped read-only (copy-on-write): nothing else in the file is read."""
@@ -180,6 +237,8 @@ def file_byte_chunks(path: str | Path, offset: int, nbytes: int, chunk: int = CH
 
 def raw_tensor(path: Path, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor over ``nbytes`` raw bytes at ``offset`` of ``path``, memory-mapped copy-on-write."""
+    import torch
+
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     with open(path, "rb") as f:

@@ -4,14 +4,39 @@ Imports torch alone; SGLang is only ever touched inside a running SGLang process
 ``VALIDATOR_PROBE_BUNDLE=...`` (plus the other ``VALIDATOR_PROBE_*`` settings of :mod:`probes.config`) and
 ``VALIDATOR_SGLANG_*`` (points, required points, role, capture layers), then start the server with
 ``python -m probes.sglang.launch -- <sglang args>``. Without those variables nothing is installed.
+
+The names below load on first use (PEP 562): the validator's ingest reads :mod:`probes.sglang.coverage`
+(plain JSON) without importing torch.
 """
 
-from .coverage import CoverageResult, check_coverage, read_reports
-from .heads import HeadLayoutError, check_heads, head_ranks, heads_per_rank, kv_head_shard, rank_heads
-from .install import PluginStartupError, activate, current, deactivate
-from .points import POINTS, Point, Target, point_names
-from .resolve import PointStatus, Resolution, check_points, resolve_static, sglang_root, sglang_version
-from .runtime import Plugin, PluginConfig, infer_kv_shard
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .coverage import CoverageResult, check_coverage, read_reports
+    from .heads import HeadLayoutError, check_heads, head_ranks, heads_per_rank, kv_head_shard, rank_heads
+    from .install import PluginStartupError, activate, current, deactivate
+    from .points import POINTS, Point, Target, point_names
+    from .resolve import PointStatus, Resolution, check_points, resolve_static, sglang_root, sglang_version
+    from .runtime import Plugin, PluginConfig, infer_kv_shard
+
+# public name -> submodule defining it
+_EXPORTS = {
+    **dict.fromkeys(("CoverageResult", "check_coverage", "read_reports"), "coverage"),
+    **dict.fromkeys(
+        ("HeadLayoutError", "check_heads", "head_ranks", "heads_per_rank", "kv_head_shard", "rank_heads"), "heads"
+    ),
+    **dict.fromkeys(("PluginStartupError", "activate", "current", "deactivate"), "install"),
+    **dict.fromkeys(("POINTS", "Point", "Target", "point_names"), "points"),
+    **dict.fromkeys(
+        ("PointStatus", "Resolution", "check_points", "resolve_static", "sglang_root", "sglang_version"), "resolve"
+    ),
+    **dict.fromkeys(("Plugin", "PluginConfig", "infer_kv_shard"), "runtime"),
+}
+# submodules that importing the package used to load eagerly: still reachable as attributes
+_SUBMODULES = frozenset(("coverage", "heads", "install", "points", "resolve", "runtime", "wrappers"))
 
 __all__ = [
     "POINTS",
@@ -41,3 +66,17 @@ __all__ = [
     "sglang_root",
     "sglang_version",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

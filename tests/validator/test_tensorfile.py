@@ -66,3 +66,20 @@ def test_truncated_real_file(tmp_path: Path) -> None:
     p.write_bytes(p.read_bytes()[:-100])
     with pytest.raises(InputError, match=r"t\.safetensors, tensor 'w': truncated"):
         SafetensorsFile(p)
+
+
+def test_dtype_tables_agree_with_torch_and_safetensors(tmp_path: Path) -> None:
+    """The plain-data tables (read without torch) against torch's dtypes and the codes safetensors writes."""
+    from validator import tensorfile as tf
+
+    assert set(tf.DTYPE_NAMES.values()) == set(tf.ITEMSIZES)
+    for code, name in tf.DTYPE_NAMES.items():
+        dt = tf.DTYPES[code]
+        assert tf.dtype_name(dt) == name and dt.itemsize == tf.ITEMSIZES[name]
+        assert tf.torch_dtype(code) is dt and tf.torch_dtype(name) is dt and tf.check_dtype(code) == name
+        t = torch.zeros(3, dtype=torch.float32).to(dt)
+        save_file({"x": t}, str(tmp_path / "x.safetensors"))
+        entry = SafetensorsFile(tmp_path / "x.safetensors").entries["x"]
+        assert (entry.dtype_name, entry.dtype, entry.nbytes) == (name, dt, 3 * dt.itemsize), code
+    with pytest.raises(InputError, match="here: unknown dtype 'complex32'"):
+        tf.check_dtype("complex32", where="here: ")

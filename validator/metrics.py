@@ -10,7 +10,7 @@ refinement described in :func:`_p99_from_hist`). ``docs/metrics.md`` defines eve
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -260,51 +260,69 @@ class _Accumulator:
                 self.coarse.add(dist >> 16, weight)
 
     def finish(self, a: torch.Tensor, b: torch.Tensor, ulp: tuple[torch.dtype, int] | None) -> TensorMetrics:
-        sum_a2, sum_b2, sum_ab, sum_d2, sum_absd = self.sums.cpu().tolist()  # the one sync
+        sums = self.sums.cpu().tolist()  # the one sync
         max_abs = float(self.max_abs.cpu())
-        n_both, n_pass, nonfinite_a, nonfinite_b, mismatch = self.counts.cpu().tolist()
-        numel = a.numel()
-        norm_a, norm_b, norm_d = math.sqrt(sum_a2), math.sqrt(sum_b2), math.sqrt(sum_d2)
-        rel_l2 = norm_d / norm_a if norm_a > 0 else (0.0 if norm_d == 0 else math.inf)
-        if norm_a == 0 and norm_b == 0:
-            cosine = 1.0
-        elif norm_a == 0 or norm_b == 0:
-            cosine = math.nan
-        else:
-            cosine = min(1.0, max(-1.0, sum_ab / norm_a / norm_b))
-        if rel_l2 == 0:
-            sqnr_db = math.inf
-        elif math.isinf(rel_l2):
-            sqnr_db = -math.inf
-        else:
-            sqnr_db = -20.0 * math.log10(rel_l2)
-        denom = sum_a2 + sum_b2
-        max_ulp: int | None = None
-        p99_ulp: int | None = None
+        counts = self.counts.cpu().tolist()
+        ulp_vals = None
         if ulp is not None:
-            max_ulp = int(self.max_ulp.cpu())
-            p99_ulp = _p99_from_hist(self, a, b, ulp, n_both)
-        return TensorMetrics(
-            numel=numel,
-            dtype_a=_dtype_name(a.dtype),
-            dtype_b=_dtype_name(b.dtype),
-            norm_a=norm_a,
-            norm_b=norm_b,
-            rel_l2=rel_l2,
-            cosine=cosine,
-            max_abs=max_abs,
-            mean_abs=sum_absd / n_both if n_both else 0.0,
-            sqnr_db=sqnr_db,
-            rel_diff=sum_d2 / denom if denom > 0 else 0.0,  # == 1 - 2<a,b>/(|a|^2+|b|^2)
-            pass_ratio=n_pass / numel if numel else 1.0,
-            atol=self.atol,
-            rtol=self.rtol,
-            nonfinite_a=nonfinite_a,
-            nonfinite_b=nonfinite_b,
-            nonfinite_mismatch=mismatch,
-            max_ulp=max_ulp,
-            p99_ulp=p99_ulp,
+            ulp_vals = (int(self.max_ulp.cpu()), _p99_from_hist(self, a, b, ulp, counts[0]))
+        return metrics_from_totals(
+            a.numel(), a.dtype, b.dtype, self.atol, self.rtol, sums, max_abs, counts, ulp_vals
         )
+
+
+def metrics_from_totals(
+    numel: int,
+    dtype_a: torch.dtype,
+    dtype_b: torch.dtype,
+    atol: float,
+    rtol: float,
+    sums: Sequence[float],
+    max_abs: float,
+    counts: Sequence[int],
+    ulp: tuple[int, int] | None,
+) -> TensorMetrics:
+    """Every metric from the float64 totals of one pass: the formulas of docs/metrics.md, in one place
+    for the reference and the kernels. ``sums``: a², b², ab, d², |d|; ``counts``: finite in both,
+    passed, non-finite in a, in b, mismatches; ``ulp``: (max_ulp, p99_ulp) or ``None``."""
+    sum_a2, sum_b2, sum_ab, sum_d2, sum_absd = (float(x) for x in sums)
+    n_both, n_pass, nonfinite_a, nonfinite_b, mismatch = (int(c) for c in counts)
+    norm_a, norm_b, norm_d = math.sqrt(sum_a2), math.sqrt(sum_b2), math.sqrt(sum_d2)
+    rel_l2 = norm_d / norm_a if norm_a > 0 else (0.0 if norm_d == 0 else math.inf)
+    if norm_a == 0 and norm_b == 0:
+        cosine = 1.0
+    elif norm_a == 0 or norm_b == 0:
+        cosine = math.nan
+    else:
+        cosine = min(1.0, max(-1.0, sum_ab / norm_a / norm_b))
+    if rel_l2 == 0:
+        sqnr_db = math.inf
+    elif math.isinf(rel_l2):
+        sqnr_db = -math.inf
+    else:
+        sqnr_db = -20.0 * math.log10(rel_l2)
+    denom = sum_a2 + sum_b2
+    return TensorMetrics(
+        numel=numel,
+        dtype_a=_dtype_name(dtype_a),
+        dtype_b=_dtype_name(dtype_b),
+        norm_a=norm_a,
+        norm_b=norm_b,
+        rel_l2=rel_l2,
+        cosine=cosine,
+        max_abs=float(max_abs),
+        mean_abs=sum_absd / n_both if n_both else 0.0,
+        sqnr_db=sqnr_db,
+        rel_diff=sum_d2 / denom if denom > 0 else 0.0,  # == 1 - 2<a,b>/(|a|^2+|b|^2)
+        pass_ratio=n_pass / numel if numel else 1.0,
+        atol=atol,
+        rtol=rtol,
+        nonfinite_a=nonfinite_a,
+        nonfinite_b=nonfinite_b,
+        nonfinite_mismatch=mismatch,
+        max_ulp=None if ulp is None else int(ulp[0]),
+        p99_ulp=None if ulp is None else int(ulp[1]),
+    )
 
 
 def _nearest_rank(n: int) -> int:

@@ -18,6 +18,10 @@
 // out[16]: 0-4 sums of a^2, b^2, ab, d^2, |d|; 5 max |d|; 6 passed; 7 max ULP; 8 finite in both;
 //   9, 10 non-finite in a, in b; 11 mismatches; 12 p99 or -1; 13 rank; 14 count below the window.
 
+#ifndef CUDIAG
+#define CUDIAG 0 /* timing diagnostics only (never exact): see step() */
+#endif
+
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
@@ -61,23 +65,17 @@ __device__ __forceinline__ double to_f64(u32 bits) {
 #endif
 }
 
-/* |ord(a) - ord(b)|: the bit patterns on the monotonic integer line (-0.0 and +0.0 both 0) */
-__device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
+/* |ord(a) - ord(b)|, ord putting the bit patterns on the monotonic integer line (-0.0 and +0.0 both 0):
+ * for equal signs the difference of the raw patterns, for opposite signs the sum of the magnitudes. */
 #if EB == 4
-    const int sa = (int)a, sb = (int)b;
-    const i64 oa = sa < 0 ? -(i64)(sa & 0x7FFFFFFF) : (i64)sa;
-    const i64 ob = sb < 0 ? -(i64)(sb & 0x7FFFFFFF) : (i64)sb;
-    const i64 d = oa - ob;
-    return (u32)(d < 0 ? -d : d);
+#define SIGN 0x80000000u
 #elif EB == 2
-    const int sa = (short)a, sb = (short)b;
-    const int d = (sa < 0 ? -(sa & 0x7FFF) : sa) - (sb < 0 ? -(sb & 0x7FFF) : sb);
-    return (u32)(d < 0 ? -d : d);
+#define SIGN 0x8000u
 #else
-    const int sa = (signed char)a, sb = (signed char)b;
-    const int d = (sa < 0 ? -(sa & 0x7F) : sa) - (sb < 0 ? -(sb & 0x7F) : sb);
-    return (u32)(d < 0 ? -d : d);
+#define SIGN 0x80u
 #endif
+__device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
+    return ((a ^ b) & SIGN) ? a + b - SIGN : (a > b ? a - b : b - a);
 }
 
 struct Acc {
@@ -111,6 +109,11 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     s.nfb += !fb;
     s.mis += !both && !same;
 #endif
+#if CUDIAG == 4 /* timing only: the loads alone */
+    s.pass += (ab_ ^ bb_) & 1;
+    return;
+#endif
+#if CUDIAG != 3 /* 3, timing only: no float64 work */
     const double d = xb - xa, ad = fabs(d);
     s.aa = fma(xa, xa, s.aa);
     s.bb = fma(xb, xb, s.bb);
@@ -124,11 +127,16 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #else
     s.pass += ad <= atol + rtol * fabs(xa);
 #endif
+#endif
+#if CUDIAG != 2 /* 2, timing only: no ULP work */
     const u32 dist = ulp_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
     s.below += dist < lo;
-    const u32 u = dist - lo;
-    if (dist >= lo && u < wn) window_add(sh, wbig, wsup, u);
+    const u32 u = dist - lo; /* wraps past wn when dist < lo */
+#if CUDIAG != 1 /* 1, timing only: no window histogram */
+    if (u < wn) window_add(sh, wbig, wsup, u);
+#endif
+#endif
 }
 
 __device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
@@ -182,19 +190,21 @@ __device__ void block_reduce(double *v, double *red, u32 max_mask) {
     __syncthreads();
 }
 
-/* Inclusive prefix sums of THREADS per-thread int64 values (Hillis-Steele in shared memory). */
+/* Inclusive prefix sums of THREADS per-thread int64 values: within warps by shuffles, then across the
+ * warps' totals. tmp: THREADS / 32 shared int64. */
 __device__ i64 block_scan(i64 x, i64 *tmp) {
-    tmp[threadIdx.x] = x;
-    __syncthreads();
-    for (int o = 1; o < THREADS; o <<= 1) {
-        const i64 y = threadIdx.x >= o ? tmp[threadIdx.x - o] : 0;
-        __syncthreads();
-        tmp[threadIdx.x] += y;
-        __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const i64 y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+        if (lane >= o) x += y;
     }
-    const i64 r = tmp[threadIdx.x];
+    if (lane == 31) tmp[warp] = x;
     __syncthreads();
-    return r;
+    i64 before = 0;
+    for (int w = 0; w < warp; w++) before += tmp[w];
+    __syncthreads();
+    return x + before;
 }
 
 /* Smallest index i < nbins with prior + cum(hist[0..i]) >= rank (nbins a multiple of THREADS, at
@@ -229,38 +239,47 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 
 /* ---------------------------------------------------------------- sample + window */
 
-#define TILE 1024
 #define SMALLS 1024
 
-// fine: FINE + 1 bins (the last: FINE or more), sup: fine's >> 10 totals (65 used of 128);
+// The sample: every stride-th tile of THREADS * VEC elements, one 16-byte vector per thread.
+// fine: FINE + 1 bins (the last: FINE or more; allocated to 66 * 1024), sup: fine's >> 10 totals;
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
+__device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u32 d) {
+    if (d < SMALLS)
+        atomicAdd(sh + d, 1u);
+    else {
+        const u32 f = d < FINE ? d : FINE;
+        atomicAdd(fine + f, 1u);
+        atomicAdd(sup + (f >> 10), 1u);
+#if EB == 4
+        if (d >= FINE) {
+            atomicAdd(coarse + (d >> 16), 1u);
+            atomicAdd(csup + (d >> 26), 1u);
+        }
+#endif
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
     vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
               u32 *coarse, u32 *csup, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
     __shared__ u32 sh[SMALLS];
-    __shared__ i64 tmp[THREADS];
+    __shared__ i64 tmp[THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
+    const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const i64 base = (i64)t * stride * TILE;
-        for (int e = threadIdx.x; e < TILE; e += THREADS) {
-            const u32 d = ulp_dist(load_bits(a, base + e), load_bits(b, base + e));
-            if (d < SMALLS)
-                atomicAdd(sh + d, 1u);
-            else {
-                const u32 f = d < FINE ? d : FINE;
-                atomicAdd(fine + f, 1u);
-                atomicAdd(sup + (f >> 10), 1u);
-#if EB == 4
-                if (d >= FINE) {
-                    atomicAdd(coarse + (d >> 16), 1u);
-                    atomicAdd(csup + (d >> 26), 1u);
-                }
-#endif
-            }
-        }
+        const i64 v = (i64)t * stride * THREADS + threadIdx.x;
+        const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
+        const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int k = 0; k < PER_WORD; k++)
+                sample_add(sh, fine, sup, coarse, csup,
+                           ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
     }
     __syncthreads();
     u32 low = 0;
@@ -323,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out) {
     __shared__ u32 sh[NHEAD];
     __shared__ double red[THREADS / 32 * NPART];
-    __shared__ i64 tmp[THREADS];
+    __shared__ i64 tmp[THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < NHEAD; i += THREADS) sh[i] = 0;
     __syncthreads();
@@ -376,11 +395,16 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     /* the last block: every row, in a fixed order whichever block this is */
     double t[NPART];
     for (int j = 0; j < NPART; j++) t[j] = 0.0;
-    for (int r = threadIdx.x; r < (int)gridDim.x; r += THREADS)
+    for (int r = threadIdx.x; r < (int)gridDim.x; r += THREADS) {
+        double2 row[NPART / 2];
+#pragma unroll
+        for (int j = 0; j < NPART / 2; j++) row[j] = __ldcg((const double2 *)(part + (i64)r * NPART) + j);
+#pragma unroll
         for (int j = 0; j < NPART; j++) {
-            const double x = __ldcg(part + (i64)r * NPART + j);
+            const double x = (j & 1) ? row[j / 2].y : row[j / 2].x;
             t[j] = ((max_cols >> j) & 1) ? fmax(t[j], x) : t[j] + x;
         }
+    }
     block_reduce(t, red, max_cols);
     __shared__ double tot[NPART];
     if (threadIdx.x == 0)

@@ -7,7 +7,6 @@ differ from the reference only in the float64 order of summation, never in a for
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -53,14 +52,7 @@ def metrics_from_totals(
 ) -> _ref.TensorMetrics:
     """``sums``: a², b², ab, d², |d|; ``counts``: finite in both, passed, non-finite in a, in b, mismatches;
     ``ulp``: (max_ulp, p99_ulp) or ``None`` when ULP metrics do not apply."""
-    acc = _ref._Accumulator(torch.device("cpu"), atol, rtol, 1, False, False)
-    acc.sums = torch.tensor([float(s) for s in sums], dtype=torch.float64)
-    acc.max_abs = torch.tensor(float(max_abs), dtype=torch.float64)
-    acc.counts = torch.tensor([int(c) for c in counts], dtype=torch.int64)
-    m = acc.finish(a, b, None)
-    if ulp is None:
-        return m
-    return dataclasses.replace(m, max_ulp=int(ulp[0]), p99_ulp=int(ulp[1]))
+    return _ref.metrics_from_totals(a.numel(), a.dtype, b.dtype, atol, rtol, sums, max_abs, counts, ulp)
 
 
 # ---------------------------------------------------------------- speculative p99 window

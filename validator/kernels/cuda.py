@@ -72,6 +72,7 @@ CONFIG: dict[str, int] = {
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
     "UNROLL": 4,  # CUDA C: 16-byte vectors in flight per thread
     "cu_blocks_per_sm": 4,  # CUDA C: blocks of 256 threads per multiprocessor
+    "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
     CONFIG.update({k: int(v) for k, v in json.loads(os.environ["VALIDATOR_CUDA_CONFIG"]).items() if k in CONFIG})
@@ -636,15 +637,15 @@ def _run_window(
     block = CONFIG["BLOCK"]
     fa, fb = a.reshape(-1), b.reshape(-1)
     n = fa.numel()
+    if device.type == "cuda":
+        cu = _run_cu(fa, fb, device, atol, rtol, masked)
+        if cu is not None:
+            return cu
     n_full = n // block
     s_tiles = -(-n_full // SAMPLE_STRIDE)
     ranks = window_ranks(s_tiles * block)
     if ranks is None or n > _MAX_LAUNCH:
         return None
-    if device.type == "cuda":
-        res = _run_cu(fa, fb, device, atol, rtol, masked)
-        if res is not None:
-            return res
     grid_max = _grid_max(device)
     layout = _layout(grid_max, ulp_bits)
     w = _carve(_workspace(device, _ws_bytes(layout)), layout)
@@ -680,13 +681,14 @@ def _run_window(
 
 _CU_SOURCE = Path(__file__).with_name("_cuda_kernel.cu")
 _CU_DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
-_CU_TILE = 1024  # the sample's tile (elements), as in _cuda_kernel.cu
 _CU_THREADS = 256
 _CU_ERRORS: dict[tuple[int, int, int, int], str] = {}
 
 
 @functools.cache
-def _cu_kernels(dt: int, masked: int, nhead: int, unroll: int, device_index: int) -> tuple[Any, Any] | None:
+def _cu_kernels(
+    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0
+) -> tuple[Any, Any] | None:
     """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
     mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
     Triton kernels are used then; the reason is kept in ``_CU_ERRORS``)."""
@@ -695,6 +697,7 @@ def _cu_kernels(dt: int, masked: int, nhead: int, unroll: int, device_index: int
         _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
         return None
     head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
+    head += f"#define CUDIAG {diag}\n"
     source = head + _CU_SOURCE.read_text()
     try:
         with torch.cuda.device(device_index):
@@ -723,6 +726,23 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
     ]
 
 
+_CU_WS: dict[tuple[str, int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+
+
+def _cu_workspace(device: torch.device, grid: int, nhead: int) -> dict[str, torch.Tensor]:
+    """The CUDA C engine's buffers, carved from one cached allocation and zeroed by one memset."""
+    key = (str(device), grid, nhead)
+    got = _CU_WS.get(key)
+    if got is None:
+        if len(_CU_WS) > 8:
+            _CU_WS.clear()
+        layout = _cu_layout(grid)
+        buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
+        got = _CU_WS[key] = (buf, _carve(buf, layout))
+    got[0].zero_()
+    return got[1]
+
+
 def _run_cu(
     a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool
 ) -> list[float] | None:
@@ -732,7 +752,6 @@ def _run_cu(
     n = a.numel()
     if (
         CONFIG.get("ENGINE", 1) != 1
-        or CONFIG.get("DIAG")
         or dt is None
         or b.dtype != a.dtype
         or n >= 1 << 31
@@ -740,18 +759,18 @@ def _run_cu(
         or b.data_ptr() % 16
     ):
         return None
-    s_tiles = -(-(n // _CU_TILE) // SAMPLE_STRIDE)
-    ranks = window_ranks(s_tiles * _CU_TILE)
+    tile = _CU_THREADS * (16 // a.element_size())  # the sample's tile: one 16-byte vector per thread
+    s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
+    ranks = window_ranks(s_tiles * tile)
     if ranks is None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernels = _cu_kernels(dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index)
+    kernels = _cu_kernels(dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0))
     if kernels is None:
         return None
     sample, main = kernels
     grid = _sm_count(index) * CONFIG["cu_blocks_per_sm"]
-    layout = _cu_layout(grid)
-    w = _carve(_workspace(device, _ws_bytes(layout)), layout)
+    w = _cu_workspace(device, grid, CONFIG["NHEAD"])
     tol = _tolerances(device, float(atol), float(rtol))
     done = w["done"]
     block = (_CU_THREADS, 1, 1)
@@ -766,6 +785,8 @@ def _run_cu(
     )  # fmt: skip
     res: list[float] = w["out"].cpu().tolist()
     WINDOW_STATS["cuda_c"] += 1
+    if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
+        res[12] = -2.0
     return res
 
 
@@ -828,7 +849,7 @@ def _compare_on(
                 WINDOW_STATS["window"] += 1
                 p99 = int(wres[12])
                 n_both = int(wres[8])
-                if CONFIG.get("DIAG"):  # timing diagnostics leave parts out: no p99, no second pass
+                if CONFIG.get("DIAG") or CONFIG.get("CUDIAG"):  # timing diagnostics: no p99, no second pass
                     p99 = -1
                 elif p99 < 0 and n_both > 0:  # the rank fell outside the window: the full histograms
                     WINDOW_STATS["fallback"] += 1
@@ -847,7 +868,7 @@ def _compare_on(
                     wres[0:5],
                     wres[5],
                     counts,
-                    (int(wres[7]), p99 if CONFIG.get("DIAG") else max(p99, 0)),
+                    (int(wres[7]), p99 if CONFIG.get("DIAG") or CONFIG.get("CUDIAG") else max(p99, 0)),
                 )
         res, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, force_masked, ulp_bits)
         masked = force_masked

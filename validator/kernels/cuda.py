@@ -71,7 +71,7 @@ CONFIG: dict[str, int] = {
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
     "UNROLL": 4,  # CUDA C: 16-byte vectors in flight per thread
-    "cu_blocks_per_sm": 4,  # CUDA C: blocks of 256 threads per multiprocessor
+    "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above

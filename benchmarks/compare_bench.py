@@ -382,6 +382,8 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
     compare_tensors(*probe)
     res["cuda_c_errors"] = {str(k): v for k, v in kc_._CU_ERRORS.items()}
     print("CUDA C engine:", "in use" if kc_.WINDOW_STATS["cuda_c"] else f"not in use: {res['cuda_c_errors']}")
+    res["cuda_c_kernels"] = cu_kernel_attributes()
+    print("CUDA C kernels (registers, local bytes, max threads/block):", res["cuda_c_kernels"])
     out["gpu"] = res  # filled in as we go: a later failure keeps what was measured
     rows: list[tuple[str, float, str]] = []
     buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -396,6 +398,10 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
     table("GPU ceilings", rows)
     if args.sweep:
         res["sweep"], best = gpu_sweep(args)
+        res["cuda_c_kernels_swept"] = cu_kernel_attributes()
+        print("CUDA C kernels after the sweep (registers, local bytes, max threads/block):")
+        for k, v in res["cuda_c_kernels_swept"].items():
+            print("  ", k, v)
         kc.CONFIG.update(best)
         res["chosen_config"] = dict(kc.CONFIG)
         if args.best_out:
@@ -523,7 +529,12 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
                 row[f"fallback_{n}"] = kc.WINDOW_STATS["fallback"] - before["fallback"]
                 row[f"cuda_c_{n}"] = kc.WINDOW_STATS["cuda_c"] - before["cuda_c"]
             score = min(row[f"gbps_{sizes[0]}"] / 1000, row[f"gbps_{sizes[1]}"] / 2500)
-            if not cfg.get("DIAG") and not cfg.get("CUDIAG") and all(row[f"exact_{n}"] for n in sizes) and score > best_score:
+            if (
+                not cfg.get("DIAG")
+                and not cfg.get("CUDIAG")
+                and all(row[f"exact_{n}"] for n in sizes)
+                and score > best_score
+            ):
                 best, best_score = dict(cfg), score
         except Exception as exc:  # a configuration that does not compile is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -534,6 +545,33 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
     del pairs
     torch.cuda.empty_cache()
     return results, best
+
+
+def cu_kernel_attributes() -> dict[str, list[int]]:
+    """Registers per thread, local (spill) bytes and the occupancy limit of the compiled CUDA C kernels."""
+    import ctypes
+
+    out: dict[str, list[int]] = {}
+    try:
+        lib = torch.cuda._utils._get_gpu_runtime_library()  # type: ignore[attr-defined]
+        for key, pair in _cached_cu():
+            for name, k in zip(("sample", "main"), pair):
+                vals = []
+                for attr in (4, 3, 0):  # NUM_REGS, LOCAL_SIZE_BYTES, MAX_THREADS_PER_BLOCK
+                    v = ctypes.c_int()
+                    lib.cuFuncGetAttribute(ctypes.byref(v), attr, k.func)
+                    vals.append(v.value)
+                out[f"{name}{key}"] = vals
+    except Exception as exc:  # diagnostics only
+        out["error"] = [0]
+        print("kernel attributes:", type(exc).__name__, exc)
+    return out
+
+
+def _cached_cu() -> list[tuple[tuple[int, ...], Any]]:
+    from validator.kernels import cuda as kc
+
+    return [(k, v) for k, v in kc._CU_BUILT.items() if v is not None]
 
 
 def gpu_profile(n: int, reps: int = 20) -> None:

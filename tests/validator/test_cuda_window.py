@@ -63,10 +63,11 @@ def test_cuda_window_matches_reference(reference, kc, dtype: torch.dtype) -> Non
 
 @CUDA
 def test_cuda_window_miss_falls_back_exactly(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    a, b = pair(torch.bfloat16, 1 << 21, seed=22)
-    b = _sampled_tiles_equal(a, b, kc.CONFIG["BLOCK"], _finish.SAMPLE_STRIDE)
+    a, b0 = pair(torch.bfloat16, 1 << 21, seed=22)
     for engine in (1, 0):
         kc.CONFIG["ENGINE"] = engine
+        tile = kc._CU_THREADS * 8 if engine else kc.CONFIG["BLOCK"]  # the sample's tile of each engine
+        b = _sampled_tiles_equal(a, b0, tile, _finish.SAMPLE_STRIDE)
         before = _counts(kc)
         assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
         assert _delta(kc, before) == {"window": 1, "fallback": 1, "cuda_c": engine}

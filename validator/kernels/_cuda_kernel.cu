@@ -93,8 +93,9 @@ __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u)
 }
 
 /* one element pair, given by its bits */
-__device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
-                                     u32 *wbig, u32 *wsup) {
+/* Adds one element pair (given by its bits) to s; returns whether its distance lies in the window, which
+ * the caller then histograms (rare: one branch per vector instead of one per element). */
+__device__ __forceinline__ bool step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn) {
     double xa = to_f64(ab_), xb = to_f64(bb_);
 #if MASKED
     const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
@@ -111,7 +112,7 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #endif
 #if CUDIAG == 4 /* timing only: the loads alone */
     s.pass += (ab_ ^ bb_) & 1;
-    return;
+    return false;
 #endif
 #if CUDIAG != 3 /* 3, timing only: no float64 work */
     const double d = xb - xa, ad = fabs(d);
@@ -123,7 +124,7 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     s.mad = fmax(s.mad, ad);
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
-    if (!both) return;
+    if (!both) return false;
 #else
     s.pass += ad <= atol + rtol * fabs(xa);
 #endif
@@ -132,18 +133,34 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     const u32 dist = ulp_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
     s.below += dist < lo;
-    const u32 u = dist - lo; /* wraps past wn when dist < lo */
 #if CUDIAG != 1 /* 1, timing only: no window histogram */
-    if (u < wn) window_add(sh, wbig, wsup, u);
+    return dist - lo < wn; /* dist - lo wraps past wn when dist < lo */
 #endif
 #endif
+    return false;
 }
 
-__device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
-                                          u32 *wbig, u32 *wsup) {
+/* the window histogram of one element pair whose step() said so */
+__device__ __forceinline__ void window_pair(u32 ab_, u32 bb_, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+    const u32 u = ulp_dist(ab_, bb_) - lo;
+#if MASKED
+    if (!(fabs(to_f64(ab_)) <= 1.7976931348623157e308 && fabs(to_f64(bb_)) <= 1.7976931348623157e308)) return;
+#endif
+    if (u < wn) window_add(sh, wbig, wsup, u);
+}
+
+__device__ __forceinline__ bool step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn) {
+    bool hit = false;
 #pragma unroll
     for (int k = 0; k < PER_WORD; k++)
-        step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
+        hit |= step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn);
+    return hit;
+}
+
+__device__ __forceinline__ void window_word(u32 wa, u32 wb, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+#pragma unroll
+    for (int k = 0; k < PER_WORD; k++)
+        window_pair((wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, lo, wn, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
@@ -246,9 +263,11 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
 __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u32 d) {
-    if (d < SMALLS)
-        atomicAdd(sh + d, 1u);
-    else {
+    /* close tensors pile their distances into a few bins: lanes with equal distances add once */
+    const u32 same = __match_any_sync(0xFFFFFFFFu, d);
+    if (d < SMALLS) {
+        if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(sh + d, (u32)__popc(same));
+    } else {
         const u32 f = d < FINE ? d : FINE;
         atomicAdd(fine + f, 1u);
         atomicAdd(sup + (f >> 10), 1u);
@@ -337,7 +356,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
-extern "C" __global__ void __launch_bounds__(THREADS)
+#ifndef MINB
+#define MINB 1
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
     vk_main(const unsigned char *a, const unsigned char *b, int n, const double *tol, const i64 *win, double *part,
             u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out) {
     __shared__ u32 sh[NHEAD];
@@ -368,16 +390,23 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int k = 0; k < UNROLL; k++) {
             if (v0 + k * stride < nvec) {
-                step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
+                bool hit = step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn);
+                hit |= step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn);
+                hit |= step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn);
+                hit |= step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn);
+                if (hit) {
+                    window_word(ra[k].x, rb[k].x, lo, wn, sh, wbig, wsup);
+                    window_word(ra[k].y, rb[k].y, lo, wn, sh, wbig, wsup);
+                    window_word(ra[k].z, rb[k].z, lo, wn, sh, wbig, wsup);
+                    window_word(ra[k].w, rb[k].w, lo, wn, sh, wbig, wsup);
+                }
             }
         }
     }
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
         for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
-            step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
+            if (step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn))
+                window_pair(load_bits(a, i), load_bits(b, i), lo, wn, sh, wbig, wsup);
     double v[NPART] = {s.aa, s.bb, s.ab, s.dd, s.ad, s.mad, (double)s.pass, (double)s.mulp,
                        (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis, (double)s.below, 0, 0, 0};
     const u32 max_cols = (1u << 5) | (1u << 7);

@@ -70,8 +70,9 @@ CONFIG: dict[str, int] = {
     "SNSMALL": 64,  # register-histogram bins of the sample kernel
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
-    "UNROLL": 4,  # CUDA C: 16-byte vectors in flight per thread
-    "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor
+    "UNROLL": 2,  # CUDA C: 16-byte vectors in flight per thread
+    "cu_blocks_per_sm": 6,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+    "cu_minb": 1,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers)
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -688,7 +689,7 @@ _CU_BUILT: dict[tuple[int, ...], tuple[Any, Any]] = {}  # what was compiled (the
 
 @functools.cache
 def _cu_kernels(
-    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0
+    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 1
 ) -> tuple[Any, Any] | None:
     """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
     mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
@@ -698,7 +699,7 @@ def _cu_kernels(
         _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
         return None
     head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
-    head += f"#define CUDIAG {diag}\n"
+    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n"
     source = head + _CU_SOURCE.read_text()
     try:
         with torch.cuda.device(device_index):
@@ -706,7 +707,7 @@ def _cu_kernels(
                 compile_kernel(source, "vk_sample", nvcc_options=["--fmad=false"]),
                 compile_kernel(source, "vk_main", nvcc_options=["--fmad=false"]),
             )
-        _CU_BUILT[(dt, masked, nhead, unroll, diag)] = built
+        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb)] = built
         return built
     except Exception as exc:  # no NVRTC, an old driver: the Triton path still works
         _CU_ERRORS[(dt, masked, nhead, unroll)] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -768,7 +769,9 @@ def _run_cu(
     if ranks is None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernels = _cu_kernels(dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0))
+    kernels = _cu_kernels(
+        dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0), CONFIG.get("cu_minb", 1)
+    )
     if kernels is None:
         return None
     sample, main = kernels

@@ -356,10 +356,12 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
-#ifndef MINB
-#define MINB 1
+#if MINB > 0 /* a promise of resident blocks caps the registers; 0: the compiler's choice */
+#define MAIN_BOUNDS __launch_bounds__(THREADS, MINB)
+#else
+#define MAIN_BOUNDS __launch_bounds__(THREADS)
 #endif
-extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+extern "C" __global__ void MAIN_BOUNDS
     vk_main(const unsigned char *a, const unsigned char *b, int n, const double *tol, const i64 *win, double *part,
             u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out) {
     __shared__ u32 sh[NHEAD];

@@ -72,7 +72,7 @@ CONFIG: dict[str, int] = {
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
     "UNROLL": 2,  # CUDA C: 16-byte vectors in flight per thread
     "cu_blocks_per_sm": 6,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
-    "cu_minb": 1,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers)
+    "cu_minb": 0,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -689,7 +689,7 @@ _CU_BUILT: dict[tuple[int, ...], tuple[Any, Any]] = {}  # what was compiled (the
 
 @functools.cache
 def _cu_kernels(
-    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 1
+    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 0
 ) -> tuple[Any, Any] | None:
     """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
     mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
@@ -770,7 +770,7 @@ def _run_cu(
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     kernels = _cu_kernels(
-        dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0), CONFIG.get("cu_minb", 1)
+        dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0), CONFIG.get("cu_minb", 0)
     )
     if kernels is None:
         return None

@@ -93,9 +93,9 @@ __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u)
 }
 
 /* one element pair, given by its bits */
-/* Adds one element pair (given by its bits) to s; returns whether its distance lies in the window, which
- * the caller then histograms (rare: one branch per vector instead of one per element). */
-__device__ __forceinline__ bool step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn) {
+/* one element pair, given by its bits */
+__device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
+                                     u32 *wbig, u32 *wsup) {
     double xa = to_f64(ab_), xb = to_f64(bb_);
 #if MASKED
     const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
@@ -112,7 +112,7 @@ __device__ __forceinline__ bool step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #endif
 #if CUDIAG == 4 /* timing only: the loads alone */
     s.pass += (ab_ ^ bb_) & 1;
-    return false;
+    return;
 #endif
 #if CUDIAG != 3 /* 3, timing only: no float64 work */
     const double d = xb - xa, ad = fabs(d);
@@ -124,7 +124,7 @@ __device__ __forceinline__ bool step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     s.mad = fmax(s.mad, ad);
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
-    if (!both) return false;
+    if (!both) return;
 #else
     s.pass += ad <= atol + rtol * fabs(xa);
 #endif
@@ -133,34 +133,18 @@ __device__ __forceinline__ bool step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     const u32 dist = ulp_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
     s.below += dist < lo;
+    const u32 u = dist - lo; /* wraps past wn when dist < lo */
 #if CUDIAG != 1 /* 1, timing only: no window histogram */
-    return dist - lo < wn; /* dist - lo wraps past wn when dist < lo */
+    if (__builtin_expect(u < wn, 0)) window_add(sh, wbig, wsup, u);
 #endif
 #endif
-    return false;
 }
 
-/* the window histogram of one element pair whose step() said so */
-__device__ __forceinline__ void window_pair(u32 ab_, u32 bb_, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
-    const u32 u = ulp_dist(ab_, bb_) - lo;
-#if MASKED
-    if (!(fabs(to_f64(ab_)) <= 1.7976931348623157e308 && fabs(to_f64(bb_)) <= 1.7976931348623157e308)) return;
-#endif
-    if (u < wn) window_add(sh, wbig, wsup, u);
-}
-
-__device__ __forceinline__ bool step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn) {
-    bool hit = false;
+__device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
+                                          u32 *wbig, u32 *wsup) {
 #pragma unroll
     for (int k = 0; k < PER_WORD; k++)
-        hit |= step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn);
-    return hit;
-}
-
-__device__ __forceinline__ void window_word(u32 wa, u32 wb, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
-#pragma unroll
-    for (int k = 0; k < PER_WORD; k++)
-        window_pair((wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, lo, wn, sh, wbig, wsup);
+        step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
@@ -392,23 +376,16 @@ extern "C" __global__ void MAIN_BOUNDS
 #pragma unroll
         for (int k = 0; k < UNROLL; k++) {
             if (v0 + k * stride < nvec) {
-                bool hit = step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn);
-                hit |= step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn);
-                hit |= step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn);
-                hit |= step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn);
-                if (hit) {
-                    window_word(ra[k].x, rb[k].x, lo, wn, sh, wbig, wsup);
-                    window_word(ra[k].y, rb[k].y, lo, wn, sh, wbig, wsup);
-                    window_word(ra[k].z, rb[k].z, lo, wn, sh, wbig, wsup);
-                    window_word(ra[k].w, rb[k].w, lo, wn, sh, wbig, wsup);
-                }
+                step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
             }
         }
     }
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
         for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
-            if (step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn))
-                window_pair(load_bits(a, i), load_bits(b, i), lo, wn, sh, wbig, wsup);
+            step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
     double v[NPART] = {s.aa, s.bb, s.ab, s.dd, s.ad, s.mad, (double)s.pass, (double)s.mulp,
                        (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis, (double)s.below, 0, 0, 0};
     const u32 max_cols = (1u << 5) | (1u << 7);

@@ -485,12 +485,10 @@ SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda
     # per SM in the grid, minimum resident blocks promised to the compiler (caps its registers)
     {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6},
     {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 3},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 9},
-    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 6},
+    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 8},
     {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 4},
     {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 8},
     {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 4, "cu_minb": 4},
     # the Triton kernels alone
     {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16},
     # attribution on the CUDA C engine (never chosen): 1 = no window histogram, 2 = no ULP work,

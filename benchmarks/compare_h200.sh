@@ -21,12 +21,15 @@ if [ "$mode" = dev ]; then
   timeout 100 python3 benchmarks/compare_bench.py --sections cpu --reps 5 --cpu-elems 67108864 --ref-elems 2097152 \
     --json "$OUT/dev-cpu.json" 2>&1 | tee "$OUT/bench-cpu.log"
 else
-  timeout 230 python3 benchmarks/compare_bench.py --sections gpu --sweep --best-out "$OUT/best.json" --reps 10 \
-    --gpu-gib 1 --json "$OUT/perf-h200-gpu.json" 2>&1 | tee "$OUT/bench-gpu.log"
+  timeout 240 python3 benchmarks/compare_bench.py --sections gpu --sweep --profile --best-out "$OUT/best.json" --reps 10 \
+    --json "$OUT/perf-h200-gpu.json" > "$OUT/bench-gpu.log" 2>&1
+  grep -v "^ \|^-" "$OUT/bench-gpu.log" | cut -c1-400 | tail -40
+  grep -A16 "== GPU: bf16" "$OUT/bench-gpu.log"
   export VALIDATOR_CUDA_CONFIG="$(cat "$OUT/best.json" 2>/dev/null || echo '{}')"
   echo "VALIDATOR_CUDA_CONFIG=$VALIDATOR_CUDA_CONFIG"
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/validator/test_fastmetrics.py tests/validator/test_metrics.py \
-    -k "cuda or CUDA" 2>&1 | tail -15 | tee "$OUT/tests.log"
-  timeout 120 python3 benchmarks/compare_bench.py --sections cpu --reps 5 --cpu-elems 67108864 --ref-elems 2097152 \
-    --json "$OUT/perf-h200-cpu.json" 2>&1 | tee "$OUT/bench-cpu.log"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/validator/test_cuda_window.py tests/validator/test_fastmetrics.py \
+    tests/validator/test_metrics.py tests/validator/test_cpu_window.py -k "cuda or CUDA or window" 2>&1 | tail -8 | tee "$OUT/tests.log"
+  timeout 150 python3 benchmarks/compare_bench.py --sections cpu --reps 5 --cpu-elems 67108864 --ref-elems 2097152 \
+    --json "$OUT/perf-h200-cpu.json" > "$OUT/bench-cpu.log" 2>&1
+  grep -A12 "== CPU" "$OUT/bench-cpu.log"
 fi

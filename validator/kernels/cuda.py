@@ -70,7 +70,7 @@ CONFIG: dict[str, int] = {
     "SNSMALL": 64,  # register-histogram bins of the sample kernel
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
-    "UNROLL": 2,  # CUDA C: 16-byte vectors in flight per thread
+    "UNROLL": 2,  # CUDA C: 16-byte vectors in flight per thread (the H200 sweep's best, docs/results)
     "cu_blocks_per_sm": 6,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
     "cu_minb": 0,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads

@@ -14,6 +14,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
+    !defined(VK_NO_AVX512)
+#include <immintrin.h>
+#define VK_AVX512 1
+#endif
 
 enum { DT_F64 = 0, DT_F32 = 1, DT_F16 = 2, DT_BF16 = 3, DT_E4M3 = 4, DT_E5M2 = 5 };
 
@@ -233,15 +238,418 @@ int vk_compare(const void *a, int dta, const void *b, int dtb, int64_t n, double
     return 0;
 }
 
+/* ---------------------------------------------------------------- speculative exact p99 window
+ *
+ * docs/performance.md, "CPU kernel". A sample pass (vk_sample) histograms the ULP distances of short
+ * runs spread over the whole pair; validator.kernels._finish.p99_window turns that into a window
+ * [lo, hi) of keys (key = distance >> shift; shift is 0, or 16 for a float32 window of 65536-wide
+ * buckets) that should hold the p99. The main pass (vk_compare_win) then does the same arithmetic and,
+ * for the ULP metrics, only vectorisable work per element: the max distance and the exact count of
+ * keys below lo. With AVX-512 the distances of 32 (16- and 8-bit types) or 16 (float32) elements are
+ * made and tested in registers, otherwise they go through a one-block buffer (win_scan, groups of WG);
+ * a group is looked at lane by lane only when one of its keys falls inside the window (rare: about
+ * 0.1-0.3% of elements), and then its keys go to an exact int64 histogram of key - lo (and, for a
+ * bucket window, the exact distances to a list). Positions not finite in both (blocks read again with
+ * masking, as in vk_compare) are neither below nor in the window. */
+
+typedef struct {
+    uint32_t lo, width; /* window [lo, lo + width) of keys */
+    int32_t shift, pad;
+    int64_t *window;    /* width int64 bins, bin i counts key lo + i */
+    uint32_t *list;     /* NULL, or room for cap exact distances of in-window elements */
+    int64_t cap;
+    int64_t nlist;      /* out: in-window elements seen while listing (> cap: the list is incomplete) */
+    int64_t below;      /* out: elements (finite in both) with key < lo */
+} vk_win;
+
+#define WG 16
+/* placeholder of a position not finite in both (no finite pair is that far apart): never counted */
+#define NOT_A_DIST 0xFFFFFFFFu
+
+static inline void win_one(uint32_t u, vk_win *w) {
+    const uint32_t off = (u >> w->shift) - w->lo;
+    if (off < w->width && u != NOT_A_DIST) {
+        w->window[off]++;
+        if (w->list) {
+            if (w->nlist < w->cap) w->list[w->nlist] = u;
+            w->nlist++;
+        }
+    }
+}
+
+static inline void win_scan(const uint32_t *dist, int64_t m, vk_win *w) {
+    const uint32_t lo = w->lo, width = w->width;
+    const int shift = w->shift;
+    int64_t j = 0;
+    for (; j + WG <= m; j += WG) {
+        uint32_t any = 0;
+        _Pragma("omp simd reduction(|:any)")
+        for (int k = 0; k < WG; k++) any |= (uint32_t)(((dist[j + k] >> shift) - lo) < width);
+        if (__builtin_expect(any != 0, 0))
+            for (int k = 0; k < WG; k++) win_one(dist[j + k], w);
+    }
+    for (; j < m; j++) win_one(dist[j], w);
+}
+
+/* The ULP part of a block whose sums came out finite (so every element is finite in both): the max
+ * distance, the count of keys below lo and the in-window elements, for elements s0 .. s0 + m - 1.
+ * Portable version: distances to a buffer in one vectorised loop, then win_scan. */
+#define DEFINE_ULPW_GENERIC(NAME, ULP)                                                                    \
+    static inline void NAME(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp, \
+                            int64_t *below) {                                                             \
+        uint32_t dist[BLK];                                                                               \
+        uint32_t mx = *mxp, nb = 0;                                                                       \
+        const uint32_t lo = w->lo;                                                                        \
+        const int shift = w->shift;                                                                       \
+        for (int64_t j = 0; j < m; j++) dist[j] = ULP(pa, pb, s0 + j);                                    \
+        for (int64_t j = 0; j < m; j++) {                                                                 \
+            mx = dist[j] > mx ? dist[j] : mx;                                                             \
+            nb += (dist[j] >> shift) < lo;                                                                \
+        }                                                                                                 \
+        win_scan(dist, m, w);                                                                             \
+        *mxp = mx;                                                                                        \
+        *below += nb;                                                                                     \
+    }
+DEFINE_ULPW_GENERIC(ulpw32_generic, ulp32)
+DEFINE_ULPW_GENERIC(ulpw16_generic, ulp16)
+DEFINE_ULPW_GENERIC(ulpw8_generic, ulp8)
+
+#ifdef VK_AVX512
+/* AVX-512 versions: 32 lanes of 16 bits (16- and 8-bit types; distances < 2**16) or 16 lanes of 32
+ * bits (float32). A lane's ordinal is s, or -(s & mag) when its sign bit is set, which in wrapping
+ * arithmetic is MIN - s (MIN: the lane type's most negative value, -128 for sign-extended 8-bit
+ * codes); the distance is max(oa, ob) - min(oa, ob), exact in unsigned arithmetic of the lane's
+ * width. Only a group with an in-window lane leaves the vector code. */
+static inline __m512i ord_epi16(__m512i s, __m512i vmin) {
+    return _mm512_mask_sub_epi16(s, _mm512_movepi16_mask(s), vmin, s);
+}
+
+static inline void ulpw_lanes16(__m512i oa, __m512i ob, __mmask32 valid, vk_win *w, uint32_t lo16, uint32_t wid16,
+                                __m512i *vmx, int64_t *nb) {
+    const __m512i u = _mm512_sub_epi16(_mm512_max_epi16(oa, ob), _mm512_min_epi16(oa, ob));
+    const __m512i vlo = _mm512_set1_epi16((short)lo16);
+    *vmx = _mm512_max_epu16(*vmx, u);
+    const __mmask32 kb = _mm512_mask_cmplt_epu16_mask(valid, u, vlo);
+    *nb += __builtin_popcount((unsigned)kb);
+    const __mmask32 kin = wid16 > 0xFFFF ? (__mmask32)(valid & ~kb)
+                                          : _mm512_mask_cmplt_epu16_mask((__mmask32)(valid & ~kb), u,
+                                                                         _mm512_set1_epi16((short)(lo16 + wid16)));
+    if (__builtin_expect(kin != 0, 0)) {
+        uint16_t t[32];
+        _mm512_storeu_si512(t, u);
+        for (uint32_t k = (uint32_t)kin; k; k &= k - 1) win_one(t[__builtin_ctz(k)], w);
+    }
+}
+
+/* the window (lo <= 0xFFFF) as 16-bit lanes see it: [lo16, lo16 + wid16), wid16 = 0x10000 meaning
+ * "everything >= lo" (no 16-bit distance reaches the window's end) */
+static inline void win16(const vk_win *w, uint32_t *lo16, uint32_t *wid16) {
+    const uint64_t hi = (uint64_t)w->lo + w->width;
+    *lo16 = w->lo;
+    *wid16 = hi > 0xFFFF ? 0x10000 : (uint32_t)(hi - w->lo);
+}
+
+static inline uint32_t hmax16(__m512i v) {
+    const __m256i a = _mm256_max_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_max_epu16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_max_epu16(b, _mm_srli_si128(b, 8));
+    b = _mm_max_epu16(b, _mm_srli_si128(b, 4));
+    b = _mm_max_epu16(b, _mm_srli_si128(b, 2));
+    return (uint32_t)(_mm_cvtsi128_si32(b) & 0xFFFF);
+}
+
+static inline void ulpw16_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
+                              int64_t *below) {
+    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw16_generic(pa, pb, s0, m, w, mxp, below); return; }
+    const int16_t *a = (const int16_t *)pa + s0, *b = (const int16_t *)pb + s0;
+    const __m512i vmin = _mm512_set1_epi16(-0x8000);
+    uint32_t lo16, wid16;
+    win16(w, &lo16, &wid16);
+    __m512i vmx = _mm512_setzero_si512();
+    int64_t nb = 0, j = 0;
+    for (; j + 32 <= m; j += 32) {
+        const __m512i oa = ord_epi16(_mm512_loadu_si512(a + j), vmin), ob = ord_epi16(_mm512_loadu_si512(b + j), vmin);
+        ulpw_lanes16(oa, ob, (__mmask32)0xFFFFFFFFu, w, lo16, wid16, &vmx, &nb);
+    }
+    if (j < m) {
+        const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
+        const __m512i oa = ord_epi16(_mm512_maskz_loadu_epi16(valid, a + j), vmin);
+        const __m512i ob = ord_epi16(_mm512_maskz_loadu_epi16(valid, b + j), vmin);
+        ulpw_lanes16(oa, ob, valid, w, lo16, wid16, &vmx, &nb);
+    }
+    const uint32_t mx = hmax16(vmx);
+    *mxp = mx > *mxp ? mx : *mxp;
+    *below += nb;
+}
+
+static inline void ulpw8_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
+                             int64_t *below) {
+    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw8_generic(pa, pb, s0, m, w, mxp, below); return; }
+    const int8_t *a = (const int8_t *)pa + s0, *b = (const int8_t *)pb + s0;
+    const __m512i vmin = _mm512_set1_epi16(-0x80);
+    uint32_t lo16, wid16;
+    win16(w, &lo16, &wid16);
+    __m512i vmx = _mm512_setzero_si512();
+    int64_t nb = 0, j = 0;
+    for (; j + 32 <= m; j += 32) {
+        const __m512i oa = ord_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(a + j))), vmin);
+        const __m512i ob = ord_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + j))), vmin);
+        ulpw_lanes16(oa, ob, (__mmask32)0xFFFFFFFFu, w, lo16, wid16, &vmx, &nb);
+    }
+    if (j < m) {
+        const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
+        const __m512i oa = ord_epi16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, a + j)), vmin);
+        const __m512i ob = ord_epi16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, b + j)), vmin);
+        ulpw_lanes16(oa, ob, valid, w, lo16, wid16, &vmx, &nb);
+    }
+    const uint32_t mx = hmax16(vmx);
+    *mxp = mx > *mxp ? mx : *mxp;
+    *below += nb;
+}
+
+static inline __m512i ord_epi32(__m512i s) {
+    return _mm512_mask_sub_epi32(s, _mm512_cmplt_epi32_mask(s, _mm512_setzero_si512()), _mm512_set1_epi32(INT32_MIN), s);
+}
+
+static inline void ulpw_lanes32(__m512i oa, __m512i ob, __mmask16 valid, vk_win *w, __m128i shift, __m512i vlo,
+                                __m512i vhi, __m512i *vmx, int64_t *nb) {
+    const __m512i u = _mm512_sub_epi32(_mm512_max_epi32(oa, ob), _mm512_min_epi32(oa, ob));
+    const __m512i key = _mm512_srl_epi32(u, shift);
+    *vmx = _mm512_max_epu32(*vmx, u);
+    const __mmask16 kb = _mm512_mask_cmplt_epu32_mask(valid, key, vlo);
+    *nb += __builtin_popcount((unsigned)kb);
+    const __mmask16 kin = _mm512_mask_cmplt_epu32_mask((__mmask16)(valid & ~kb), key, vhi);
+    if (__builtin_expect(kin != 0, 0)) {
+        uint32_t t[16];
+        _mm512_storeu_si512(t, u);
+        for (uint32_t k = (uint32_t)kin; k; k &= k - 1) win_one(t[__builtin_ctz(k)], w);
+    }
+}
+
+static inline void ulpw32_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
+                              int64_t *below) {
+    if ((uint64_t)w->lo + w->width > 0xFFFFFFFFu) { ulpw32_generic(pa, pb, s0, m, w, mxp, below); return; }
+    const int32_t *a = (const int32_t *)pa + s0, *b = (const int32_t *)pb + s0;
+    const __m128i shift = _mm_cvtsi32_si128(w->shift);
+    const __m512i vlo = _mm512_set1_epi32((int)w->lo), vhi = _mm512_set1_epi32((int)(w->lo + w->width));
+    __m512i vmx = _mm512_setzero_si512();
+    int64_t nb = 0, j = 0;
+    for (; j + 16 <= m; j += 16) {
+        const __m512i oa = ord_epi32(_mm512_loadu_si512(a + j)), ob = ord_epi32(_mm512_loadu_si512(b + j));
+        ulpw_lanes32(oa, ob, (__mmask16)0xFFFF, w, shift, vlo, vhi, &vmx, &nb);
+    }
+    if (j < m) {
+        const __mmask16 valid = (__mmask16)((1u << (m - j)) - 1);
+        const __m512i oa = ord_epi32(_mm512_maskz_loadu_epi32(valid, a + j));
+        const __m512i ob = ord_epi32(_mm512_maskz_loadu_epi32(valid, b + j));
+        ulpw_lanes32(oa, ob, valid, w, shift, vlo, vhi, &vmx, &nb);
+    }
+    const uint32_t mx = _mm512_reduce_max_epu32(vmx);
+    *mxp = mx > *mxp ? mx : *mxp;
+    *below += nb;
+}
+#define ULPW32 ulpw32_avx
+#define ULPW16 ulpw16_avx
+#define ULPW8 ulpw8_avx
+#else
+#define ULPW32 ulpw32_generic
+#define ULPW16 ulpw16_generic
+#define ULPW8 ulpw8_generic
+#endif
+
+#define WMASKED_LOOP(LA, LB, ULP)                                                                         \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism) reduction(max:mad)") \
+    for (int64_t j = 0; j < m; j++) {                                                                     \
+        const int64_t i = s0 + j;                                                                         \
+        const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
+        const int fa = (xa - xa) == 0.0, fb = (xb - xb) == 0.0;                                           \
+        const int both = fa & fb;                                                                         \
+        const int same = (!fa) & (!fb) & ((xa == xb) | ((xa != xa) & (xb != xb)));                        \
+        const double za = both ? xa : 0.0, zb = both ? xb : 0.0;                                          \
+        const double d = zb - za, ad = fabs(d);                                                           \
+        saa = fma(za, za, saa);                                                                           \
+        sbb = fma(zb, zb, sbb);                                                                           \
+        sab = fma(za, zb, sab);                                                                           \
+        sdd = fma(d, d, sdd);                                                                             \
+        sad += ad;                                                                                        \
+        npass += (both & (ad <= atol + rtol * fabs(za))) + same;                                          \
+        mad = ad > mad ? ad : mad;                                                                        \
+        nboth += both;                                                                                    \
+        nfa += !fa;                                                                                       \
+        nfb += !fb;                                                                                       \
+        mism += (!both) & (!same);                                                                        \
+        dist[j] = both ? ULP(pa, pb, i) : NOT_A_DIST;                                                     \
+    }                                                                                                     \
+    /* the max and the count below apart: gcc 12 miscompiled them as reductions of the loop above */     \
+    for (int64_t j = 0; j < m; j++) {                                                                     \
+        const uint32_t v = dist[j] == NOT_A_DIST ? 0u : dist[j];                                          \
+        mx = v > mx ? v : mx;                                                                             \
+        nbelow += (dist[j] != NOT_A_DIST) & ((v >> shift) < lo);                                          \
+    }
+
+#define DEFINE_WKERNEL(NAME, LA, ULP, ULPW)                                                               \
+    static void NAME(const void *pa, const void *pb, int64_t n, double atol, double rtol, vk_acc *acc,    \
+                     vk_win *w, int force_masked) {                                                       \
+        uint32_t mx = (uint32_t)acc->max_ulp;                                                             \
+        const uint32_t lo = w->lo;                                                                        \
+        const int shift = w->shift;                                                                       \
+        uint32_t dist[BLK];                                                                               \
+        for (int64_t s0 = 0; s0 < n; s0 += BLK) {                                                         \
+            const int64_t m = n - s0 < BLK ? n - s0 : BLK;                                                \
+            double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                  \
+            int64_t nboth = m, npass = 0, nfa = 0, nfb = 0, mism = 0, nbelow = 0;                         \
+            if (!force_masked) {                                                                          \
+                FAST_LOOP(LA, LA, ulp0, 0)                                                                \
+            }                                                                                             \
+            if (force_masked || !isfinite(saa) || !isfinite(sbb)) {                                       \
+                saa = sbb = sab = sdd = sad = mad = 0;                                                    \
+                nboth = npass = nfa = nfb = mism = nbelow = 0;                                            \
+                WMASKED_LOOP(LA, LA, ULP)                                                                 \
+                win_scan(dist, m, w);                                                                     \
+            } else {                                                                                      \
+                ULPW(pa, pb, s0, m, w, &mx, &nbelow);                                                     \
+            }                                                                                             \
+            w->below += nbelow;                                                                           \
+            acc->s_aa += saa;                                                                             \
+            acc->s_bb += sbb;                                                                             \
+            acc->s_ab += sab;                                                                             \
+            acc->s_dd += sdd;                                                                             \
+            acc->s_ad += sad;                                                                             \
+            acc->max_ad = mad > acc->max_ad ? mad : acc->max_ad;                                          \
+            acc->n_both += nboth;                                                                         \
+            acc->n_pass += npass;                                                                         \
+            acc->nf_a += nfa;                                                                             \
+            acc->nf_b += nfb;                                                                             \
+            acc->mismatch += mism;                                                                        \
+        }                                                                                                 \
+        acc->max_ulp = (int64_t)mx;                                                                       \
+    }
+
+typedef void (*wkernel_fn)(const void *, const void *, int64_t, double, double, vk_acc *, vk_win *, int);
+DEFINE_WKERNEL(w_f32, ld_f32, ulp32, ULPW32)
+DEFINE_WKERNEL(w_f16, ld_f16, ulp16, ULPW16)
+DEFINE_WKERNEL(w_bf16, ld_bf16, ulp16, ULPW16)
+DEFINE_WKERNEL(w_e4m3, ld_e4m3, ulp8, ULPW8)
+DEFINE_WKERNEL(w_e5m2, ld_e5m2, ulp8, ULPW8)
+static const wkernel_fn WINDOWED[6] = {0, w_f32, w_f16, w_bf16, w_e4m3, w_e5m2};
+
+static const int64_t DT_SIZE[6] = {8, 4, 2, 2, 1, 1};
+
+/* Takes the next job of `job` elements from the shared counter *next (a thread's share of a pass:
+ * every thread calls the entry point once and takes jobs until none is left). Returns its start, or
+ * n when none is left. */
+static inline int64_t next_job(int64_t *next, int64_t job, int64_t n) {
+    const int64_t s = __atomic_fetch_add(next, job, __ATOMIC_RELAXED);
+    return s < n ? s : n;
+}
+
+/* The main pass with the window instead of the full histograms (same dtype, ULP metrics), over the
+ * jobs this thread takes from *next. Returns 0, or -1 for a dtype without ULP metrics or a bad window. */
+int vk_compare_win(const void *a, const void *b, int dt, int64_t n, int64_t job, int64_t *next, double atol,
+                   double rtol, vk_acc *acc, vk_win *w, int force_masked) {
+    if (dt < 1 || dt > 5 || job < 1 || w->width < 1 || w->shift < 0 || w->shift > 16 || !w->window) return -1;
+    const int64_t size = DT_SIZE[dt];
+    for (int64_t s; (s = next_job(next, job, n)) < n;) {
+        const int64_t m = n - s < job ? n - s : job;
+        WINDOWED[dt]((const char *)a + s * size, (const char *)b + s * size, m, atol, rtol, acc, w, force_masked);
+    }
+    return 0;
+}
+
+/* The sample pass: for every run r (global index base/gap + r of the pair), the elements
+ * [r*gap + off(r), r*gap + off(r) + run) with a pseudo-random offset 0 <= off(r) <= gap - run, so that
+ * the runs do not line up with the columns of power-of-two-wide rows. Adds their distances (finite in
+ * both) into the exact histograms fine/coarse (coarse: NULL unless float32) and returns how many were
+ * added. base must be a multiple of gap; run <= BLK. */
+static inline int64_t sample_off(int64_t r, int64_t span) {
+    uint64_t h = (uint64_t)r * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    return (int64_t)((h >> 16) % (uint64_t)span);
+}
+
+#define DEFINE_SAMPLER(NAME, LA, ULP)                                                                     \
+    static int64_t NAME(const void *pa, const void *pb, int64_t n, int64_t base, int64_t run, int64_t gap, \
+                        int64_t *fine, int64_t *coarse, uint32_t *maxd) {                                 \
+        uint32_t dist[BLK], sub[NSUB * SMALL], mu = *maxd;                                                \
+        memset(sub, 0, sizeof sub);                                                                       \
+        int64_t total = 0;                                                                                \
+        for (int64_t r0 = 0; r0 < n; r0 += gap) {                                                         \
+            const int64_t s0 = r0 + sample_off((base + r0) / gap, gap - run + 1);                         \
+            if (s0 >= n) break;                                                                           \
+            const int64_t m = n - s0 < run ? n - s0 : run;                                                \
+            int64_t nboth = 0;                                                                            \
+            _Pragma("omp simd reduction(+:nboth)")                                                        \
+            for (int64_t j = 0; j < m; j++) {                                                             \
+                const int64_t i = s0 + j;                                                                 \
+                const double xa = LA(pa, i), xb = LA(pb, i);                                              \
+                const int both = ((xa - xa) == 0.0) & ((xb - xb) == 0.0);                                 \
+                dist[j] = both ? ULP(pa, pb, i) : 0u;                                                     \
+                nboth += both;                                                                            \
+            }                                                                                             \
+            hist_block(dist, m, fine, coarse, sub, &mu);                                                  \
+            fine[0] -= m - nboth; /* excluded positions were binned at distance 0 */                      \
+            if (coarse) coarse[0] -= m - nboth;                                                           \
+            total += nboth;                                                                               \
+        }                                                                                                 \
+        fold_sub(sub, fine);                                                                              \
+        *maxd = mu;                                                                                       \
+        return total;                                                                                     \
+    }
+
+typedef int64_t (*sampler_fn)(const void *, const void *, int64_t, int64_t, int64_t, int64_t, int64_t *, int64_t *,
+                              uint32_t *);
+DEFINE_SAMPLER(s_f32, ld_f32, ulp32)
+DEFINE_SAMPLER(s_f16, ld_f16, ulp16)
+DEFINE_SAMPLER(s_bf16, ld_bf16, ulp16)
+DEFINE_SAMPLER(s_e4m3, ld_e4m3, ulp8)
+DEFINE_SAMPLER(s_e5m2, ld_e5m2, ulp8)
+static const sampler_fn SAMPLERS[6] = {0, s_f32, s_f16, s_bf16, s_e4m3, s_e5m2};
+
+/* The first element of every sampled run of an n-element pair (ceil(n / gap) of them; a start may lie
+ * past the end): for tests and diagnostics. */
+void vk_sample_starts(int64_t n, int64_t run, int64_t gap, int64_t *out) {
+    for (int64_t r = 0; r * gap < n; r++) out[r] = r * gap + sample_off(r, gap - run + 1);
+}
+
+/* The sample pass over the jobs this thread takes from *next (job: a multiple of gap). Returns the
+ * number of sampled distances added, or -1 for bad arguments; *maxd: the largest distance it saw
+ * (so that the caller adds up only the bins in use). */
+int64_t vk_sample(const void *a, const void *b, int dt, int64_t n, int64_t job, int64_t *next, int64_t run,
+                  int64_t gap, int64_t *fine, int64_t *coarse, int64_t *maxd) {
+    if (dt < 1 || dt > 5 || run < 1 || run > BLK || gap < run || job < gap || job % gap != 0) return -1;
+    const int64_t size = DT_SIZE[dt];
+    int64_t total = 0;
+    uint32_t mu = (uint32_t)*maxd;
+    for (int64_t s; (s = next_job(next, job, n)) < n;) {
+        const int64_t m = n - s < job ? n - s : job;
+        total += SAMPLERS[dt]((const char *)a + s * size, (const char *)b + s * size, m, s, run, gap, fine, coarse, &mu);
+    }
+    *maxd = mu;
+    return total;
+}
+
 /* float32 second pass: bins the low 16 bits of the distances (finite in both) whose high bits equal
  * `bucket`. */
 void vk_refine_f32(const void *a, const void *b, int64_t n, int64_t bucket, int64_t *low) {
-    const float *fa = (const float *)a, *fb = (const float *)b;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(fa[i]) || !isfinite(fb[i])) continue;
-        uint32_t d = ulp32(a, b, i);
-        if ((int64_t)(d >> 16) == bucket) low[d & 0xFFFF]++;
+    vk_win w = {(uint32_t)bucket << 16, 1u << 16, 0, 0, low, 0, 0, 0, 0};
+    uint32_t dist[BLK];
+    for (int64_t s0 = 0; s0 < n; s0 += BLK) {
+        const int64_t m = n - s0 < BLK ? n - s0 : BLK;
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t i = s0 + j;
+            const double xa = ld_f32(a, i), xb = ld_f32(b, i);
+            const int both = ((xa - xa) == 0.0) & ((xb - xb) == 0.0);
+            dist[j] = both ? ulp32(a, b, i) : NOT_A_DIST;
+        }
+        win_scan(dist, m, &w);
     }
+}
+
+/* The same for a list of exact distances (the in-window elements of a float32 bucket window). */
+void vk_list_low(const uint32_t *list, int64_t n, int64_t bucket, int64_t *low) {
+    for (int64_t i = 0; i < n; i++)
+        if ((int64_t)(list[i] >> 16) == bucket) low[list[i] & 0xFFFF]++;
 }
 
 /* dst[i] += src[i]: combining the threads' histograms without torch's intra-op thread pool */

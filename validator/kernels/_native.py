@@ -20,7 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["Acc", "library", "build_error"]
+__all__ = ["Acc", "Win", "library", "build_error"]
 
 _SOURCE = Path(__file__).with_name("_cpu_kernel.c")
 _BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu11"]
@@ -47,6 +47,22 @@ class Acc(ctypes.Structure):
         ("nf_b", ctypes.c_int64),
         ("mismatch", ctypes.c_int64),
         ("max_ulp", ctypes.c_int64),
+    ]
+
+
+class Win(ctypes.Structure):
+    """Mirror of ``vk_win`` in ``_cpu_kernel.c``: one thread's p99 window (inputs) and its counts (outputs)."""
+
+    _fields_ = [
+        ("lo", ctypes.c_uint32),
+        ("width", ctypes.c_uint32),
+        ("shift", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("window", ctypes.c_void_p),
+        ("list", ctypes.c_void_p),
+        ("cap", ctypes.c_int64),
+        ("nlist", ctypes.c_int64),
+        ("below", ctypes.c_int64),
     ]
 
 
@@ -91,6 +107,14 @@ def _load(path: Path) -> ctypes.CDLL:
     p, i64, dbl, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
     lib.vk_compare.argtypes = [p, c_int, p, c_int, i64, dbl, dbl, ctypes.POINTER(Acc), p, p, c_int]
     lib.vk_compare.restype = c_int
+    lib.vk_compare_win.argtypes = [p, p, c_int, i64, i64, p, dbl, dbl, ctypes.POINTER(Acc), ctypes.POINTER(Win), c_int]
+    lib.vk_compare_win.restype = c_int
+    lib.vk_sample.argtypes = [p, p, c_int, i64, i64, p, i64, i64, p, p, p]
+    lib.vk_sample.restype = i64
+    lib.vk_sample_starts.argtypes = [i64, i64, i64, p]
+    lib.vk_sample_starts.restype = None
+    lib.vk_list_low.argtypes = [p, i64, i64, p]
+    lib.vk_list_low.restype = None
     lib.vk_refine_f32.argtypes = [p, p, i64, i64, p]
     lib.vk_refine_f32.restype = None
     lib.vk_add_i64.argtypes = [p, p, i64]

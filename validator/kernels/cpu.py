@@ -5,6 +5,22 @@ non-contiguous inputs are copied a bounded block at a time). A pool of threads, 
 chunks from a shared queue; each thread adds into its own float64/int64 accumulator and its own
 exact ULP histograms, and the per-thread totals are combined at the end. ctypes releases the GIL for
 the duration of each kernel call, so the threads run in parallel.
+
+Large same-dtype pairs (ULP metrics, at least :data:`WINDOW_FROM` elements, contiguous) find their
+exact p99 with the speculative window of ``_finish.p99_window`` instead of full histograms:
+
+- a sample pass reads runs of :data:`SAMPLE_RUN` elements, one in every :data:`SAMPLE_GAP` (1 element
+  in ``SAMPLE_STRIDE``, spread evenly over the whole pair) and histograms their distances;
+- ``p99_window`` turns that into a window of distances (float32 windows wider than 65536 bins, or
+  too wide for the rule, become windows of 65536-wide buckets);
+- the one full pass adds the sums as before and, for the ULP metrics, the max distance, the exact
+  count below the window and an exact histogram of the window (for a bucket window also the list of
+  its exact distances), all but the rare in-window elements in vector code. Each thread makes one
+  kernel call and takes its jobs from a counter in C, so Python costs nothing per job;
+- ``p99_in_window`` gives the exact p99. When the p99 is outside the window, a second pass with the
+  full histograms gives it, so the result is exact in every case.
+
+``stats`` counts which route each pair took (for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -12,19 +28,63 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from .. import metrics as _ref
-from ._finish import FINE_BINS, ULP_DTYPES, first_reaching, metrics_from_totals, nearest_rank
-from ._native import Acc, library
+from ._finish import (
+    FINE_BINS,
+    SAMPLE_STRIDE,
+    ULP_DTYPES,
+    first_reaching,
+    metrics_from_totals,
+    nearest_rank,
+    p99_in_window,
+    p99_window,
+)
+from ._native import Acc, Win, library
 
-__all__ = ["compare_cpu", "CHUNK", "set_threads", "threads"]
+__all__ = [
+    "compare_cpu",
+    "CHUNK",
+    "WINDOW_FROM",
+    "SAMPLE_RUN",
+    "SAMPLE_GAP",
+    "sample_mask",
+    "set_threads",
+    "stats",
+    "threads",
+]
 
 CHUNK = 1 << 20  # elements per kernel call: large enough that the call overhead vanishes
 _SERIAL_BELOW = 1 << 18  # pairs smaller than this run in the calling thread
+
+WINDOW_FROM = 1 << 20  # pairs with ULP metrics from this many elements take the speculative p99 window
+SAMPLE_RUN = 256  # sampled elements are runs of this many, one run in every SAMPLE_GAP elements
+SAMPLE_GAP = SAMPLE_RUN * SAMPLE_STRIDE  # (the run's offset in its gap varies pseudo-randomly)
+_SAMPLE_JOB = 8 * CHUNK  # elements per sample-pass job, at most (fewer: every thread gets several)
+_MAIN_JOB = 1 << 18  # elements per job of the windowed pass (taken in C: no Python per job)
+_KEEP_WINDOW = 1 << 16  # window histograms up to this many bins stay with their thread between pairs
+_WIDE_WINDOW = 1 << 16  # float32 windows wider than this become windows of 65536-wide buckets
+_LIST_MIN = 1 << 21  # float32 bucket windows list their in-window distances: at most max(this, n/32)
+
+# Which route the pairs took, since the process started (read by tests and benchmarks):
+# "full": the full histograms (no window tried or found); "window": the p99 came from the window;
+# "coarse": of those, a float32 window of 65536-wide buckets; "refine": of those, the list was
+# incomplete and a second pass over the data refined the bucket; "fallback": the p99 was outside the
+# window and a second pass with the full histograms found it.
+stats: dict[str, int] = {"full": 0, "window": 0, "coarse": 0, "refine": 0, "fallback": 0}
+last_window: tuple[int, int, int] | None = None  # (lo, hi, shift) of the latest window (diagnostics)
+_stats_lock = threading.Lock()
+
+
+def _count(*keys: str) -> None:
+    with _stats_lock:
+        for k in keys:
+            stats[k] += 1
+
 
 _DT: dict[torch.dtype, int] = {
     torch.float64: 0,
@@ -90,6 +150,12 @@ class _Worker:
         self.fine: torch.Tensor | None = None
         self.coarse: torch.Tensor | None = None
         self.low: torch.Tensor | None = None
+        self.win = Win()
+        self.window: torch.Tensor | None = None  # the p99 window's histogram (grown as needed, kept)
+        self.list: torch.Tensor | None = None  # in-window distances of a float32 bucket window (one pair)
+        self.n_sample = 0
+        self.maxd = ctypes.c_int64(0)  # the largest sampled distance (the bins in use)
+        self.used = [FINE_BINS + 1, FINE_BINS + 1]  # leading bins of fine, coarse that may be nonzero
 
     def reset(self, ulp: bool, coarse: bool) -> None:
         """Zero everything for a new pair (run in the worker's own thread, so in parallel)."""
@@ -102,6 +168,30 @@ class _Worker:
                 setattr(self, name, torch.zeros(FINE_BINS + 1, dtype=torch.int64))
             else:  # not buf.zero_(): torch's intra-op threads cost milliseconds on a busy machine
                 ctypes.memset(buf.data_ptr(), 0, buf.numel() * buf.element_size())
+        self.used = [FINE_BINS + 1, FINE_BINS + 1]  # a full pass may fill any bin
+
+    def clear_for_sample(self, coarse: bool) -> None:
+        """Zero the histograms for the sample pass: only the bins the last use may have filled (a sample's
+        distances are few; clearing 2 x 512 KiB per thread would cost more than sampling them)."""
+        for i, (name, wanted) in enumerate((("fine", True), ("coarse", coarse))):
+            buf = getattr(self, name)
+            if not wanted:
+                continue
+            if buf is None:
+                setattr(self, name, torch.zeros(FINE_BINS + 1, dtype=torch.int64))
+                self.used[i] = 0
+                continue
+            ctypes.memset(buf.data_ptr(), 0, self.used[i] * 8)
+            self.used[i] = FINE_BINS + 1  # until the sample pass says how far it went
+            if i == 0:
+                ctypes.memset(buf.data_ptr() + 8 * FINE_BINS, 0, 8)  # the overflow bin
+
+    def mark_sampled(self, maxd: int, coarse: bool) -> None:
+        """After the sample pass: its largest distance bounds the bins it filled (the coarse histogram's
+        only when the sample used it)."""
+        self.used[0] = min(maxd, FINE_BINS - 1) + 1
+        if coarse:
+            self.used[1] = (maxd >> 16) + 1
 
 
 _idle_lock = threading.Lock()
@@ -201,10 +291,49 @@ def _compare(
     ulp: bool,
     coarse: bool,
 ) -> _ref.TensorMetrics:
+    plan = None
+    if ulp and a.numel() >= WINDOW_FROM and a.is_contiguous() and b.is_contiguous():
+        plan = _sample_window(lib, a, b, workers, coarse)
+    if plan is not None:
+        p99 = _compare_windowed(lib, a, b, workers, atol, rtol, force_masked, plan)
+        sums, max_ad, counts, max_ulp = _totals(workers)
+        if p99 is None:  # the sample misled us: the full histograms, in a second pass
+            _count("fallback")
+            _full_pass(lib, a, b, workers, atol, rtol, chunk_elems, force_masked, coarse)
+            p99 = _p99(lib, a, b, workers, counts[0], chunk_elems)
+        return metrics_from_totals(a, b, atol, rtol, sums, max_ad, counts, (max_ulp, p99))
+
+    _full_pass(lib, a, b, workers, atol, rtol, chunk_elems, force_masked, coarse if ulp else False, ulp)
+    sums, max_ad, counts, max_ulp = _totals(workers)
+    ulp_result = None
+    if ulp:
+        _count("full")
+        ulp_result = (max_ulp, _p99(lib, a, b, workers, counts[0], chunk_elems))
+    return metrics_from_totals(a, b, atol, rtol, sums, max_ad, counts, ulp_result)
+
+
+def _full_pass(
+    lib: ctypes.CDLL,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    workers: list[_Worker],
+    atol: float,
+    rtol: float,
+    chunk_elems: int,
+    force_masked: bool,
+    coarse: bool,
+    ulp: bool = True,
+) -> None:
+    """The one pass of the full-histogram method: the totals and, with ``ulp``, the exact histograms."""
+
     def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
         _run(lib, jobs, lock, w, float(atol), float(rtol), force_masked, ulp, coarse)
 
     _parallel(body, _pieces(a, b, chunk_elems), workers)
+
+
+def _totals(workers: list[_Worker]) -> tuple[list[float], float, list[int], int]:
+    """The workers' totals combined in a fixed order: sums, max |d|, counts, max ULP."""
     accs = [w.acc for w in workers]
     sums = [sum(getattr(x, f) for x in accs) for f in ("s_aa", "s_bb", "s_ab", "s_dd", "s_ad")]
     counts = [
@@ -214,26 +343,200 @@ def _compare(
         sum(x.nf_b for x in accs),
         sum(x.mismatch for x in accs),
     ]
-    ulp_result = None
-    if ulp:
-        ulp_result = (max(x.max_ulp for x in accs), _p99(lib, a, b, workers, counts[0], chunk_elems))
-    return metrics_from_totals(a, b, atol, rtol, sums, max(x.max_ad for x in accs), counts, ulp_result)
+    return sums, max(x.max_ad for x in accs), counts, max(x.max_ulp for x in accs)
+
+
+# ---------------------------------------------------------------- the speculative p99 window
+
+
+def sample_mask(n: int) -> torch.Tensor:
+    """Which elements of an ``n``-element pair the sample pass reads (bool; for tests and diagnostics)."""
+    mask = torch.zeros(n, dtype=torch.bool)
+    lib = library()
+    if lib is None or n == 0:
+        return mask
+    starts = torch.empty(-(-n // SAMPLE_GAP), dtype=torch.int64)
+    lib.vk_sample_starts(n, SAMPLE_RUN, SAMPLE_GAP, starts.data_ptr())
+    for s in starts.tolist():
+        mask[s : s + SAMPLE_RUN] = True
+    return mask
+
+
+def _each(fn: Callable[[_Worker], None], workers: list[_Worker]) -> None:
+    """``fn(w)`` for every worker at once: the first in the calling thread, the others in the pool."""
+    futures = [_executor().submit(fn, w) for w in workers[1:]]
+    try:
+        fn(workers[0])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _sample_window(
+    lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Worker], coarse: bool
+) -> tuple[int, int, int, int] | None:
+    """The sample pass. Returns the window ``(lo, hi, shift, list_cap)``: keys ``distance >> shift``
+    in ``[lo, hi)``; ``list_cap`` > 0 (bucket windows only): list up to that many in-window distances
+    per thread. ``None``: no window (the full histograms then)."""
+    n, dt = a.numel(), _DT[a.dtype]
+    # a thread for every 2**17 sampled elements at least: fewer histograms to clear and add up
+    sampling = workers[: max(1, min(len(workers), (n // SAMPLE_STRIDE) >> 17))]
+    job = max(SAMPLE_GAP, min(_SAMPLE_JOB, n // (4 * len(sampling)) // SAMPLE_GAP * SAMPLE_GAP))
+    pa, pb, nxt = a.data_ptr(), b.data_ptr(), ctypes.c_int64(0)
+
+    def body(w: _Worker) -> None:
+        ctypes.memset(ctypes.byref(w.acc), 0, ctypes.sizeof(w.acc))
+        w.clear_for_sample(coarse)
+        assert w.fine is not None
+        co = w.coarse.data_ptr() if coarse and w.coarse is not None else None
+        w.maxd.value = 0
+        got = lib.vk_sample(
+            pa, pb, dt, n, job, ctypes.byref(nxt), SAMPLE_RUN, SAMPLE_GAP, w.fine.data_ptr(), co, ctypes.byref(w.maxd)
+        )
+        if got < 0:
+            raise RuntimeError(f"native kernel refused to sample {a.dtype}")
+        w.n_sample = got
+        w.mark_sampled(w.maxd.value, coarse)
+
+    _each(body, sampling)
+    n_sample = sum(w.n_sample for w in sampling)
+    fine, hist_coarse = sampling[0].fine, sampling[0].coarse if coarse else None
+    assert fine is not None
+    for w in sampling[1:]:  # only the bins in use
+        assert w.fine is not None
+        maxd = w.maxd.value
+        lib.vk_add_i64(fine.data_ptr(), w.fine.data_ptr(), min(maxd, FINE_BINS - 1) + 1)
+        lib.vk_add_i64(fine.data_ptr() + 8 * FINE_BINS, w.fine.data_ptr() + 8 * FINE_BINS, 1)
+        if hist_coarse is not None and w.coarse is not None:
+            lib.vk_add_i64(hist_coarse.data_ptr(), w.coarse.data_ptr(), (maxd >> 16) + 1)
+    sampling[0].mark_sampled(max(w.maxd.value for w in sampling), coarse)
+    win = p99_window(fine, hist_coarse, n_sample)
+    if win is not None and (hist_coarse is None or win[1] - win[0] <= _WIDE_WINDOW):
+        return win[0], win[1], 0, 0
+    if hist_coarse is None:
+        return None
+    # float32 with a wide spread: a window of 65536-wide buckets (keys ``distance >> 16``), either the
+    # one that covers the wide window, or the same rule applied to the sample's ``distance >> 16`` (whose
+    # p99 is the p99's bucket). The exact distance inside the p99's bucket then comes from a list of the
+    # in-window distances (or, when that would be too long, a refining pass over the data).
+    if win is not None:
+        lo, hi = win[0] >> 16, ((win[1] - 1) >> 16) + 1
+    else:
+        win = p99_window(hist_coarse, None, n_sample)
+        if win is None:
+            return None
+        lo, hi = win
+    expected = int(hist_coarse[lo:hi].sum()) * n // max(1, n_sample)
+    budget = max(_LIST_MIN, n >> 5)
+    cap = 2 * budget // len(workers) if 2 * expected <= budget else 0
+    return lo, hi, 16, cap
+
+
+def _compare_windowed(
+    lib: ctypes.CDLL,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    workers: list[_Worker],
+    atol: float,
+    rtol: float,
+    force_masked: bool,
+    plan: tuple[int, int, int, int],
+) -> int | None:
+    """The main pass with the window; returns the exact p99, or ``None`` when it is outside the window."""
+    global last_window
+    lo, hi, shift, cap = plan
+    last_window = lo, hi, shift
+    width = hi - lo
+    dt = _DT[a.dtype]
+    atol, rtol = float(atol), float(rtol)
+
+    n, pa, pb, nxt = a.numel(), a.data_ptr(), b.data_ptr(), ctypes.c_int64(0)
+
+    def body(w: _Worker) -> None:
+        ctypes.memset(ctypes.byref(w.acc), 0, ctypes.sizeof(w.acc))
+        if w.window is None or w.window.numel() < width:
+            w.window = torch.zeros(max(width, 1 << 12), dtype=torch.int64)
+        else:
+            ctypes.memset(w.window.data_ptr(), 0, width * 8)
+        w.list = torch.empty(cap, dtype=torch.int32) if cap else None  # pages fault in only when written
+        ctypes.memset(ctypes.byref(w.win), 0, ctypes.sizeof(w.win))
+        w.win.lo, w.win.width, w.win.shift = lo, width, shift
+        w.win.window = w.window.data_ptr()
+        w.win.list = w.list.data_ptr() if w.list is not None else None
+        w.win.cap = cap
+        rc = lib.vk_compare_win(
+            pa, pb, dt, n, _MAIN_JOB, ctypes.byref(nxt), atol, rtol, ctypes.byref(w.acc), ctypes.byref(w.win),
+            int(force_masked),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"native kernel refused the window for {a.dtype}")
+
+    try:
+        _each(body, workers)
+        n_both = sum(w.acc.n_both for w in workers)
+        below = sum(w.win.below for w in workers)
+        window = torch.zeros(width, dtype=torch.int64)
+        for w in workers:
+            assert w.window is not None
+            lib.vk_add_i64(window.data_ptr(), w.window.data_ptr(), width)
+        found = p99_in_window(n_both, below, window, lo)
+        if found is None or shift == 0:
+            if found is not None:
+                _count("window")
+            return found
+        # a bucket window: the p99's bucket is `found`; its exact distance from the bucket's low 16 bits
+        bucket = found
+        rank_in_bucket = nearest_rank(n_both) - below - int(window[: bucket - lo].sum())
+        low = torch.zeros(FINE_BINS, dtype=torch.int64)
+        if cap and all(w.win.nlist <= cap for w in workers):
+            for w in workers:
+                assert w.list is not None
+                lib.vk_list_low(w.list.data_ptr(), w.win.nlist, bucket, low.data_ptr())
+            _count("window", "coarse")
+        else:
+            _refine(lib, a, b, workers, bucket, CHUNK, low)
+            _count("window", "coarse", "refine")
+        return (bucket << 16) + first_reaching(low, rank_in_bucket)
+    finally:
+        for w in workers:
+            w.list = None
+            w.win.list = None
+            if w.window is not None and w.window.numel() > _KEEP_WINDOW:
+                w.window = None  # a wide window's histogram is not kept: up to 8 MiB per thread
+            w.win.window = None
 
 
 def _p99(
     lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, workers: list[_Worker], n_both: int, chunk_elems: int
 ) -> int:
+    """The exact p99 from the full histograms of a full pass."""
     if n_both == 0:
         return 0
     rank = nearest_rank(n_both)
-    fine = _summed(lib, [w.fine for w in workers])
+    fine = _summed(lib, [w.fine for w in workers], workers)
     idx = first_reaching(fine, rank)
     if idx < FINE_BINS:
         return idx
     # float32 only: the coarse histogram names the 65536-wide bucket; a second pass bins inside it
-    coarse = _summed(lib, [w.coarse for w in workers])
+    coarse = _summed(lib, [w.coarse for w in workers], workers)
     bucket = first_reaching(coarse, rank)
     rank_in_bucket = rank - int(coarse[:bucket].sum())
+    low = torch.zeros(FINE_BINS, dtype=torch.int64)
+    _refine(lib, a, b, workers, bucket, chunk_elems, low)
+    return (bucket << 16) + first_reaching(low, rank_in_bucket)
+
+
+def _refine(
+    lib: ctypes.CDLL,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    workers: list[_Worker],
+    bucket: int,
+    chunk_elems: int,
+    total: torch.Tensor,
+) -> None:
+    """float32's second pass: adds into ``total`` the histogram of the low 16 bits of the distances
+    (finite in both) in ``bucket`` (their ``>> 16``)."""
     for w in workers:
         if w.low is None:
             w.low = torch.zeros(FINE_BINS, dtype=torch.int64)
@@ -252,13 +555,34 @@ def _p99(
             lib.vk_refine_f32(ca.data_ptr(), cb.data_ptr(), ca.numel(), bucket, low.data_ptr())
 
     _parallel(body, _pieces(a, b, chunk_elems), workers)
-    return (bucket << 16) + first_reaching(_summed(lib, [w.low for w in workers]), rank_in_bucket)
+    for w in workers:
+        assert w.low is not None
+        lib.vk_add_i64(total.data_ptr(), w.low.data_ptr(), FINE_BINS)
 
 
-def _summed(lib: ctypes.CDLL, hists: list[torch.Tensor | None]) -> torch.Tensor:
-    """Sum of the workers' histograms, added in place into the first (no allocation, no thread pool)."""
+def _summed(lib: ctypes.CDLL, hists: list[torch.Tensor | None], workers: list[_Worker] | None = None) -> torch.Tensor:
+    """Sum of the workers' histograms, added in place into the first (no allocation, no torch thread
+    pool). With ``workers`` (several), the bins are cut into ranges that those threads add in parallel."""
     present = [h for h in hists if h is not None]
     total = present[0]
-    for h in present[1:]:
-        lib.vk_add_i64(total.data_ptr(), h.data_ptr(), total.numel())
+    if len(present) == 1:
+        return total
+    n = total.numel()
+    if workers is None or len(present) < 4:  # a few are added faster than threads are woken
+        for h in present[1:]:
+            lib.vk_add_i64(total.data_ptr(), h.data_ptr(), n)
+        return total
+    step = -(-n // (2 * len(workers)))
+
+    def body(jobs: Iterator, lock: threading.Lock, w: _Worker) -> None:  # type: ignore[type-arg]
+        while True:
+            with lock:
+                start = next(jobs, None)
+            if start is None:
+                return
+            m = min(step, n - start)
+            for h in present[1:]:
+                lib.vk_add_i64(total.data_ptr() + 8 * start, h.data_ptr() + 8 * start, m)
+
+    _parallel(body, iter(range(0, n, step)), workers)
     return total

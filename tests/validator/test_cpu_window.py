@@ -1,0 +1,291 @@
+"""The CPU kernel's speculative p99 window (validator.kernels.cpu, docs/performance.md "CPU kernel").
+
+Pairs of at least ``cpu.WINDOW_FROM`` elements find their exact p99 from a sample's window instead of
+full histograms. Every result must still equal the reference's (``VALIDATOR_KERNELS=0``) and an
+independent NumPy computation (sort the distances, take rank ``ceil(0.99 n)``), whichever route the
+pair took; ``cpu.stats`` says which route that was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from validator import kernels
+from validator.kernels import cpu
+from validator.metrics import TensorMetrics, compare_tensors
+
+from .test_fastmetrics import assert_same
+
+pytestmark = pytest.mark.skipif(
+    kernels.backend_for(torch.zeros(1), torch.zeros(1)) != "cpu-native", reason="no C compiler: no CPU kernel here"
+)
+
+N = cpu.WINDOW_FROM + (1 << 18) + 777  # two chunks, a ragged last chunk and a ragged last sample run
+KW = {"atol": 1e-5, "rtol": 1e-3, "chunk_elems": 1 << 22}
+ULP_INT = {
+    torch.bfloat16: (torch.int16, 0x7FFF),
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+    torch.float8_e4m3fn: (torch.int8, 0x7F),
+    torch.float8_e5m2: (torch.int8, 0x7F),
+}
+
+Ref = Callable[[torch.Tensor, torch.Tensor], TensorMetrics]
+
+
+@pytest.fixture
+def reference(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ref]:
+    def ref(a: torch.Tensor, b: torch.Tensor) -> TensorMetrics:
+        with monkeypatch.context() as m:
+            m.setenv("VALIDATOR_KERNELS", "0")
+            return compare_tensors(a, b)
+
+    yield ref
+
+
+@pytest.fixture(autouse=True)
+def _default_threads() -> Iterator[None]:
+    yield
+    cpu.set_threads(None)
+
+
+def numpy_ulp(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    """(max, p99) of the ULP distances over the positions finite in both, independently of the kernels."""
+    idt, mag = ULP_INT[a.dtype]
+    ia = a.view(idt).numpy().astype(np.int64)
+    ib = b.view(idt).numpy().astype(np.int64)
+    oa = np.where(ia < 0, -(ia & mag), ia)
+    ob = np.where(ib < 0, -(ib & mag), ib)
+    fin = np.isfinite(a.double().numpy()) & np.isfinite(b.double().numpy())
+    d = np.abs(oa - ob)[fin]
+    if d.size == 0:
+        return 0, 0
+    k = (99 * d.size + 99) // 100
+    return int(d.max()), int(np.partition(d, k - 1)[k - 1])
+
+
+def routed(a: torch.Tensor, b: torch.Tensor, **kw: object) -> tuple[TensorMetrics, dict[str, int]]:
+    """compare_tensors plus the change it made to cpu.stats."""
+    before = dict(cpu.stats)
+    m = compare_tensors(a, b, **kw)  # type: ignore[arg-type]
+    return m, {k: v - before[k] for k, v in cpu.stats.items()}
+
+
+def check(a: torch.Tensor, b: torch.Tensor, reference: Ref) -> tuple[TensorMetrics, dict[str, int]]:
+    fast, route = routed(a, b)
+    ref = reference(a, b)
+    assert (fast.max_ulp, fast.p99_ulp) == (ref.max_ulp, ref.p99_ulp) == numpy_ulp(a, b)
+    assert_same(fast, ref)
+    return fast, route
+
+
+def noisy(dtype: torch.dtype, n: int = N, seed: int = 0, rel: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    """The benchmark's kind of pair: the candidate is the reference plus noise of ``rel`` of mean |a|."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, generator=g, dtype=torch.float32)
+    b = a + rel * a.abs().mean() * torch.randn(n, generator=g, dtype=torch.float32)
+    return a.to(dtype), b.to(dtype)
+
+
+def with_ulps(a: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` (positive values) moved up by ``dist`` ULPs, element by element."""
+    idt, _ = ULP_INT[a.dtype]
+    return (a.view(idt).to(torch.int64) + dist).to(idt).view(a.dtype)
+
+
+def positive(dtype: torch.dtype, n: int = N, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, generator=g) + 0.5).to(dtype)
+
+
+# ---------------------------------------------------------------- the window route
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2],
+    ids=lambda d: str(d).removeprefix("torch."),
+)
+def test_window_matches_reference_and_numpy(reference: Ref, dtype: torch.dtype) -> None:
+    # float32 with 1e-6 noise: p99 of a few dozen ULPs, a plain window
+    a, b = noisy(dtype, rel=1e-6 if dtype == torch.float32 else 0.01)
+    _, route = check(a, b, reference)
+    assert route["window"] == 1 and route["fallback"] == 0 and route["full"] == 0 and route["coarse"] == 0
+
+
+def test_float32_wide_spread_takes_a_bucket_window(reference: Ref) -> None:
+    # the benchmark's float32 pair: p99 of millions of ULPs, far too spread for WINDOW_MAX_BINS at full
+    # resolution; a window of 65536-wide buckets plus the list of in-window distances
+    a, b = noisy(torch.float32)
+    m, route = check(a, b, reference)
+    assert m.p99_ulp is not None and m.p99_ulp > 1 << 20
+    assert route["window"] == 1 and route["coarse"] == 1 and route["refine"] == 0 and route["fallback"] == 0
+
+
+def test_float32_window_past_the_fine_histogram(reference: Ref) -> None:
+    # p99 between 2**17 and 2**18 ULPs: the sample's window is wider than 65536 bins, so it is kept as
+    # a window of 65536-wide buckets with the list of its distances
+    a = positive(torch.float32)
+    g = torch.Generator().manual_seed(2)
+    dist = torch.randint(0, 50, (N,), generator=g)
+    tail = torch.rand(N, generator=g) < 0.05
+    dist[tail] = torch.randint(1 << 17, 1 << 18, (int(tail.sum()),), generator=g)
+    m, route = check(a, with_ulps(a, dist), reference)
+    assert m.p99_ulp is not None and (1 << 17) <= m.p99_ulp < 1 << 18
+    assert route["window"] == 1 and route["coarse"] == 1 and route["fallback"] == 0
+    assert cpu.last_window is not None and cpu.last_window[2] == 16
+
+
+def test_wide_plain_window(reference: Ref) -> None:
+    # float16 with a thin tail spread over 10,000 ULPs: a plain window of thousands of bins
+    a = positive(torch.float16)
+    g = torch.Generator().manual_seed(12)
+    dist = torch.randint(0, 10, (N,), generator=g)
+    tail = torch.rand(N, generator=g) < 0.015
+    dist[tail] = torch.randint(100, 10_100, (int(tail.sum()),), generator=g)
+    m, route = check(a, with_ulps(a, dist), reference)
+    assert m.nonfinite_b == 0
+    assert route["window"] == 1 and route["coarse"] == 0 and route["fallback"] == 0
+    assert cpu.last_window is not None and cpu.last_window[1] - cpu.last_window[0] > 1000
+
+
+def test_float32_crowded_bucket_window_refines_with_a_second_pass(reference: Ref) -> None:
+    # 98.7% of the distances in one bucket, the rest spread over thousands: the bucket window holds
+    # nearly everything, too many to list, so its bucket is refined by a pass over the data
+    a = positive(torch.float32)
+    g = torch.Generator().manual_seed(3)
+    dist = torch.full((N,), (100 << 16) + 5, dtype=torch.int64)
+    tail = torch.rand(N, generator=g) < 0.013
+    dist[tail] = torch.randint(100 << 16, 10_000 << 16, (int(tail.sum()),), generator=g)
+    m, route = check(a, with_ulps(a, dist), reference)
+    assert route["window"] == 1 and route["coarse"] == 1 and route["refine"] == 1 and route["fallback"] == 0
+
+
+def test_window_starting_at_zero(reference: Ref) -> None:
+    # nearly identical tensors (1.1% apart): the window starts at distance 0, and NaNs (placeholders at
+    # distance 0 in the masked blocks) must not be counted in it
+    a = positive(torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+    dist = torch.where(torch.rand(N, generator=g) < 0.011, torch.randint(1, 4, (N,), generator=g), 0)
+    b = with_ulps(a, dist)
+    nan_at = torch.randint(0, N, (500,), generator=g)
+    a[nan_at[:250]] = math.nan
+    b[nan_at[250:]] = math.nan
+    m, route = check(a, b, reference)
+    assert m.p99_ulp == 1 and m.nonfinite_a > 0
+    assert route["window"] == 1 and cpu.last_window is not None and cpu.last_window[0] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn], ids=lambda d: str(d)[6:])
+def test_nonfinite_everywhere_including_the_sample(reference: Ref, dtype: torch.dtype) -> None:
+    a, b = noisy(dtype, rel=1e-6 if dtype == torch.float32 else 0.01)
+    g = torch.Generator().manual_seed(5)
+    sampled = cpu.sample_mask(N).nonzero().flatten()
+    picks = torch.cat([sampled[torch.randint(0, sampled.numel(), (300,), generator=g)],
+                       torch.randint(0, N, (300,), generator=g)])  # fmt: skip
+    specials = [math.nan] if dtype == torch.float8_e4m3fn else [math.nan, math.inf, -math.inf]
+    for i, p in enumerate(picks.tolist()):
+        (a if i % 3 else b)[p] = specials[i % len(specials)]
+    a[picks[:50]], b[picks[:50]] = math.nan, math.nan  # same class in both: passes
+    m, route = check(a, b, reference)
+    assert m.nonfinite_a > 0 and m.nonfinite_b > 0 and m.nonfinite_mismatch > 0
+    assert route["window"] == 1 and route["fallback"] == 0
+    masked = cpu.compare_cpu(a, b, force_masked=True, **KW)  # type: ignore[arg-type]
+    assert masked is not None
+    assert_same(masked, m)
+
+
+# ---------------------------------------------------------------- a sample that misleads
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d)[6:])
+def test_sample_of_zeros_elsewhere_large_falls_back(reference: Ref, dtype: torch.dtype) -> None:
+    a = positive(dtype)
+    dist = torch.full((N,), 1000, dtype=torch.int64)
+    dist[cpu.sample_mask(N)] = 0
+    m, route = check(a, with_ulps(a, dist), reference)
+    assert m.p99_ulp == 1000
+    assert route["fallback"] == 1 and route["window"] == 0
+
+
+def test_sample_of_large_elsewhere_small_falls_back(reference: Ref) -> None:
+    # half the sampled elements are 1000 ULPs apart (0.8% of all), the rest of the pair 0 or 5 apart:
+    # the sample's window sits at 1000, the p99 is 5
+    a = positive(torch.bfloat16)
+    g = torch.Generator().manual_seed(6)
+    dist = torch.where(torch.rand(N, generator=g) < 0.02, 5, 0)
+    sampled = cpu.sample_mask(N)
+    dist[sampled] = torch.where(torch.rand(int(sampled.sum()), generator=g) < 0.5, 1000, 0)
+    m, route = check(a, with_ulps(a, dist), reference)
+    assert m.p99_ulp == 5
+    assert route["fallback"] == 1
+
+
+def test_sample_covers_the_whole_pair() -> None:
+    mask = cpu.sample_mask(N)
+    share = mask.float().mean().item()
+    assert 0.9 / 64 < share < 1.1 / 64
+    per_chunk = mask[: N // cpu.CHUNK * cpu.CHUNK].view(-1, cpu.CHUNK).sum(1)
+    assert (per_chunk == cpu.CHUNK // 64).all()
+    # runs do not line up with power-of-two rows: every column of 4096-wide rows gets sampled
+    cols = mask[: N // 4096 * 4096].view(-1, 4096).any(0)
+    assert cols.float().mean().item() > 0.9
+
+
+# ---------------------------------------------------------------- routes around the window
+
+
+def test_threads_do_not_change_results() -> None:
+    a, b = noisy(torch.bfloat16, n=4 * cpu.CHUNK + 5, seed=7)
+    a[123], b[4 * cpu.CHUNK] = math.nan, math.inf
+    results = []
+    for t in (1, 4):
+        cpu.set_threads(t)
+        m, route = routed(a, b)
+        assert route["window"] == 1
+        results.append(m)
+    assert_same(results[1], results[0])
+    assert (results[0].max_ulp, results[0].p99_ulp) == numpy_ulp(a, b)
+
+
+def test_small_and_non_contiguous_pairs_keep_the_full_histograms(reference: Ref) -> None:
+    a, b = noisy(torch.bfloat16, n=cpu.WINDOW_FROM - 1, seed=8)
+    _, route = check(a, b, reference)
+    assert route["full"] == 1 and route["window"] == 0
+    a, b = noisy(torch.bfloat16, n=N + 1, seed=9)
+    at, bt = a.view(-1, 2).t(), b.view(-1, 2).t()  # not contiguous
+    fast, route = routed(at, bt)
+    assert route["full"] == 1
+    assert (fast.max_ulp, fast.p99_ulp) == numpy_ulp(at.contiguous(), bt.contiguous())
+
+
+def test_mixed_dtypes_have_no_ulp_metrics(reference: Ref) -> None:
+    a, b = noisy(torch.float32, seed=10)
+    fast, route = routed(a, b.to(torch.bfloat16))
+    assert fast.max_ulp is None and not any(route.values())
+    assert_same(fast, reference(a, b.to(torch.bfloat16)))
+
+
+def test_sample_histograms_are_cleared_between_pairs() -> None:
+    # the sample pass clears only the bins that its thread's last use may have filled: pairs that fill
+    # different bins (full histograms of a small float32 pair, float32 and bfloat16 samples) in turn on
+    # the same threads must each take the window and be exact
+    pairs = [
+        noisy(torch.float32, n=cpu.WINDOW_FROM // 2, seed=13),  # full histograms, every coarse bin
+        noisy(torch.bfloat16, seed=14),
+        noisy(torch.float32, seed=15),
+        noisy(torch.float32, seed=16, rel=1e-6),
+        noisy(torch.bfloat16, seed=17),
+        noisy(torch.float32, seed=18),
+    ]
+    for t in (1, 2):
+        cpu.set_threads(t)
+        for i, (a, b) in enumerate(pairs):
+            m, route = routed(a, b)
+            assert route["window"] == (i > 0), i
+            assert (m.max_ulp, m.p99_ulp) == numpy_ulp(a, b)

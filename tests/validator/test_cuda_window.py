@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.validator.test_fastmetrics import CUDA, _name, assert_same, pair, reference  # noqa: F401
+from validator import kernels
 from validator.kernels import _finish
 
 WINDOW_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -55,6 +56,7 @@ def test_cuda_window_matches_reference(reference, kc, dtype: torch.dtype) -> Non
     a, b = pair(dtype, (1 << 21) + 37, seed=21)
     for engine in (1, 0):  # the CUDA C kernels, then the Triton ones
         kc.CONFIG["ENGINE"] = engine
+        assert kernels.backend_for(a.cuda(), b.cuda()) == ("cuda-c" if engine else "cuda-triton")
         before = _counts(kc)
         assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
         assert _delta(kc, before)["window"] == 1

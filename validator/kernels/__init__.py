@@ -34,7 +34,8 @@ def _enabled() -> bool:
 
 
 def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
-    """Which path ``compare_tensors(a, b)`` takes: ``"cpu-native"``, ``"cuda-triton"`` or ``"reference"``."""
+    """Which path ``compare_tensors(a, b)`` takes: ``"cpu-native"``, ``"cuda-c"`` (the NVRTC-built CUDA C
+    engine), ``"cuda-triton"`` or ``"reference"``."""
     from .. import metrics
 
     if not _enabled():
@@ -43,7 +44,7 @@ def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
     if device.type == "cuda":
         from . import cuda
 
-        return "cuda-triton" if cuda.supports(a, b, device) else "reference"
+        return cuda.engine_for(a, b, device) if cuda.supports(a, b, device) else "reference"
     if device.type == "cpu":
         from . import cpu
         from ._native import library

@@ -70,9 +70,10 @@ CONFIG: dict[str, int] = {
     "SNSMALL": 64,  # register-histogram bins of the sample kernel
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
-    "UNROLL": 2,  # CUDA C: 16-byte vectors in flight per thread (the H200 sweep's best, docs/results)
-    "cu_blocks_per_sm": 6,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
-    "cu_minb": 0,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
+    # CUDA C: the H200 sweep's choice (docs/results/perf-h200.md, "Window engines")
+    "UNROLL": 1,  # CUDA C: 16-byte vectors loaded per thread before they are computed
+    "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+    "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -794,6 +795,28 @@ def _run_cu(
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0
     return res
+
+
+def engine_for(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> str:
+    """``"cuda-c"`` when the pair takes the CUDA C engine (a large same-dtype contiguous pair with ULP
+    metrics, 16-byte aligned, on ``device``, and the engine built or not yet tried), else
+    ``"cuda-triton"``."""
+    dt = _CU_DT.get(a.dtype)
+    ok = (
+        dt is not None
+        and b.dtype == a.dtype
+        and CONFIG.get("ENGINE", 1) == 1
+        and CONFIG.get("WINDOW", 1)
+        and CONFIG["window_min"] <= a.numel() < 1 << 31
+        and a.device == device == b.device
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and a.data_ptr() % 16 == 0
+        and b.data_ptr() % 16 == 0
+        and hasattr(torch.cuda, "_compile_kernel")
+        and not any(k[0] == dt for k in _CU_ERRORS)
+    )
+    return "cuda-c" if ok else "cuda-triton"
 
 
 def supports(a: torch.Tensor, b: torch.Tensor, device: torch.device) -> bool:

@@ -125,27 +125,32 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
                     }                                                                                                 \
     }
 
+/* One element of a masked loop: the reference semantics for NaN/Inf (docs/metrics.md). Leaves `both`
+ * for the caller's ULP line. */
+#define MASKED_ELEMENT(LA, LB)                                                                          \
+        const int64_t i = s0 + j;                                                                       \
+        const double xa = LA(pa, i), xb = LB(pb, i);                                                    \
+        const int fa = (xa - xa) == 0.0, fb = (xb - xb) == 0.0;                                         \
+        const int both = fa & fb;                                                                       \
+        const int same = (!fa) & (!fb) & ((xa == xb) | ((xa != xa) & (xb != xb)));                      \
+        const double za = both ? xa : 0.0, zb = both ? xb : 0.0;                                        \
+        const double d = zb - za, ad = fabs(d);                                                         \
+        saa = fma(za, za, saa);                                                                         \
+        sbb = fma(zb, zb, sbb);                                                                         \
+        sab = fma(za, zb, sab);                                                                         \
+        sdd = fma(d, d, sdd);                                                                           \
+        sad += ad;                                                                                      \
+        npass += (both & (ad <= atol + rtol * fabs(za))) + same;                                        \
+        mad = ad > mad ? ad : mad;                                                                      \
+        nboth += both;                                                                                  \
+        nfa += !fa;                                                                                     \
+        nfb += !fb;                                                                                     \
+        mism += (!both) & (!same);
+
 #define MASKED_LOOP(LA, LB, ULP, HAS_ULP)                                                                 \
     _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism) reduction(max:mad)")             \
     for (int64_t j = 0; j < m; j++) {                                                                     \
-        const int64_t i = s0 + j;                                                                         \
-        const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
-        const int fa = (xa - xa) == 0.0, fb = (xb - xb) == 0.0;                                           \
-        const int both = fa & fb;                                                                         \
-        const int same = (!fa) & (!fb) & ((xa == xb) | ((xa != xa) & (xb != xb)));                        \
-        const double za = both ? xa : 0.0, zb = both ? xb : 0.0;                                          \
-        const double d = zb - za, ad = fabs(d);                                                           \
-        saa = fma(za, za, saa);                                                                           \
-        sbb = fma(zb, zb, sbb);                                                                           \
-        sab = fma(za, zb, sab);                                                                           \
-        sdd = fma(d, d, sdd);                                                                             \
-        sad += ad;                                                                                        \
-        npass += (both & (ad <= atol + rtol * fabs(za))) + same;                                          \
-        mad = ad > mad ? ad : mad;                                                                        \
-        nboth += both;                                                                                    \
-        nfa += !fa;                                                                                       \
-        nfb += !fb;                                                                                       \
-        mism += (!both) & (!same);                                                                        \
+        MASKED_ELEMENT(LA, LB)                                                                          \
         if (HAS_ULP) {                                                                                    \
             const uint32_t u = both ? ULP(pa, pb, i) : 0u;                                                \
             dist[j] = u;                                                                                  \
@@ -460,24 +465,7 @@ static inline void ulpw32_avx(const void *pa, const void *pb, int64_t s0, int64_
 #define WMASKED_LOOP(LA, LB, ULP)                                                                         \
     _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass,nboth,nfa,nfb,mism) reduction(max:mad)") \
     for (int64_t j = 0; j < m; j++) {                                                                     \
-        const int64_t i = s0 + j;                                                                         \
-        const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
-        const int fa = (xa - xa) == 0.0, fb = (xb - xb) == 0.0;                                           \
-        const int both = fa & fb;                                                                         \
-        const int same = (!fa) & (!fb) & ((xa == xb) | ((xa != xa) & (xb != xb)));                        \
-        const double za = both ? xa : 0.0, zb = both ? xb : 0.0;                                          \
-        const double d = zb - za, ad = fabs(d);                                                           \
-        saa = fma(za, za, saa);                                                                           \
-        sbb = fma(zb, zb, sbb);                                                                           \
-        sab = fma(za, zb, sab);                                                                           \
-        sdd = fma(d, d, sdd);                                                                             \
-        sad += ad;                                                                                        \
-        npass += (both & (ad <= atol + rtol * fabs(za))) + same;                                          \
-        mad = ad > mad ? ad : mad;                                                                        \
-        nboth += both;                                                                                    \
-        nfa += !fa;                                                                                       \
-        nfb += !fb;                                                                                       \
-        mism += (!both) & (!same);                                                                        \
+        MASKED_ELEMENT(LA, LB)                                                                          \
         dist[j] = both ? ULP(pa, pb, i) : NOT_A_DIST;                                                     \
     }                                                                                                     \
     /* the max and the count below apart: gcc 12 miscompiled them as reductions of the loop above */     \

@@ -397,6 +397,26 @@ if _HAVE_TRITON:
         tl.store(win_ptr, lo)
         tl.store(win_ptr + 1, tl.where(wn <= WMAX, wn, 0))
 
+    @triton.jit
+    def _row_totals(part_ptr, grid, n_known, MASKED: tl.constexpr, NPART: tl.constexpr, ROWS: tl.constexpr):
+        """The per-program rows reduced in a fixed order: sums, except the maxima of columns 5 and 7;
+        column 8 = elements finite in both (counted when MASKED, else ``n_known``). Returns (row, n_both)."""
+        cols = tl.arange(0, NPART)
+        tot = tl.zeros([NPART], tl.float64)
+        mx = tl.zeros([NPART], tl.float64)
+        for r0 in range(0, grid, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            blk = tl.load(part_ptr + rows[:, None] * NPART + cols[None, :], mask=(rows < grid)[:, None], other=0.0)
+            tot += tl.sum(blk, 0)
+            mx = tl.maximum(mx, tl.max(blk, 0))
+        res = tl.where((cols == 5) | (cols == 7), mx, tot)
+        if MASKED:
+            n_both = tl.sum(tl.where(cols == 8, tot, 0.0), 0).to(tl.int64)
+        else:
+            n_both = n_known.to(tl.int64)
+            res = tl.where(cols == 8, n_both.to(tl.float64), res)
+        return res, n_both
+
     @triton.jit(do_not_specialize=["grid", "slots", "n_known"])
     def _finish_kernel(
         part_ptr, grid, small_ptr, slots, n_known, out_ptr,
@@ -409,26 +429,14 @@ if _HAVE_TRITON:
         14 = the rank.
         """
         cols = tl.arange(0, NPART)
-        tot = tl.zeros([NPART], tl.float64)
-        mx = tl.zeros([NPART], tl.float64)
-        bins = tl.arange(0, NSMALL)
-        hist = tl.zeros([NSMALL], tl.int64)
-        for r0 in range(0, grid, ROWS):
-            rows = r0 + tl.arange(0, ROWS)
-            rmask = rows < grid
-            blk = tl.load(part_ptr + rows[:, None] * NPART + cols[None, :], mask=rmask[:, None], other=0.0)
-            tot += tl.sum(blk, 0)
-            mx = tl.maximum(mx, tl.max(blk, 0))
-            if ULP_BITS > 0:
-                sb = tl.load(small_ptr + rows[:, None] * NSMALL + bins[None, :], mask=rmask[:, None], other=0)
-                hist += tl.sum(sb.to(tl.int64), 0)
-        res = tl.where((cols == 5) | (cols == 7), mx, tot)
-        if MASKED:
-            n_both = tl.sum(tl.where(cols == 8, tot, 0.0), 0).to(tl.int64)
-        else:
-            n_both = n_known.to(tl.int64)
-            res = tl.where(cols == 8, n_both.to(tl.float64), res)
+        res, n_both = _row_totals(part_ptr, grid, n_known, MASKED, NPART, ROWS)
         if ULP_BITS > 0:
+            bins = tl.arange(0, NSMALL)
+            hist = tl.zeros([NSMALL], tl.int64)
+            for r0 in range(0, grid, ROWS):
+                rows = r0 + tl.arange(0, ROWS)
+                sb = tl.load(small_ptr + rows[:, None] * NSMALL + bins[None, :], mask=(rows < grid)[:, None], other=0)
+                hist += tl.sum(sb.to(tl.int64), 0)
             # positions outside the comparison (masked, or past the end) were binned at distance 0
             hist = tl.where(bins == 0, hist - (slots.to(tl.int64) - n_both), hist)
             hist = tl.where(bins == NSMALL - 1, 0, hist)  # counted (exactly) in the global histogram
@@ -453,20 +461,8 @@ if _HAVE_TRITON:
         in both) and, in column 12, the exact p99 found in the window, or -1 when its rank lies outside
         (13 = the rank, 14 = the count below the window)."""
         cols = tl.arange(0, NPART)
-        tot = tl.zeros([NPART], tl.float64)
-        mx = tl.zeros([NPART], tl.float64)
-        for r0 in range(0, grid, ROWS):
-            rows = r0 + tl.arange(0, ROWS)
-            blk = tl.load(part_ptr + rows[:, None] * NPART + cols[None, :], mask=(rows < grid)[:, None], other=0.0)
-            tot += tl.sum(blk, 0)
-            mx = tl.maximum(mx, tl.max(blk, 0))
-        res = tl.where((cols == 5) | (cols == 7), mx, tot)
-        if MASKED:
-            n_both = tl.sum(tl.where(cols == 8, tot, 0.0), 0).to(tl.int64)
-        else:
-            n_both = n_known.to(tl.int64)
-            res = tl.where(cols == 8, n_both.to(tl.float64), res)
-        below = tl.sum(tl.where(cols == 12, tot, 0.0), 0).to(tl.int64)
+        res, n_both = _row_totals(part_ptr, grid, n_known, MASKED, NPART, ROWS)
+        below = tl.sum(tl.where(cols == 12, res, 0.0), 0).to(tl.int64)
         rank = (99 * n_both + 99) // 100
         inside = rank - below  # the p99 is the inside-th smallest distance of the window
         lo = tl.load(win_ptr)
@@ -580,19 +576,20 @@ def _run(
     return out.cpu().tolist(), (fine if ulp_bits else None), (coarse if ulp_bits == 32 else None)
 
 
-_WS_CACHE: dict[tuple[str, int], torch.Tensor] = {}
+_WS_CACHE: dict[tuple[str, tuple[tuple[str, torch.dtype, int], ...]], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
 
 
-def _workspace(device: torch.device, nbytes: int) -> torch.Tensor:
-    """A zeroed byte buffer on ``device``: one allocation (cached) and one memset per call."""
-    key = (str(device), nbytes)
-    buf = _WS_CACHE.get(key)
-    if buf is None:
+def _workspace(device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> dict[str, torch.Tensor]:
+    """Zeroed buffers on ``device`` carved from one allocation: cached per layout, one memset per call."""
+    key = (str(device), tuple(layout))
+    got = _WS_CACHE.get(key)
+    if got is None:
         if len(_WS_CACHE) > 8:
             _WS_CACHE.clear()
-        buf = _WS_CACHE[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buf.zero_()
-    return buf
+        buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
+        got = _WS_CACHE[key] = (buf, _carve(buf, layout))
+    got[0].zero_()
+    return got[1]
 
 
 def _carve(buf: torch.Tensor, layout: list[tuple[str, torch.dtype, int]]) -> dict[str, torch.Tensor]:
@@ -650,7 +647,7 @@ def _run_window(
         return None
     grid_max = _grid_max(device)
     layout = _layout(grid_max, ulp_bits)
-    w = _carve(_workspace(device, _ws_bytes(layout)), layout)
+    w = _workspace(device, layout)
     tol = _tolerances(device, float(atol), float(rtol))
     scopy, ncopy, nhead = CONFIG["SCOPY"], CONFIG["NCOPY"], CONFIG["NHEAD"]
     _sample_kernel[(min(s_tiles, grid_max),)](
@@ -731,23 +728,6 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
     ]
 
 
-_CU_WS: dict[tuple[str, int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
-
-
-def _cu_workspace(device: torch.device, grid: int, nhead: int) -> dict[str, torch.Tensor]:
-    """The CUDA C engine's buffers, carved from one cached allocation and zeroed by one memset."""
-    key = (str(device), grid, nhead)
-    got = _CU_WS.get(key)
-    if got is None:
-        if len(_CU_WS) > 8:
-            _CU_WS.clear()
-        layout = _cu_layout(grid)
-        buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
-        got = _CU_WS[key] = (buf, _carve(buf, layout))
-    got[0].zero_()
-    return got[1]
-
-
 def _run_cu(
     a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool
 ) -> list[float] | None:
@@ -777,7 +757,7 @@ def _run_cu(
         return None
     sample, main = kernels
     grid = _sm_count(index) * CONFIG["cu_blocks_per_sm"]
-    w = _cu_workspace(device, grid, CONFIG["NHEAD"])
+    w = _workspace(device, _cu_layout(grid))
     tol = _tolerances(device, float(atol), float(rtol))
     done = w["done"]
     block = (_CU_THREADS, 1, 1)

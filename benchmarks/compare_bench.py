@@ -481,22 +481,16 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda.py CONFIG keys)
-    # the CUDA C engine (_cuda_kernel.cu): 16-byte vectors in flight per thread, blocks of 256 threads
-    # per SM in the grid, minimum resident blocks promised to the compiler (caps its registers)
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 3},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 8},
-    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 4},
-    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 8},
-    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
-    # the Triton kernels alone
-    {"ENGINE": 0, "BLOCK": 512, "num_warps": 4, "programs_per_sm": 16},
-    # attribution on the CUDA C engine (never chosen): 1 = no window histogram, 2 = no ULP work,
-    # 3 = no float64 work, 4 = loads only
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "CUDIAG": 1},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "CUDIAG": 2},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "CUDIAG": 3},
-    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "CUDIAG": 4},
+    # the CUDA C engine (_cuda_kernel.cu): 16-byte vectors in flight per thread (UNROLL), blocks of 256
+    # threads per SM in the grid, minimum resident blocks promised to the compiler (caps its registers),
+    # the window test as a branch (PRED_WINDOW 0) or as a predicated shared-memory add (1)
+    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PRED_WINDOW": 0},
+    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 6, "cu_minb": 0, "PRED_WINDOW": 1},
+    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 3, "cu_minb": 0, "PRED_WINDOW": 1},
+    {"ENGINE": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "cu_minb": 0, "PRED_WINDOW": 1},
+    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PRED_WINDOW": 1},
+    {"ENGINE": 1, "UNROLL": 4, "cu_blocks_per_sm": 8, "cu_minb": 0, "PRED_WINDOW": 0},
+    {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PRED_WINDOW": 0},
 ]
 
 

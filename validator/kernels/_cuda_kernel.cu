@@ -18,6 +18,9 @@
 // out[16]: 0-4 sums of a^2, b^2, ab, d^2, |d|; 5 max |d|; 6 passed; 7 max ULP; 8 finite in both;
 //   9, 10 non-finite in a, in b; 11 mismatches; 12 p99 or -1; 13 rank; 14 count below the window.
 
+#ifndef PRED_WINDOW
+#define PRED_WINDOW 0 /* 1: the window test as a predicated add (see step()) */
+#endif
 #ifndef CUDIAG
 #define CUDIAG 0 /* timing diagnostics only (never exact): see step() */
 #endif
@@ -94,6 +97,7 @@ __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u)
 
 /* one element pair, given by its bits */
 /* one element pair, given by its bits */
+template <bool WIDE>
 __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
                                      u32 *wbig, u32 *wsup) {
     double xa = to_f64(ab_), xb = to_f64(bb_);
@@ -135,16 +139,26 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     s.below += dist < lo;
     const u32 u = dist - lo; /* wraps past wn when dist < lo */
 #if CUDIAG != 1 /* 1, timing only: no window histogram */
+#if PRED_WINDOW
+    if (!WIDE) { /* a window of at most NHEAD bins (the usual case): a predicated add, no branch */
+        const u32 addr = (u32)__cvta_generic_to_shared(sh) + 4u * (u < wn ? u : 0u);
+        asm volatile("{\n .reg .pred p;\n setp.lt.u32 p, %1, %2;\n @p red.shared.add.u32 [%0], 1;\n}"
+                     :: "r"(addr), "r"(u), "r"(wn) : "memory");
+    } else if (__builtin_expect(u < wn, 0))
+        window_add(sh, wbig, wsup, u);
+#else
     if (__builtin_expect(u < wn, 0)) window_add(sh, wbig, wsup, u);
+#endif
 #endif
 #endif
 }
 
+template <bool WIDE>
 __device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
                                           u32 *wbig, u32 *wsup) {
 #pragma unroll
     for (int k = 0; k < PER_WORD; k++)
-        step(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
+        step<WIDE>(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
@@ -340,6 +354,37 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
+template <bool WIDE>
+__device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const unsigned char *b, int n, double atol,
+                                          double rtol, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+    const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
+    const i64 nvec = n / VEC;
+    const i64 stride = (i64)gridDim.x * THREADS;
+    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += stride * UNROLL) {
+        uint4 ra[UNROLL], rb[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 v = v0 + k * stride;
+            if (v < nvec) {
+                ra[k] = __ldcs(va + v);
+                rb[k] = __ldcs(vb + v);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            if (v0 + k * stride < nvec) {
+                step_word<WIDE>(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word<WIDE>(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word<WIDE>(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
+                step_word<WIDE>(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
+            }
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
+        for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
+            step<WIDE>(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
+}
+
 #if MINB > 0 /* a promise of resident blocks caps the registers; 0: the compiler's choice */
 #define MAIN_BOUNDS __launch_bounds__(THREADS, MINB)
 #else
@@ -360,32 +405,10 @@ extern "C" __global__ void MAIN_BOUNDS
     const u32 lo = lo64 > 0xFFFFFFFFll ? 0xFFFFFFFFu : (u32)lo64;
     const u32 wn = (u32)(wn64 > 0 ? wn64 : 0);
     Acc s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
-    const i64 nvec = n / VEC;
-    const i64 stride = (i64)gridDim.x * THREADS;
-    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += stride * UNROLL) {
-        uint4 ra[UNROLL], rb[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
-            const i64 v = v0 + k * stride;
-            if (v < nvec) {
-                ra[k] = __ldcs(va + v);
-                rb[k] = __ldcs(vb + v);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
-            if (v0 + k * stride < nvec) {
-                step_word(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
-            }
-        }
-    }
-    if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
-        for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
-            step(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
+    if (wn > NHEAD) /* warp-uniform: one version of the loop per kind of window */
+        main_loop<true>(s, a, b, n, atol, rtol, lo, wn, sh, wbig, wsup);
+    else
+        main_loop<false>(s, a, b, n, atol, rtol, lo, wn, sh, wbig, wsup);
     double v[NPART] = {s.aa, s.bb, s.ab, s.dd, s.ad, s.mad, (double)s.pass, (double)s.mulp,
                        (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis, (double)s.below, 0, 0, 0};
     const u32 max_cols = (1u << 5) | (1u << 7);

@@ -74,6 +74,7 @@ CONFIG: dict[str, int] = {
     "UNROLL": 1,  # CUDA C: 16-byte vectors loaded per thread before they are computed
     "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
     "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
+    "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -687,7 +688,7 @@ _CU_BUILT: dict[tuple[int, ...], tuple[Any, Any]] = {}  # what was compiled (the
 
 @functools.cache
 def _cu_kernels(
-    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 0
+    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 0, pred: int = 0
 ) -> tuple[Any, Any] | None:
     """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
     mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
@@ -697,7 +698,7 @@ def _cu_kernels(
         _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
         return None
     head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
-    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n"
+    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n#define PRED_WINDOW {pred}\n"
     source = head + _CU_SOURCE.read_text()
     try:
         with torch.cuda.device(device_index):
@@ -705,7 +706,7 @@ def _cu_kernels(
                 compile_kernel(source, "vk_sample", nvcc_options=["--fmad=false"]),
                 compile_kernel(source, "vk_main", nvcc_options=["--fmad=false"]),
             )
-        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb)] = built
+        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb, pred)] = built
         return built
     except Exception as exc:  # no NVRTC, an old driver: the Triton path still works
         _CU_ERRORS[(dt, masked, nhead, unroll)] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -751,7 +752,14 @@ def _run_cu(
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     kernels = _cu_kernels(
-        dt, int(masked), CONFIG["NHEAD"], CONFIG["UNROLL"], index, CONFIG.get("CUDIAG", 0), CONFIG.get("cu_minb", 0)
+        dt,
+        int(masked),
+        CONFIG["NHEAD"],
+        CONFIG["UNROLL"],
+        index,
+        CONFIG.get("CUDIAG", 0),
+        CONFIG.get("cu_minb", 0),
+        CONFIG.get("PRED_WINDOW", 0),
     )
     if kernels is None:
         return None

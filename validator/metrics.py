@@ -315,8 +315,8 @@ def metrics_from_totals(
         sqnr_db=sqnr_db,
         rel_diff=sum_d2 / denom if denom > 0 else 0.0,  # == 1 - 2<a,b>/(|a|^2+|b|^2)
         pass_ratio=n_pass / numel if numel else 1.0,
-        atol=atol,
-        rtol=rtol,
+        atol=float(atol),
+        rtol=float(rtol),
         nonfinite_a=nonfinite_a,
         nonfinite_b=nonfinite_b,
         nonfinite_mismatch=mismatch,

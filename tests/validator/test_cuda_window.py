@@ -129,3 +129,26 @@ def test_window_kernels_in_interpreter(reference, kc, monkeypatch, dtype: torch.
         assert _delta(kc, before)["window"] == 2
         if dtype != torch.float32:  # float32's window may be too wide and miss either way
             assert _delta(kc, before)["fallback"] == 2 * fallbacks
+
+
+@CUDA
+def test_cuda_concurrent_calls_do_not_share_results(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # the engines keep one cached workspace per layout: concurrent calls must not see each other's
+    import threading
+
+    pairs = [pair(torch.bfloat16, 1 << 21, seed=30 + i, noise=0.001 * (i + 1)) for i in range(4)]
+    expected = [reference(a, b) for a, b in pairs]
+    got: list[object] = [None] * len(pairs)
+
+    def work(i: int) -> None:
+        a, b = pairs[i]
+        for _ in range(5):
+            got[i] = torch_compare(a.cuda(), b.cuda())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(pairs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g, e in zip(got, expected, strict=True):
+        assert_same(g, e)  # type: ignore[arg-type]

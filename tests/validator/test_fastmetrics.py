@@ -357,3 +357,12 @@ def test_triton_kernel_in_interpreter(reference, dtype: torch.dtype) -> None:  #
     finally:
         kc.CONFIG.clear()
         kc.CONFIG.update(saved)
+
+
+def test_tolerances_come_back_as_floats(reference) -> None:  # type: ignore[no-untyped-def]
+    # integer tolerances are accepted; the result carries them as floats on every path
+    a, b = pair(torch.bfloat16, 3000, seed=31)
+    fast = compare_tensors(a, b, atol=0, rtol=1)
+    ref = reference(a, b, atol=0, rtol=1)
+    assert (fast.atol, fast.rtol) == (ref.atol, ref.rtol) == (0.0, 1.0)
+    assert all(isinstance(x, float) for x in (fast.atol, fast.rtol, ref.atol, ref.rtol))

@@ -26,6 +26,8 @@ import contextlib
 import functools
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -580,17 +582,25 @@ def _run(
 _WS_CACHE: dict[tuple[str, tuple[tuple[str, torch.dtype, int], ...]], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
 
 
-def _workspace(device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> dict[str, torch.Tensor]:
-    """Zeroed buffers on ``device`` carved from one allocation: cached per layout, one memset per call."""
-    key = (str(device), tuple(layout))
-    got = _WS_CACHE.get(key)
-    if got is None:
-        if len(_WS_CACHE) > 8:
-            _WS_CACHE.clear()
-        buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
-        got = _WS_CACHE[key] = (buf, _carve(buf, layout))
-    got[0].zero_()
-    return got[1]
+_WS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _workspace(device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> Iterator[dict[str, torch.Tensor]]:
+    """Zeroed buffers on ``device`` carved from one allocation: cached per layout, one memset per call.
+
+    The buffers are shared, so the lock is held until the caller has read its result back: two threads
+    comparing at once (on one stream or on two) must not zero or fill each other's histograms."""
+    with _WS_LOCK:
+        key = (str(device), tuple(layout))
+        got = _WS_CACHE.get(key)
+        if got is None:
+            if len(_WS_CACHE) > 8:
+                _WS_CACHE.clear()
+            buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
+            got = _WS_CACHE[key] = (buf, _carve(buf, layout))
+        got[0].zero_()
+        yield got[1]
 
 
 def _carve(buf: torch.Tensor, layout: list[tuple[str, torch.dtype, int]]) -> dict[str, torch.Tensor]:
@@ -648,32 +658,32 @@ def _run_window(
         return None
     grid_max = _grid_max(device)
     layout = _layout(grid_max, ulp_bits)
-    w = _workspace(device, layout)
-    tol = _tolerances(device, float(atol), float(rtol))
-    scopy, ncopy, nhead = CONFIG["SCOPY"], CONFIG["NCOPY"], CONFIG["NHEAD"]
-    _sample_kernel[(min(s_tiles, grid_max),)](
-        fa, fb, n, min(s_tiles, grid_max), w["sfine"], w["ssup"], w["scoarse"], w["scsup"],
-        BLOCK=block, STRIDE=SAMPLE_STRIDE, ULP_BITS=ulp_bits, NSMALL=CONFIG["SNSMALL"], SCOPY=scopy,
-        num_warps=CONFIG["num_warps"],
-    )  # fmt: skip
-    _window_kernel[(1,)](
-        w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], ranks[0], ranks[1],
-        SCOPY=scopy, ULP_BITS=ulp_bits, WMAX=WINDOW_MAX_BINS, num_warps=4,
-    )  # fmt: skip
-    grid = min(-(-n // block), grid_max)
-    _compare_kernel[(grid,)](
-        fa, fb, n, grid, tol, w["part"], w["whead"], w["whead"], w["whead"],
-        w["win"], w["whead"], w["wbig"], w["wsup"],
-        BLOCK=block, MASKED=masked, ULP_BITS=ulp_bits, NSMALL=2, NCOPY=ncopy, NPART=_NPART,
-        PREFETCH=bool(CONFIG.get("PREFETCH", 0)), DIAG=int(CONFIG.get("DIAG", 0)), WINDOW=True, NHEAD=nhead,
-        num_warps=CONFIG["num_warps"], enable_fp_fusion=False,
-    )  # fmt: skip
-    _finish_window_kernel[(1,)](
-        w["part"], grid, n, w["win"], w["whead"], w["wbig"], w["wsup"], w["out"],
-        MASKED=masked, NPART=_NPART, ROWS=64, NCOPY=ncopy, NHEAD=nhead, NSUPW=WINDOW_MAX_BINS >> 10,
-        num_warps=4, enable_fp_fusion=False,
-    )  # fmt: skip
-    res: list[float] = w["out"].cpu().tolist()
+    with _workspace(device, layout) as w:
+        tol = _tolerances(device, float(atol), float(rtol))
+        scopy, ncopy, nhead = CONFIG["SCOPY"], CONFIG["NCOPY"], CONFIG["NHEAD"]
+        _sample_kernel[(min(s_tiles, grid_max),)](
+            fa, fb, n, min(s_tiles, grid_max), w["sfine"], w["ssup"], w["scoarse"], w["scsup"],
+            BLOCK=block, STRIDE=SAMPLE_STRIDE, ULP_BITS=ulp_bits, NSMALL=CONFIG["SNSMALL"], SCOPY=scopy,
+            num_warps=CONFIG["num_warps"],
+        )  # fmt: skip
+        _window_kernel[(1,)](
+            w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], ranks[0], ranks[1],
+            SCOPY=scopy, ULP_BITS=ulp_bits, WMAX=WINDOW_MAX_BINS, num_warps=4,
+        )  # fmt: skip
+        grid = min(-(-n // block), grid_max)
+        _compare_kernel[(grid,)](
+            fa, fb, n, grid, tol, w["part"], w["whead"], w["whead"], w["whead"],
+            w["win"], w["whead"], w["wbig"], w["wsup"],
+            BLOCK=block, MASKED=masked, ULP_BITS=ulp_bits, NSMALL=2, NCOPY=ncopy, NPART=_NPART,
+            PREFETCH=bool(CONFIG.get("PREFETCH", 0)), DIAG=int(CONFIG.get("DIAG", 0)), WINDOW=True, NHEAD=nhead,
+            num_warps=CONFIG["num_warps"], enable_fp_fusion=False,
+        )  # fmt: skip
+        _finish_window_kernel[(1,)](
+            w["part"], grid, n, w["win"], w["whead"], w["wbig"], w["wsup"], w["out"],
+            MASKED=masked, NPART=_NPART, ROWS=64, NCOPY=ncopy, NHEAD=nhead, NSUPW=WINDOW_MAX_BINS >> 10,
+            num_warps=4, enable_fp_fusion=False,
+        )  # fmt: skip
+        res: list[float] = w["out"].cpu().tolist()
     return res
 
 
@@ -765,20 +775,20 @@ def _run_cu(
         return None
     sample, main = kernels
     grid = _sm_count(index) * CONFIG["cu_blocks_per_sm"]
-    w = _workspace(device, _cu_layout(grid))
-    tol = _tolerances(device, float(atol), float(rtol))
-    done = w["done"]
-    block = (_CU_THREADS, 1, 1)
-    sample(
-        grid=(min(s_tiles, grid), 1, 1), block=block,
-        args=[a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
-              ranks[0], ranks[1], WINDOW_MAX_BINS],
-    )  # fmt: skip
-    main(
-        grid=(grid, 1, 1), block=block,
-        args=[a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
-    )  # fmt: skip
-    res: list[float] = w["out"].cpu().tolist()
+    with _workspace(device, _cu_layout(grid)) as w:
+        tol = _tolerances(device, float(atol), float(rtol))
+        done = w["done"]
+        block = (_CU_THREADS, 1, 1)
+        sample(
+            grid=(min(s_tiles, grid), 1, 1), block=block,
+            args=[a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
+                  ranks[0], ranks[1], WINDOW_MAX_BINS],
+        )  # fmt: skip
+        main(
+            grid=(grid, 1, 1), block=block,
+            args=[a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
+        )  # fmt: skip
+        res: list[float] = w["out"].cpu().tolist()
     WINDOW_STATS["cuda_c"] += 1
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0

@@ -27,6 +27,22 @@ typedef struct {
     int64_t n_both, n_pass, nf_a, nf_b, mismatch, max_ulp;
 } vk_acc;
 
+/* a block's totals into the thread's accumulator */
+static inline void acc_add(vk_acc *acc, double saa, double sbb, double sab, double sdd, double sad, double mad,
+                           int64_t nboth, int64_t npass, int64_t nfa, int64_t nfb, int64_t mism) {
+    acc->s_aa += saa;
+    acc->s_bb += sbb;
+    acc->s_ab += sab;
+    acc->s_dd += sdd;
+    acc->s_ad += sad;
+    acc->max_ad = mad > acc->max_ad ? mad : acc->max_ad;
+    acc->n_both += nboth;
+    acc->n_pass += npass;
+    acc->nf_a += nfa;
+    acc->nf_b += nfb;
+    acc->mismatch += mism;
+}
+
 #define FINE 65536 /* bins 0..65535 exact; bin 65536 counts every larger distance */
 #define BLK 2048
 
@@ -184,17 +200,7 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
                 }                                                                                         \
             }                                                                                             \
             if (HAS_ULP) hist_block(dist, m, fine, coarse, sub, &mu);                                          \
-            acc->s_aa += saa;                                                                             \
-            acc->s_bb += sbb;                                                                             \
-            acc->s_ab += sab;                                                                             \
-            acc->s_dd += sdd;                                                                             \
-            acc->s_ad += sad;                                                                             \
-            acc->max_ad = mad > acc->max_ad ? mad : acc->max_ad;                                          \
-            acc->n_both += nboth;                                                                         \
-            acc->n_pass += npass;                                                                         \
-            acc->nf_a += nfa;                                                                             \
-            acc->nf_b += nfb;                                                                             \
-            acc->mismatch += mism;                                                                        \
+            acc_add(acc, saa, sbb, sab, sdd, sad, mad, nboth, npass, nfa, nfb, mism);                     \
         }                                                                                                 \
         if (HAS_ULP) fold_sub(sub, fine);                                                                 \
         acc->max_ulp = (int64_t)mu;                                                                       \
@@ -498,17 +504,7 @@ static inline void ulpw32_avx(const void *pa, const void *pb, int64_t s0, int64_
                 ULPW(pa, pb, s0, m, w, &mx, &nbelow);                                                     \
             }                                                                                             \
             w->below += nbelow;                                                                           \
-            acc->s_aa += saa;                                                                             \
-            acc->s_bb += sbb;                                                                             \
-            acc->s_ab += sab;                                                                             \
-            acc->s_dd += sdd;                                                                             \
-            acc->s_ad += sad;                                                                             \
-            acc->max_ad = mad > acc->max_ad ? mad : acc->max_ad;                                          \
-            acc->n_both += nboth;                                                                         \
-            acc->n_pass += npass;                                                                         \
-            acc->nf_a += nfa;                                                                             \
-            acc->nf_b += nfb;                                                                             \
-            acc->mismatch += mism;                                                                        \
+            acc_add(acc, saa, sbb, sab, sdd, sad, mad, nboth, npass, nfa, nfb, mism);                     \
         }                                                                                                 \
         acc->max_ulp = (int64_t)mx;                                                                       \
     }

@@ -9,7 +9,11 @@ pair took; ``cpu.stats`` says which route that was.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,3 +293,33 @@ def test_sample_histograms_are_cleared_between_pairs() -> None:
             m, route = routed(a, b)
             assert route["window"] == (i > 0), i
             assert (m.max_ulp, m.p99_ulp) == numpy_ulp(a, b)
+
+
+def test_portable_build_matches_reference(tmp_path: Path) -> None:
+    # the AVX-512 code is what this machine runs; the portable code (other CPUs) is built here on purpose
+    script = """
+import os, torch
+from validator.kernels import cpu, _native
+from validator.metrics import compare_tensors
+assert _native.library() is not None, _native.build_error()
+def pair(dtype, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, generator=g, dtype=torch.float64) * 3
+    b = a * (1 + 0.01 * torch.randn(n, generator=g, dtype=torch.float64))
+    a, b = a.to(dtype), b.to(dtype)
+    b[::997] = float("nan")
+    return a, b
+for i, dtype in enumerate([torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn]):
+    a, b = pair(dtype, (1 << 21) + 13, i)
+    fast = compare_tensors(a, b)
+    os.environ["VALIDATOR_KERNELS"] = "0"
+    ref = compare_tensors(a, b)
+    del os.environ["VALIDATOR_KERNELS"]
+    assert (fast.max_ulp, fast.p99_ulp, fast.pass_ratio, fast.max_abs) == (ref.max_ulp, ref.p99_ulp, ref.pass_ratio, ref.max_abs), (dtype, fast, ref)
+    assert abs(fast.rel_l2 - ref.rel_l2) <= 1e-12 * ref.rel_l2, (dtype, fast.rel_l2, ref.rel_l2)
+assert cpu.stats["window"] >= 4, cpu.stats
+print("ok")
+"""
+    env = {**os.environ, "VALIDATOR_NATIVE_FLAGS": "-DVK_NO_AVX512", "VALIDATOR_KERNEL_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

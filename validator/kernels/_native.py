@@ -5,7 +5,8 @@ The library is compiled once per source text, compiler flags and CPU model, into
 ``~/.cache/validator/kernels``), and loaded through :mod:`ctypes`, which releases the GIL during
 each call so that several threads can run it at once. When no compiler works, :func:`library`
 returns ``None`` and callers use the pure-torch reference instead. ``VALIDATOR_NATIVE=0`` turns the
-native kernel off.
+native kernel off; ``VALIDATOR_NATIVE_FLAGS`` adds compiler flags (``-DVK_NO_AVX512`` builds the portable
+code the tests check too).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -152,7 +154,9 @@ def library() -> ctypes.CDLL | None:
             _error = "no C compiler (cc, gcc or clang) on PATH"
             return None
         errors = []
-        for flags in _ARCH_FLAGS:
+        extra = shlex.split(os.environ.get("VALIDATOR_NATIVE_FLAGS", ""))  # e.g. -DVK_NO_AVX512 (tests)
+        for arch in _ARCH_FLAGS:
+            flags = [*arch, *extra]
             key = hashlib.sha256(
                 "\0".join([_SOURCE.read_text(), cc, *_BASE_FLAGS, *flags, platform.machine(), _cpu_model()]).encode()
             ).hexdigest()[:20]

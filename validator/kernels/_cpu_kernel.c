@@ -369,23 +369,30 @@ static inline uint32_t hmax16(__m512i v) {
     return (uint32_t)(_mm_cvtsi128_si32(b) & 0xFFFF);
 }
 
-static inline void ulpw16_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
-                              int64_t *below) {
-    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw16_generic(pa, pb, s0, m, w, mxp, below); return; }
-    const int16_t *a = (const int16_t *)pa + s0, *b = (const int16_t *)pb + s0;
-    const __m512i vmin = _mm512_set1_epi16(-0x8000);
+/* 32 lanes of 16- or 8-bit patterns (EB bytes each), sign-extended to 16 bits; lanes outside `valid` read 0 */
+static inline __m512i load_lanes16(const void *p, int64_t j, __mmask32 valid, int eb) {
+    if (eb == 2) return _mm512_maskz_loadu_epi16(valid, (const int16_t *)p + j);
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, (const int8_t *)p + j));
+}
+
+/* the window counts of a block of 16-bit (eb = 2) or 8-bit (eb = 1) distances, 32 lanes at a time */
+static inline void ulpw_small_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
+                                  int64_t *below, int eb) {
+    const char *a = (const char *)pa + s0 * eb, *b = (const char *)pb + s0 * eb;
+    const __m512i vmin = _mm512_set1_epi16(eb == 2 ? -0x8000 : -0x80);
     uint32_t lo16, wid16;
     win16(w, &lo16, &wid16);
     __m512i vmx = _mm512_setzero_si512();
     int64_t nb = 0, j = 0;
     for (; j + 32 <= m; j += 32) {
-        const __m512i oa = ord_epi16(_mm512_loadu_si512(a + j), vmin), ob = ord_epi16(_mm512_loadu_si512(b + j), vmin);
+        const __m512i oa = ord_epi16(load_lanes16(a, j, (__mmask32)0xFFFFFFFFu, eb), vmin);
+        const __m512i ob = ord_epi16(load_lanes16(b, j, (__mmask32)0xFFFFFFFFu, eb), vmin);
         ulpw_lanes16(oa, ob, (__mmask32)0xFFFFFFFFu, w, lo16, wid16, &vmx, &nb);
     }
     if (j < m) {
         const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
-        const __m512i oa = ord_epi16(_mm512_maskz_loadu_epi16(valid, a + j), vmin);
-        const __m512i ob = ord_epi16(_mm512_maskz_loadu_epi16(valid, b + j), vmin);
+        const __m512i oa = ord_epi16(load_lanes16(a, j, valid, eb), vmin);
+        const __m512i ob = ord_epi16(load_lanes16(b, j, valid, eb), vmin);
         ulpw_lanes16(oa, ob, valid, w, lo16, wid16, &vmx, &nb);
     }
     const uint32_t mx = hmax16(vmx);
@@ -393,29 +400,16 @@ static inline void ulpw16_avx(const void *pa, const void *pb, int64_t s0, int64_
     *below += nb;
 }
 
+static inline void ulpw16_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
+                              int64_t *below) {
+    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw16_generic(pa, pb, s0, m, w, mxp, below); return; }
+    ulpw_small_avx(pa, pb, s0, m, w, mxp, below, 2);
+}
+
 static inline void ulpw8_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
                              int64_t *below) {
     if (w->shift != 0 || w->lo > 0xFFFF) { ulpw8_generic(pa, pb, s0, m, w, mxp, below); return; }
-    const int8_t *a = (const int8_t *)pa + s0, *b = (const int8_t *)pb + s0;
-    const __m512i vmin = _mm512_set1_epi16(-0x80);
-    uint32_t lo16, wid16;
-    win16(w, &lo16, &wid16);
-    __m512i vmx = _mm512_setzero_si512();
-    int64_t nb = 0, j = 0;
-    for (; j + 32 <= m; j += 32) {
-        const __m512i oa = ord_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(a + j))), vmin);
-        const __m512i ob = ord_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + j))), vmin);
-        ulpw_lanes16(oa, ob, (__mmask32)0xFFFFFFFFu, w, lo16, wid16, &vmx, &nb);
-    }
-    if (j < m) {
-        const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
-        const __m512i oa = ord_epi16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, a + j)), vmin);
-        const __m512i ob = ord_epi16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, b + j)), vmin);
-        ulpw_lanes16(oa, ob, valid, w, lo16, wid16, &vmx, &nb);
-    }
-    const uint32_t mx = hmax16(vmx);
-    *mxp = mx > *mxp ? mx : *mxp;
-    *below += nb;
+    ulpw_small_avx(pa, pb, s0, m, w, mxp, below, 1);
 }
 
 static inline __m512i ord_epi32(__m512i s) {

@@ -153,6 +153,85 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #endif
 }
 
+#ifndef LEAN
+#define LEAN 1 /* 1: step_lean + a per-vector rare path; 0: step with a branch per element */
+#endif
+
+/* c += x <= y, and m = max(m, x) ignoring NaN (unmasked passes rerun masked when a sum is not finite):
+ * a compare and a predicated add or move, where the C forms compile to selects and register moves */
+__device__ __forceinline__ void count_le(u32 &c, double x, double y) {
+    asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "d"(x), "d"(y));
+}
+__device__ __forceinline__ void count_lt(u32 &c, u32 x, u32 y) {
+    asm("{\n .reg .pred p;\n setp.lt.u32 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "r"(x), "r"(y));
+}
+__device__ __forceinline__ void max_into(double &m, double x) {
+    asm("{\n .reg .pred p;\n setp.gt.f64 p, %1, %0;\n @p mov.f64 %0, %1;\n}" : "+d"(m) : "d"(x));
+}
+
+/* step() without the window histogram: ``hit`` is set when the distance falls in the window (the
+ * caller then adds the vector's window distances in rare_vector), so the hot loop has no branch */
+__device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn,
+                                          bool &hit) {
+    double xa = to_f64(ab_), xb = to_f64(bb_);
+#if MASKED
+    const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
+    const bool both = fa && fb;
+    const bool same = !fa && !fb && (xa == xb || (xa != xa && xb != xb));
+    if (!both) {
+        xa = 0.0;
+        xb = 0.0;
+    }
+    s.both += both;
+    s.nfa += !fa;
+    s.nfb += !fb;
+    s.mis += !both && !same;
+#endif
+    const double d = xb - xa, ad = fabs(d);
+    s.aa = fma(xa, xa, s.aa);
+    s.bb = fma(xb, xb, s.bb);
+    s.ab = fma(xa, xb, s.ab);
+    s.dd = fma(d, d, s.dd);
+    s.ad += ad;
+    max_into(s.mad, ad);
+#if MASKED
+    s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
+    if (!both) return;
+#else
+    count_le(s.pass, ad, atol + rtol * fabs(xa));
+#endif
+    const u32 dist = ulp_dist(ab_, bb_);
+    s.mulp = max(s.mulp, dist);
+    count_lt(s.below, dist, lo);
+    hit |= dist - lo < wn; /* dist - lo wraps past wn when dist < lo */
+}
+
+/* the window distances of one 16-byte vector pair (rare: only vectors with a distance in the window) */
+__device__ __forceinline__ void rare_vector(uint4 ra, uint4 rb, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+    const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
+    for (int q = 0; q < 4; q++)
+        for (int k = 0; k < PER_WORD; k++) {
+            const u32 x = (wa[q] >> (8 * EB * k)) & EMASK, y = (wb[q] >> (8 * EB * k)) & EMASK;
+            const u32 u = ulp_dist(x, y) - lo;
+#if MASKED
+            if (!(fabs(to_f64(x)) <= 1.7976931348623157e308 && fabs(to_f64(y)) <= 1.7976931348623157e308)) continue;
+#endif
+            if (u < wn) window_add(sh, wbig, wsup, u);
+        }
+}
+
+__device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol, u32 lo,
+                                         u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+    const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
+    bool hit = false;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int k = 0; k < PER_WORD; k++)
+            step_lean(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, hit);
+    if (__builtin_expect(hit, 0)) rare_vector(ra, rb, lo, wn, sh, wbig, wsup);
+}
+
 template <bool WIDE>
 __device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
                                           u32 *wbig, u32 *wsup) {
@@ -373,6 +452,10 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
 #pragma unroll
         for (int k = 0; k < UNROLL; k++) {
             if (v0 + k * stride < nvec) {
+#if LEAN && !CUDIAG
+                step_vec(s, ra[k], rb[k], atol, rtol, lo, wn, sh, wbig, wsup);
+                continue;
+#endif
                 step_word<WIDE>(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
                 step_word<WIDE>(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
                 step_word<WIDE>(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);

@@ -23,6 +23,7 @@ the kernels are compiled with ``enable_fp_fusion=False``; the running sums use e
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import os
@@ -77,6 +78,8 @@ CONFIG: dict[str, int] = {
     "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
     "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
     "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
+    "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
+    "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -697,18 +700,76 @@ _CU_BUILT: dict[tuple[int, ...], tuple[Any, Any]] = {}  # what was compiled (the
 
 
 @functools.cache
+def _libcuda() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    return lib
+
+
+class _Launcher:
+    """One NVRTC-built kernel launched straight through the driver (``cuLaunchKernel``), its argument
+    storage built once. torch's ``_CudaKernel.__call__`` reopens libcuda and rebuilds every ctypes
+    argument on each call: on the H200 host that was most of a small pair's time. ``kinds`` has one
+    letter per kernel parameter: ``p`` a pointer (pass a tensor), ``i`` a 32-bit int. Calls are made
+    under the workspace lock, so the shared storage is never written by two threads at once."""
+
+    def __init__(self, kernel: Any, kinds: str) -> None:
+        func = getattr(kernel, "func", None)
+        if not isinstance(func, ctypes.c_void_p) or not func.value:
+            raise TypeError("this torch's compiled kernel has no driver function handle")
+        self.func = func
+        self.lib = _libcuda()
+        self.slots: list[Any] = [ctypes.c_void_p() if k == "p" else ctypes.c_int() for k in kinds]
+        self.argv = (ctypes.c_void_p * len(kinds))(*[ctypes.addressof(x) for x in self.slots])
+
+    def __call__(self, grid: int, block: int, args: list[Any]) -> None:
+        for slot, v in zip(self.slots, args, strict=True):
+            slot.value = v.data_ptr() if isinstance(v, torch.Tensor) else v
+        stream = torch.cuda.current_stream().cuda_stream
+        rc = self.lib.cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0, stream, self.argv, None)
+        if rc:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorString(rc, ctypes.byref(name))
+            raise RuntimeError(f"cuLaunchKernel failed: {(name.value or b'?').decode()} ({rc})")
+
+
+class _TorchLaunch:
+    """The same call through torch's own ``_CudaKernel`` (where ``_Launcher`` does not apply)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __call__(self, grid: int, block: int, args: list[Any]) -> None:
+        self.kernel(grid=(grid, 1, 1), block=(block, 1, 1), args=args)
+
+
+_SAMPLE_ARGS = "ppiippppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
+_MAIN_ARGS = "ppipppppppp"  # vk_main's
+
+
+@functools.cache
 def _cu_kernels(
-    dt: int, masked: int, nhead: int, unroll: int, device_index: int, diag: int = 0, minb: int = 0, pred: int = 0
+    dt: int,
+    masked: int,
+    nhead: int,
+    unroll: int,
+    device_index: int,
+    diag: int = 0,
+    minb: int = 0,
+    pred: int = 0,
+    lean: int = 1,
+    launch: int = 1,
 ) -> tuple[Any, Any] | None:
     """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
-    mode, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the build fails (the
-    Triton kernels are used then; the reason is kept in ``_CU_ERRORS``)."""
+    mode, as two launchers, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the
+    build fails (the Triton kernels are used then; the reason is kept in ``_CU_ERRORS``)."""
     compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
     if compile_kernel is None:
         _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
         return None
     head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
-    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n#define PRED_WINDOW {pred}\n"
+    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n#define PRED_WINDOW {pred}\n#define LEAN {lean}\n"
     source = head + _CU_SOURCE.read_text()
     try:
         with torch.cuda.device(device_index):
@@ -716,11 +777,16 @@ def _cu_kernels(
                 compile_kernel(source, "vk_sample", nvcc_options=["--fmad=false"]),
                 compile_kernel(source, "vk_main", nvcc_options=["--fmad=false"]),
             )
-        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb, pred)] = built
-        return built
+        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb, pred, lean)] = built
     except Exception as exc:  # no NVRTC, an old driver: the Triton path still works
         _CU_ERRORS[(dt, masked, nhead, unroll)] = f"{type(exc).__name__}: {exc}"[:2000]
         return None
+    if launch:
+        try:
+            return _Launcher(built[0], _SAMPLE_ARGS), _Launcher(built[1], _MAIN_ARGS)
+        except (TypeError, OSError, AttributeError):  # another torch's kernel object: its own launcher
+            pass
+    return _TorchLaunch(built[0]), _TorchLaunch(built[1])
 
 
 def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
@@ -770,6 +836,8 @@ def _run_cu(
         CONFIG.get("CUDIAG", 0),
         CONFIG.get("cu_minb", 0),
         CONFIG.get("PRED_WINDOW", 0),
+        CONFIG.get("LEAN", 1),
+        CONFIG.get("LAUNCH", 1),
     )
     if kernels is None:
         return None
@@ -778,15 +846,14 @@ def _run_cu(
     with _workspace(device, _cu_layout(grid)) as w:
         tol = _tolerances(device, float(atol), float(rtol))
         done = w["done"]
-        block = (_CU_THREADS, 1, 1)
         sample(
-            grid=(min(s_tiles, grid), 1, 1), block=block,
-            args=[a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
-                  ranks[0], ranks[1], WINDOW_MAX_BINS],
+            min(s_tiles, grid), _CU_THREADS,
+            [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
+             ranks[0], ranks[1], WINDOW_MAX_BINS],
         )  # fmt: skip
         main(
-            grid=(grid, 1, 1), block=block,
-            args=[a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
+            grid, _CU_THREADS,
+            [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
         )  # fmt: skip
         res: list[float] = w["out"].cpu().tolist()
     WINDOW_STATS["cuda_c"] += 1

@@ -1,0 +1,119 @@
+"""Where the time of one GPU comparison goes: the whole call against the GPU work alone.
+
+    python benchmarks/call_overhead.py --json out.json        # on a CUDA machine
+
+For a bf16 pair of 8192x7168 (and any ``--elems``), measured side by side in one run:
+
+- ``call``: the median time of ``compare_tensors(a, b)``, as a user sees it (host work + GPU + read back);
+  once with the driver launcher (``CONFIG["LAUNCH"] = 1``) and once with torch's (``0``);
+- ``gpu``: the same kernels (memset, ``vk_sample``, ``vk_main``) launched back to back 50 times with no
+  read back, so the host runs ahead and the time per call is the GPU's alone;
+- a ``cProfile`` of 200 calls: the Python functions that take the host time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.compare_bench import gbps, make_pair, timed  # noqa: E402
+from validator.kernels import cuda as kc  # noqa: E402
+from validator.kernels._finish import SAMPLE_STRIDE, WINDOW_MAX_BINS, window_ranks  # noqa: E402
+from validator.metrics import compare_tensors  # noqa: E402
+
+
+def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
+    """Seconds per call of the CUDA C engine's GPU work (the calls queued back to back)."""
+    n = a.numel()
+    index = torch.cuda.current_device()
+    kernels = kc._cu_kernels(
+        kc._CU_DT[a.dtype], 0, kc.CONFIG["NHEAD"], kc.CONFIG["UNROLL"], index, 0, kc.CONFIG["cu_minb"],
+        kc.CONFIG["PRED_WINDOW"], kc.CONFIG["LEAN"], 1,
+    )  # fmt: skip
+    assert kernels is not None, kc._CU_ERRORS
+    sample, main = kernels
+    tile = kc._CU_THREADS * (16 // a.element_size())
+    s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
+    ranks = window_ranks(s_tiles * tile)
+    assert ranks is not None
+    grid = kc._sm_count(index) * kc.CONFIG["cu_blocks_per_sm"]
+    tol = kc._tolerances(a.device, 1e-5, 1e-3)
+
+    def one(w: dict[str, torch.Tensor]) -> None:
+        sample(min(s_tiles, grid), kc._CU_THREADS,
+               [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
+                w["done"][0:1], ranks[0], ranks[1], WINDOW_MAX_BINS])  # fmt: skip
+        main(grid, kc._CU_THREADS,
+             [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], w["out"]])  # fmt: skip
+
+    layout = kc._cu_layout(grid)
+    buf = torch.empty(kc._ws_bytes(layout), dtype=torch.uint8, device=a.device)
+    w = kc._carve(buf, layout)
+    for _ in range(3):
+        buf.zero_()
+        one(w)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        buf.zero_()
+        one(w)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps
+
+
+def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
+    sync = torch.cuda.synchronize
+    pair = make_pair(n, torch.bfloat16, "cuda", seed=3)
+    row: dict[str, Any] = {"elements": n, "bytes": 4 * n}
+    for launch in (1, 0):
+        kc.CONFIG["LAUNCH"] = launch
+        row[f"call_us_launch{launch}"] = 1e6 * timed(lambda: compare_tensors(*pair), reps, sync)
+    kc.CONFIG["LAUNCH"] = 1
+    row["gpu_us"] = 1e6 * gpu_only(*pair)
+    row["host_us"] = row["call_us_launch1"] - row["gpu_us"]
+    row["gbps_call"] = gbps(4 * n, row["call_us_launch1"] / 1e6)
+    row["gbps_gpu"] = gbps(4 * n, row["gpu_us"] / 1e6)
+    print(json.dumps(row), flush=True)
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            compare_tensors(*pair)
+        sync()
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        row["profile_tottime"] = s.getvalue()
+        print(s.getvalue())
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--elems", type=int, nargs="*", default=[8192 * 7168, 1 << 29])
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "config": dict(kc.CONFIG)}
+    for i, n in enumerate(args.elems):
+        out[str(n)] = measure(n, args.reps, profile=i == 0)
+        torch.cuda.empty_cache()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

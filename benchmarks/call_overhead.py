@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from benchmarks.compare_bench import gbps, make_pair, timed  # noqa: E402
 from validator.kernels import cuda as kc  # noqa: E402
-from validator.kernels._finish import SAMPLE_STRIDE, WINDOW_MAX_BINS, window_ranks  # noqa: E402
+from validator.kernels._finish import SAMPLE_STRIDE, WINDOW_MAX_BINS  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
 
@@ -38,24 +38,19 @@ def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
     """Seconds per call of the CUDA C engine's GPU work (the calls queued back to back)."""
     n = a.numel()
     index = torch.cuda.current_device()
-    kernels = kc._cu_kernels(
-        kc._CU_DT[a.dtype], 0, kc.CONFIG["NHEAD"], kc.CONFIG["UNROLL"], index, 0, kc.CONFIG["cu_minb"],
-        kc.CONFIG["PRED_WINDOW"], kc.CONFIG["LEAN"], 1,
-    )  # fmt: skip
-    assert kernels is not None, kc._CU_ERRORS
-    sample, main = kernels
-    tile = kc._CU_THREADS * (16 // a.element_size())
-    s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
-    ranks = window_ranks(s_tiles * tile)
-    assert ranks is not None
-    grid = kc._sm_count(index) * kc.CONFIG["cu_blocks_per_sm"]
+    plan = kc._cu_plan(
+        kc._CU_DT[a.dtype], 0, n, a.element_size(), index, kc._cu_macros(), 1, kc.CONFIG["cu_blocks_per_sm"]
+    )
+    assert plan is not None and plan.ranks is not None, kc._CU_ERRORS
+    sample, main, grid, s_tiles, ranks = plan.sample, plan.main, plan.grid, plan.s_tiles, plan.ranks
+    stream = kc._raw_stream(index)
     tol = kc._tolerances(a.device, 1e-5, 1e-3)
 
     def one(w: dict[str, torch.Tensor]) -> None:
-        sample(min(s_tiles, grid), kc._CU_THREADS,
+        sample(min(s_tiles, grid), kc._CU_THREADS, stream,
                [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
                 w["done"][0:1], ranks[0], ranks[1], WINDOW_MAX_BINS])  # fmt: skip
-        main(grid, kc._CU_THREADS,
+        main(grid, kc._CU_THREADS, stream,
              [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], w["out"]])  # fmt: skip
 
     layout = kc._cu_layout(grid)

@@ -481,19 +481,26 @@ def section_gpu(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda.py CONFIG keys)
-    # the CUDA C engine (_cuda_kernel.cu): 16-byte vectors in flight per thread (UNROLL), blocks of 256
-    # threads per SM in the grid, minimum resident blocks promised to the compiler (caps its registers),
-    # LEAN 1: no branch per element (a per-vector window flag) or 0: the window test as a branch;
-    # LAUNCH: the driver launcher (1) or torch's (0)
-    {"ENGINE": 1, "LEAN": 0, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "LAUNCH": 0},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 2, "cu_blocks_per_sm": 6, "cu_minb": 3},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 2, "cu_blocks_per_sm": 4, "cu_minb": 0},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 1, "cu_blocks_per_sm": 4, "cu_minb": 0},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 4, "cu_blocks_per_sm": 4, "cu_minb": 0},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 1, "cu_blocks_per_sm": 16, "cu_minb": 4},
-    {"ENGINE": 1, "LEAN": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
+    # the CUDA C engine (_cuda_kernel.cu): blocks of 256 threads per SM in the grid, minimum resident
+    # blocks promised to the compiler (caps its registers); LEAN 1: no branch per element (a per-vector
+    # window flag), 0: the window test as a branch; PIPE: loads ahead of the steps (0: UNROLL vectors at
+    # a time, 1: one vector ahead in registers, S >= 2: an S-stage cp.async ring in shared memory)
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 0, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 0, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 1, "cu_blocks_per_sm": 3, "cu_minb": 3},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 1, "cu_blocks_per_sm": 3, "cu_minb": 3},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 2, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 3, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 3, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 5, "cu_blocks_per_sm": 4, "cu_minb": 4},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 4, "cu_blocks_per_sm": 3, "cu_minb": 3},
+    {"ENGINE": 1, "LEAN": 1, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "LAUNCH": 0},
+    # attribution only (never chosen): the same pass with parts of the work left out
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 2},
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 3},
+    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 4},
 ]
 
 

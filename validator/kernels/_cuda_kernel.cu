@@ -431,6 +431,34 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 /* ---------------------------------------------------------------- the full pass */
 
+/* one 16-byte vector pair: every element's step, then (LEAN) the window adds of a flagged vector */
+template <bool WIDE>
+__device__ __forceinline__ void vec_step(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol, u32 lo,
+                                         u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+#if LEAN && !CUDIAG
+    step_vec(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+#else
+    step_word<WIDE>(s, ra.x, rb.x, atol, rtol, lo, wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.y, rb.y, atol, rtol, lo, wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.z, rb.z, atol, rtol, lo, wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.w, rb.w, atol, rtol, lo, wn, sh, wbig, wsup);
+#endif
+}
+
+#ifndef PIPE
+#define PIPE 0 /* how loads run ahead: 0 UNROLL vectors then their steps; 1 the next vector loaded into
+                  registers before this one is stepped; S >= 2 an S-stage cp.async ring in shared memory */
+#endif
+
+__device__ __forceinline__ void copy16(uint4 *dst, const uint4 *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+#if PIPE >= 2
+__shared__ uint4 ring[PIPE][2][THREADS]; /* file scope: one ring for both versions of main_loop */
+#endif
+
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
 template <bool WIDE>
@@ -439,7 +467,49 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
     const i64 nvec = n / VEC;
     const i64 stride = (i64)gridDim.x * THREADS;
-    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += stride * UNROLL) {
+    const i64 first = (i64)blockIdx.x * THREADS + threadIdx.x;
+#if PIPE == 1
+    uint4 na = make_uint4(0, 0, 0, 0), nb = na;
+    if (first < nvec) {
+        na = __ldcs(va + first);
+        nb = __ldcs(vb + first);
+    }
+    for (i64 v = first; v < nvec; v += stride) {
+        const uint4 ra = na, rb = nb;
+        if (v + stride < nvec) {
+            na = __ldcs(va + v + stride);
+            nb = __ldcs(vb + v + stride);
+        }
+        vec_step<WIDE>(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+    }
+#elif PIPE >= 2
+    /* each thread reads back only the slots it filled itself: no block barrier is needed */
+#pragma unroll
+    for (int k = 0; k < PIPE - 1; k++) {
+        const i64 v = first + k * stride;
+        if (v < nvec) {
+            copy16(&ring[k][0][threadIdx.x], va + v);
+            copy16(&ring[k][1][threadIdx.x], vb + v);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    int slot = 0;
+    for (i64 v = first; v < nvec; v += stride) {
+        const i64 ahead = v + (PIPE - 1) * stride;
+        const int fill = slot == 0 ? PIPE - 1 : slot - 1; /* the slot stepped in the previous iteration */
+        if (ahead < nvec) {
+            copy16(&ring[fill][0][threadIdx.x], va + ahead);
+            copy16(&ring[fill][1][threadIdx.x], vb + ahead);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(PIPE - 1) : "memory");
+        const uint4 ra = ring[slot][0][threadIdx.x], rb = ring[slot][1][threadIdx.x];
+        vec_step<WIDE>(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+        slot = slot == PIPE - 1 ? 0 : slot + 1;
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#else
+    for (i64 v0 = first; v0 < nvec; v0 += stride * UNROLL) {
         uint4 ra[UNROLL], rb[UNROLL];
 #pragma unroll
         for (int k = 0; k < UNROLL; k++) {
@@ -450,19 +520,10 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
             }
         }
 #pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
-            if (v0 + k * stride < nvec) {
-#if LEAN && !CUDIAG
-                step_vec(s, ra[k], rb[k], atol, rtol, lo, wn, sh, wbig, wsup);
-                continue;
-#endif
-                step_word<WIDE>(s, ra[k].x, rb[k].x, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word<WIDE>(s, ra[k].y, rb[k].y, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word<WIDE>(s, ra[k].z, rb[k].z, atol, rtol, lo, wn, sh, wbig, wsup);
-                step_word<WIDE>(s, ra[k].w, rb[k].w, atol, rtol, lo, wn, sh, wbig, wsup);
-            }
-        }
+        for (int k = 0; k < UNROLL; k++)
+            if (v0 + k * stride < nvec) vec_step<WIDE>(s, ra[k], rb[k], atol, rtol, lo, wn, sh, wbig, wsup);
     }
+#endif
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
         for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
             step<WIDE>(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);

@@ -80,6 +80,7 @@ CONFIG: dict[str, int] = {
     "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
     "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
     "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
+    "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
@@ -695,8 +696,8 @@ def _run_window(
 _CU_SOURCE = Path(__file__).with_name("_cuda_kernel.cu")
 _CU_DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
 _CU_THREADS = 256
-_CU_ERRORS: dict[tuple[int, int, int, int], str] = {}
-_CU_BUILT: dict[tuple[int, ...], tuple[Any, Any]] = {}  # what was compiled (the benchmark reads attributes)
+_CU_ERRORS: dict[tuple[Any, ...], str] = {}
+_CU_BUILT: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # what was compiled (the benchmark reads attributes)
 
 
 @functools.cache
@@ -704,6 +705,8 @@ def _libcuda() -> ctypes.CDLL:
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -723,10 +726,9 @@ class _Launcher:
         self.slots: list[Any] = [ctypes.c_void_p() if k == "p" else ctypes.c_int() for k in kinds]
         self.argv = (ctypes.c_void_p * len(kinds))(*[ctypes.addressof(x) for x in self.slots])
 
-    def __call__(self, grid: int, block: int, args: list[Any]) -> None:
+    def __call__(self, grid: int, block: int, stream: int, args: list[Any]) -> None:
         for slot, v in zip(self.slots, args, strict=True):
             slot.value = v.data_ptr() if isinstance(v, torch.Tensor) else v
-        stream = torch.cuda.current_stream().cuda_stream
         rc = self.lib.cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0, stream, self.argv, None)
         if rc:
             name = ctypes.c_char_p()
@@ -740,36 +742,40 @@ class _TorchLaunch:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
 
-    def __call__(self, grid: int, block: int, args: list[Any]) -> None:
-        self.kernel(grid=(grid, 1, 1), block=(block, 1, 1), args=args)
+    def __call__(self, grid: int, block: int, stream: int, args: list[Any]) -> None:
+        self.kernel(grid=(grid, 1, 1), block=(block, 1, 1), args=args)  # on torch's current stream
 
 
 _SAMPLE_ARGS = "ppiippppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
 _MAIN_ARGS = "ppipppppppp"  # vk_main's
 
 
+def _cu_macros() -> tuple[tuple[str, int], ...]:
+    """The CUDA C build's tuning macros, from CONFIG."""
+    return (
+        ("NHEAD", CONFIG["NHEAD"]),
+        ("UNROLL", CONFIG["UNROLL"]),
+        ("CUDIAG", CONFIG.get("CUDIAG", 0)),
+        ("MINB", CONFIG.get("cu_minb", 0)),
+        ("PRED_WINDOW", CONFIG.get("PRED_WINDOW", 0)),
+        ("LEAN", CONFIG.get("LEAN", 1)),
+        ("PIPE", CONFIG.get("PIPE", 0)),
+    )
+
+
 @functools.cache
 def _cu_kernels(
-    dt: int,
-    masked: int,
-    nhead: int,
-    unroll: int,
-    device_index: int,
-    diag: int = 0,
-    minb: int = 0,
-    pred: int = 0,
-    lean: int = 1,
-    launch: int = 1,
+    dt: int, masked: int, device_index: int, macros: tuple[tuple[str, int], ...], launch: int = 1
 ) -> tuple[Any, Any] | None:
-    """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type and masking
-    mode, as two launchers, or ``None`` when this torch has no ``torch.cuda._compile_kernel`` or the
-    build fails (the Triton kernels are used then; the reason is kept in ``_CU_ERRORS``)."""
+    """vk_sample and vk_main of ``_cuda_kernel.cu`` compiled by NVRTC for one element type, masking
+    mode and set of tuning macros, as two launchers; ``None`` when this torch has no
+    ``torch.cuda._compile_kernel`` or the build fails (the Triton kernels are used then; the reason is
+    kept in ``_CU_ERRORS``)."""
     compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
     if compile_kernel is None:
-        _CU_ERRORS[(dt, masked, nhead, unroll)] = "torch.cuda._compile_kernel is missing"
+        _CU_ERRORS[(dt, masked, macros)] = "torch.cuda._compile_kernel is missing"
         return None
-    head = f"#define DT {dt}\n#define MASKED {masked}\n#define NHEAD {nhead}\n#define UNROLL {unroll}\n"
-    head += f"#define CUDIAG {diag}\n#define MINB {minb}\n#define PRED_WINDOW {pred}\n#define LEAN {lean}\n"
+    head = "".join(f"#define {k} {v}\n" for k, v in (("DT", dt), ("MASKED", masked), *macros))
     source = head + _CU_SOURCE.read_text()
     try:
         with torch.cuda.device(device_index):
@@ -777,9 +783,9 @@ def _cu_kernels(
                 compile_kernel(source, "vk_sample", nvcc_options=["--fmad=false"]),
                 compile_kernel(source, "vk_main", nvcc_options=["--fmad=false"]),
             )
-        _CU_BUILT[(dt, masked, nhead, unroll, diag, minb, pred, lean)] = built
+        _CU_BUILT[(dt, masked, macros)] = built
     except Exception as exc:  # no NVRTC, an old driver: the Triton path still works
-        _CU_ERRORS[(dt, masked, nhead, unroll)] = f"{type(exc).__name__}: {exc}"[:2000]
+        _CU_ERRORS[(dt, masked, macros)] = f"{type(exc).__name__}: {exc}"[:2000]
         return None
     if launch:
         try:
@@ -805,6 +811,54 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
     ]
 
 
+class _CuPlan:
+    """What a CUDA C comparison of one size needs besides the tensors, worked out once: the two
+    launchers, the sample's tiles and ranks, the grid and the workspace layout."""
+
+    def __init__(self, kernels: tuple[Any, Any], n: int, esize: int, index: int, grid: int) -> None:
+        self.sample, self.main = kernels
+        tile = _CU_THREADS * (16 // esize)  # the sample's tile: one 16-byte vector per thread
+        self.s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
+        self.ranks = window_ranks(self.s_tiles * tile)
+        self.index, self.grid, self.layout = index, grid, _cu_layout(grid)
+        self.host = (ctypes.c_double * _NPART)()
+
+    def read(self, out: torch.Tensor, stream: int) -> list[float]:
+        """``out`` (NPART float64 on the device) once the stream's work is done: through the driver
+        into a host buffer kept for it, else through torch."""
+        if isinstance(self.main, _Launcher):
+            lib = _libcuda()
+            rc = lib.cuMemcpyDtoHAsync_v2(self.host, ctypes.c_void_p(out.data_ptr()), 8 * _NPART, stream)
+            rc = rc or lib.cuStreamSynchronize(stream)
+            if rc == 0:
+                return list(self.host)
+        return list(out.cpu().tolist())
+
+
+@functools.lru_cache(maxsize=64)
+def _cu_plan(
+    dt: int, masked: int, n: int, esize: int, index: int, macros: tuple[tuple[str, int], ...], launch: int, bps: int
+) -> _CuPlan | None:
+    kernels = _cu_kernels(dt, masked, index, macros, launch)
+    if kernels is None:
+        return None
+    plan = _CuPlan(kernels, n, esize, index, _sm_count(index) * bps)
+    return plan if plan.ranks is not None else None
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``device`` made current for the call, when it is not already (entering torch's guard costs)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+def _raw_stream(index: int) -> int:
+    """The current stream of device ``index`` as a driver handle (torch's raw getter where it has one)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
+
+
 def _run_cu(
     a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool
 ) -> list[float] | None:
@@ -821,41 +875,28 @@ def _run_cu(
         or b.data_ptr() % 16
     ):
         return None
-    tile = _CU_THREADS * (16 // a.element_size())  # the sample's tile: one 16-byte vector per thread
-    s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
-    ranks = window_ranks(s_tiles * tile)
-    if ranks is None:
-        return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernels = _cu_kernels(
-        dt,
-        int(masked),
-        CONFIG["NHEAD"],
-        CONFIG["UNROLL"],
-        index,
-        CONFIG.get("CUDIAG", 0),
-        CONFIG.get("cu_minb", 0),
-        CONFIG.get("PRED_WINDOW", 0),
-        CONFIG.get("LEAN", 1),
-        CONFIG.get("LAUNCH", 1),
+    plan = _cu_plan(
+        dt, int(masked), n, a.element_size(), index, _cu_macros(), CONFIG.get("LAUNCH", 1), CONFIG["cu_blocks_per_sm"]
     )
-    if kernels is None:
+    if plan is None:
         return None
-    sample, main = kernels
-    grid = _sm_count(index) * CONFIG["cu_blocks_per_sm"]
-    with _workspace(device, _cu_layout(grid)) as w:
+    assert plan.ranks is not None
+    grid, (r_lo, r_hi) = plan.grid, plan.ranks
+    with _workspace(device, plan.layout) as w:  # (its memset, a torch op, also makes the context current)
         tol = _tolerances(device, float(atol), float(rtol))
+        stream = _raw_stream(index)
         done = w["done"]
-        sample(
-            min(s_tiles, grid), _CU_THREADS,
-            [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
-             ranks[0], ranks[1], WINDOW_MAX_BINS],
+        plan.sample(
+            min(plan.s_tiles, grid), _CU_THREADS, stream,
+            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
+             r_lo, r_hi, WINDOW_MAX_BINS],
         )  # fmt: skip
-        main(
-            grid, _CU_THREADS,
+        plan.main(
+            grid, _CU_THREADS, stream,
             [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
         )  # fmt: skip
-        res: list[float] = w["out"].cpu().tolist()
+        res = plan.read(w["out"], stream)
     WINDOW_STATS["cuda_c"] += 1
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0
@@ -932,7 +973,7 @@ def _compare_on(
         and a.is_contiguous()
         and b.is_contiguous()
     )
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+    with _on(device):
         if windowed:
             wres = _run_window(a, b, device, atol, rtol, force_masked, ulp_bits)
             masked = force_masked

@@ -497,10 +497,18 @@ SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda
     {"ENGINE": 1, "LEAN": 1, "PIPE": 5, "cu_blocks_per_sm": 4, "cu_minb": 4},
     {"ENGINE": 1, "LEAN": 1, "PIPE": 4, "cu_blocks_per_sm": 3, "cu_minb": 3},
     {"ENGINE": 1, "LEAN": 1, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "LAUNCH": 0},
-    # attribution only (never chosen): the same pass with parts of the work left out
-    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 2},
-    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 3},
-    {"ENGINE": 1, "LEAN": 0, "PIPE": 4, "cu_blocks_per_sm": 4, "cu_minb": 4, "CUDIAG": 4},
+]
+
+_DIAG_BASE = {"ENGINE": 1, "LEAN": 1, "PIPE": 0, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4}
+ATTRIBUTION: list[dict[str, int]] = [  # timing only, never chosen: the lean pass with one part left out
+    _DIAG_BASE,
+    *(
+        {**_DIAG_BASE, "CUDIAG": d}
+        # 5 bf16 -> f64 by integer ops, 6 no tolerance test, 7 no max |d|, 8 no sum |d|, 9 no ULP work,
+        # 10 no float64 work, 11 no sums of products (see _cuda_kernel.cu)
+        for d in (5, 6, 7, 8, 9, 10, 11)
+    ),
+    {**_DIAG_BASE, "LEAN": 0, "CUDIAG": 4},  # the loads alone
 ]
 
 
@@ -519,7 +527,7 @@ def gpu_sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
     finally:
         os.environ.pop("VALIDATOR_KERNELS")
     best, best_score = {}, -1.0
-    for cfg in SWEEP:
+    for cfg in ATTRIBUTION if args.attribution else SWEEP:
         kc.CONFIG.clear()
         kc.CONFIG.update(saved)
         kc.CONFIG.update(cfg)
@@ -614,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-gib", type=float, default=1.0, help="GiB per tensor of the large GPU pair")
     p.add_argument("--sweep", action="store_true", help="time several GPU kernel configurations, then use the best")
     p.add_argument("--profile", action="store_true", help="GPU: torch.profiler tables of one call")
+    p.add_argument("--attribution", action="store_true", help="with --sweep: the timing-only variants instead")
     p.add_argument("--best-out", default=None, help="with --sweep: write the chosen configuration (JSON) here")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--tmp", default=None, help="folder for the temporary bundles")

@@ -173,7 +173,12 @@ __device__ __forceinline__ void max_into(double &m, double x) {
  * caller then adds the vector's window distances in rare_vector), so the hot loop has no branch */
 __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn,
                                           bool &hit) {
+#if CUDIAG == 5 && DT == 3 /* timing only: bfloat16 -> float64 by integer ops (zero and specials wrong) */
+    double xa = __hiloint2double((int)((((ab_ & 0x7FFFu) << 13) + 0x38000000u) | ((ab_ & 0x8000u) << 16)), 0);
+    double xb = __hiloint2double((int)((((bb_ & 0x7FFFu) << 13) + 0x38000000u) | ((bb_ & 0x8000u) << 16)), 0);
+#else
     double xa = to_f64(ab_), xb = to_f64(bb_);
+#endif
 #if MASKED
     const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
     const bool both = fa && fb;
@@ -187,23 +192,33 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
     s.nfb += !fb;
     s.mis += !both && !same;
 #endif
+#if CUDIAG != 10 /* 10, timing only: no float64 work */
     const double d = xb - xa, ad = fabs(d);
+#if CUDIAG != 11 /* 11, timing only: no sums of products */
     s.aa = fma(xa, xa, s.aa);
     s.bb = fma(xb, xb, s.bb);
     s.ab = fma(xa, xb, s.ab);
     s.dd = fma(d, d, s.dd);
+#endif
+#if CUDIAG != 8 /* 8, timing only: no sum of |d| */
     s.ad += ad;
+#endif
+#if CUDIAG != 7 /* 7, timing only: no max |d| */
     max_into(s.mad, ad);
+#endif
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
     if (!both) return;
-#else
+#elif CUDIAG != 6 /* 6, timing only: no tolerance test */
     count_le(s.pass, ad, atol + rtol * fabs(xa));
 #endif
+#endif
+#if CUDIAG != 9 /* 9, timing only: no ULP work */
     const u32 dist = ulp_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
     count_lt(s.below, dist, lo);
     hit |= dist - lo < wn; /* dist - lo wraps past wn when dist < lo */
+#endif
 }
 
 /* the window distances of one 16-byte vector pair (rare: only vectors with a distance in the window) */
@@ -435,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 template <bool WIDE>
 __device__ __forceinline__ void vec_step(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol, u32 lo,
                                          u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
-#if LEAN && !CUDIAG
+#if LEAN && (CUDIAG == 0 || CUDIAG >= 5) /* (CUDIAG 1-4: timing variants of step()) */
     step_vec(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
 #else
     step_word<WIDE>(s, ra.x, rb.x, atol, rtol, lo, wn, sh, wbig, wsup);

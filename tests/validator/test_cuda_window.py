@@ -152,3 +152,18 @@ def test_cuda_concurrent_calls_do_not_share_results(reference, kc) -> None:  # t
         t.join()
     for g, e in zip(got, expected, strict=True):
         assert_same(g, e)  # type: ignore[arg-type]
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", WINDOW_DTYPES, ids=_name)
+def test_cuda_window_far_pairs_and_signed_zeros(reference, kc, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # the lean step measures distances on a shifted scale and clips the window at the format's top
+    # distance: pairs whose p99 lies near that top, opposite signs everywhere, and -0.0 against +0.0
+    n = (1 << 21) + 3
+    g = torch.Generator().manual_seed(26)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[torch.empty((), dtype=dtype).element_size()]
+    info = torch.iinfo(bits)
+    raw = [torch.randint(info.min, info.max, (n,), generator=g, dtype=bits).view(dtype) for _ in range(2)]
+    a, b = (torch.where(torch.isfinite(x.double()), x, torch.zeros((), dtype=dtype)) for x in raw)
+    for x, y in ((a, b), (a, (-a.double()).to(dtype)), (torch.zeros(n, dtype=dtype), -torch.zeros(n, dtype=dtype))):
+        assert_same(torch_compare(x.cuda(), y.cuda()), reference(x, y))

@@ -83,7 +83,13 @@ __device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
 
 struct Acc {
     double aa, bb, ab, dd, ad, mad;
-    u32 pass, mulp, below, both, nfa, nfb, mis;
+    u32 pass, mulp, below, both, nfa, nfb, mis, above;
+    u64 madb; /* CMPI: max |d| as its bit pattern */
+};
+
+/* The window [lo, lo + wn) and, for the lean step, the same bounds on its distance scale (KSH below). */
+struct Win {
+    u32 lo, wn, lo_k, wn_k;
 };
 
 __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u) {
@@ -156,6 +162,10 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #ifndef LEAN
 #define LEAN 1 /* 1: step_lean + a per-vector rare path; 0: step with a branch per element */
 #endif
+#define LEAN_STEP (LEAN && (CUDIAG == 0 || CUDIAG >= 5)) /* (CUDIAG 1-4: timing variants of step()) */
+#ifndef CMPI
+#define CMPI 0 /* 1: the lean step's max |d| and tolerance test as integer compares of the bit patterns */
+#endif
 
 /* c += x <= y, and m = max(m, x) ignoring NaN (unmasked passes rerun masked when a sum is not finite):
  * a compare and a predicated add or move, where the C forms compile to selects and register moves */
@@ -169,9 +179,29 @@ __device__ __forceinline__ void max_into(double &m, double x) {
     asm("{\n .reg .pred p;\n setp.gt.f64 p, %1, %0;\n @p mov.f64 %0, %1;\n}" : "+d"(m) : "d"(x));
 }
 
+/* The lean step's ULP distance, on a scale where the comparisons need no unpacking: 16- and 8-bit
+ * patterns are shifted to the top of a word (KSH bits; for bfloat16 that word is the float32 the
+ * conversion makes anyway) and put on the monotonic line by key ^ (sign ? 0x7FFFFFFF : 0), which maps
+ * -x to -(x << KSH) - 1: a distance comes out as d << KSH, plus 1 for opposite signs, below 2**32.
+ * The max ULP is that >> KSH, and the window's bounds are shifted the same way (main pass prologue).
+ * float32 keeps ulp_dist (KSH 0). */
+#ifndef ULPK
+#define ULPK 1 /* 0: the lean step uses ulp_dist on the unpacked patterns (KSH 0) */
+#endif
+#define KSH ((ULPK && EB < 4) ? 32 - 8 * EB : 0)
+__device__ __forceinline__ u32 key_dist(u32 a, u32 b) {
+#if KSH == 0
+    return ulp_dist(a, b);
+#else
+    const int ka = (int)(a << KSH), kb = (int)(b << KSH);
+    const int oa = ka ^ ((ka >> 31) & 0x7FFFFFFF), ob = kb ^ ((kb >> 31) & 0x7FFFFFFF);
+    return (u32)(max(oa, ob) - min(oa, ob));
+#endif
+}
+
 /* step() without the window histogram: ``hit`` is set when the distance falls in the window (the
  * caller then adds the vector's window distances in rare_vector), so the hot loop has no branch */
-__device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn,
+__device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, const Win &w,
                                           bool &hit) {
 #if CUDIAG == 5 && DT == 3 /* timing only: bfloat16 -> float64 by integer ops (zero and specials wrong) */
     double xa = __hiloint2double((int)((((ab_ & 0x7FFFu) << 13) + 0x38000000u) | ((ab_ & 0x8000u) << 16)), 0);
@@ -204,47 +234,64 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
     s.ad += ad;
 #endif
 #if CUDIAG != 7 /* 7, timing only: no max |d| */
+#if CMPI /* non-negative doubles compare like their bit patterns: integer compares, no DSETP */
+    s.madb = max(s.madb, (u64)__double_as_longlong(ad));
+#else
     max_into(s.mad, ad);
+#endif
 #endif
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
     if (!both) return;
 #elif CUDIAG != 6 /* 6, timing only: no tolerance test */
+#if CMPI
+    s.pass += (u64)__double_as_longlong(ad) <= (u64)__double_as_longlong(atol + rtol * fabs(xa));
+#else
     count_le(s.pass, ad, atol + rtol * fabs(xa));
 #endif
 #endif
+#endif
 #if CUDIAG != 9 /* 9, timing only: no ULP work */
-    const u32 dist = ulp_dist(ab_, bb_);
+    const u32 dist = key_dist(ab_, bb_); /* the distance << KSH, plus 0 or 1 */
     s.mulp = max(s.mulp, dist);
-    count_lt(s.below, dist, lo);
-    hit |= dist - lo < wn; /* dist - lo wraps past wn when dist < lo */
+    u32 u; /* dist - lo_k; s.above counts dist >= lo_k: the borrow of that subtraction */
+    asm("sub.cc.u32 %0, %2, %3;\n addc.u32 %1, %1, 0;" : "=r"(u), "+r"(s.above) : "r"(dist), "r"(w.lo_k));
+    hit |= u < w.wn_k;
 #endif
 }
 
 /* the window distances of one 16-byte vector pair (rare: only vectors with a distance in the window) */
-__device__ __forceinline__ void rare_vector(uint4 ra, uint4 rb, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+__device__ __forceinline__ void rare_vector(uint4 ra, uint4 rb, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
     for (int q = 0; q < 4; q++)
         for (int k = 0; k < PER_WORD; k++) {
             const u32 x = (wa[q] >> (8 * EB * k)) & EMASK, y = (wb[q] >> (8 * EB * k)) & EMASK;
-            const u32 u = ulp_dist(x, y) - lo;
+            const u32 u = ulp_dist(x, y) - w.lo;
 #if MASKED
             if (!(fabs(to_f64(x)) <= 1.7976931348623157e308 && fabs(to_f64(y)) <= 1.7976931348623157e308)) continue;
 #endif
-            if (u < wn) window_add(sh, wbig, wsup, u);
+            if (u < w.wn) window_add(sh, wbig, wsup, u);
         }
 }
 
-__device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol, u32 lo,
-                                         u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+__device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
+                                         const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
     bool hit = false;
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int k = 0; k < PER_WORD; k++)
-            step_lean(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, hit);
-    if (__builtin_expect(hit, 0)) rare_vector(ra, rb, lo, wn, sh, wbig, wsup);
+            step_lean(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, w, hit);
+    if (__builtin_expect(hit, 0)) rare_vector(ra, rb, w, sh, wbig, wsup);
+}
+
+/* one element (the tail): step_lean and its window add */
+__device__ __forceinline__ void step_one(Acc &s, u32 x, u32 y, double atol, double rtol, const Win &w, u32 *sh,
+                                         u32 *wbig, u32 *wsup) {
+    bool hit = false;
+    step_lean(s, x, y, atol, rtol, w, hit);
+    if (hit) window_add(sh, wbig, wsup, ulp_dist(x, y) - w.lo); /* a hit is a finite pair in the window */
 }
 
 template <bool WIDE>
@@ -448,15 +495,15 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 /* one 16-byte vector pair: every element's step, then (LEAN) the window adds of a flagged vector */
 template <bool WIDE>
-__device__ __forceinline__ void vec_step(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol, u32 lo,
-                                         u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
-#if LEAN && (CUDIAG == 0 || CUDIAG >= 5) /* (CUDIAG 1-4: timing variants of step()) */
-    step_vec(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+__device__ __forceinline__ void vec_step(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
+                                         const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
+#if LEAN_STEP
+    step_vec(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
 #else
-    step_word<WIDE>(s, ra.x, rb.x, atol, rtol, lo, wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.y, rb.y, atol, rtol, lo, wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.z, rb.z, atol, rtol, lo, wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.w, rb.w, atol, rtol, lo, wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.x, rb.x, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.y, rb.y, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.z, rb.z, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
+    step_word<WIDE>(s, ra.w, rb.w, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
 #endif
 }
 
@@ -478,7 +525,7 @@ __shared__ uint4 ring[PIPE][2][THREADS]; /* file scope: one ring for both versio
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
 template <bool WIDE>
 __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const unsigned char *b, int n, double atol,
-                                          double rtol, u32 lo, u32 wn, u32 *sh, u32 *wbig, u32 *wsup) {
+                                          double rtol, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
     const i64 nvec = n / VEC;
     const i64 stride = (i64)gridDim.x * THREADS;
@@ -495,7 +542,7 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
             na = __ldcs(va + v + stride);
             nb = __ldcs(vb + v + stride);
         }
-        vec_step<WIDE>(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
     }
 #elif PIPE >= 2
     /* each thread reads back only the slots it filled itself: no block barrier is needed */
@@ -519,7 +566,7 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group %0;\n" ::"n"(PIPE - 1) : "memory");
         const uint4 ra = ring[slot][0][threadIdx.x], rb = ring[slot][1][threadIdx.x];
-        vec_step<WIDE>(s, ra, rb, atol, rtol, lo, wn, sh, wbig, wsup);
+        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
         slot = slot == PIPE - 1 ? 0 : slot + 1;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -536,12 +583,16 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; k++)
-            if (v0 + k * stride < nvec) vec_step<WIDE>(s, ra[k], rb[k], atol, rtol, lo, wn, sh, wbig, wsup);
+            if (v0 + k * stride < nvec) vec_step<WIDE>(s, ra[k], rb[k], atol, rtol, w, sh, wbig, wsup);
     }
 #endif
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
         for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
-            step<WIDE>(s, load_bits(a, i), load_bits(b, i), atol, rtol, lo, wn, sh, wbig, wsup);
+#if LEAN_STEP
+            step_one(s, load_bits(a, i), load_bits(b, i), atol, rtol, w, sh, wbig, wsup);
+#else
+            step<WIDE>(s, load_bits(a, i), load_bits(b, i), atol, rtol, w.lo, w.wn, sh, wbig, wsup);
+#endif
 }
 
 #if MINB > 0 /* a promise of resident blocks caps the registers; 0: the compiler's choice */
@@ -563,13 +614,35 @@ extern "C" __global__ void MAIN_BOUNDS
     /* distances are below 2**32; a window starting there or empty holds nothing */
     const u32 lo = lo64 > 0xFFFFFFFFll ? 0xFFFFFFFFu : (u32)lo64;
     const u32 wn = (u32)(wn64 > 0 ? wn64 : 0);
-    Acc s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    Win w = {lo, wn, lo, wn};
+#if KSH > 0 /* the lean step's scale (key_dist): distances are below lim; the window is clipped there */
+    const u32 lim = 1u << (8 * EB);
+    if (lo >= lim) {
+        w.lo_k = 0xFFFFFFFFu;
+        w.wn_k = 0;
+    } else {
+        const u32 wc = min(wn, lim - lo);
+        w.lo_k = lo << KSH;
+        w.wn_k = wc >= (1u << (8 * EB)) ? 0xFFFFFFFFu : wc << KSH;
+    }
+#endif
+    Acc s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (wn > NHEAD) /* warp-uniform: one version of the loop per kind of window */
-        main_loop<true>(s, a, b, n, atol, rtol, lo, wn, sh, wbig, wsup);
+        main_loop<true>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
     else
-        main_loop<false>(s, a, b, n, atol, rtol, lo, wn, sh, wbig, wsup);
-    double v[NPART] = {s.aa, s.bb, s.ab, s.dd, s.ad, s.mad, (double)s.pass, (double)s.mulp,
-                       (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis, (double)s.below, 0, 0, 0};
+        main_loop<false>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
+#if LEAN_STEP && CMPI
+    s.mad = fmax(s.mad, __longlong_as_double((long long)s.madb)); /* (the masked pass's tail uses s.mad) */
+#endif
+#if LEAN_STEP
+    const u32 mulp = s.mulp >> KSH; /* the lean step's scale (key_dist) */
+#else
+    const u32 mulp = s.mulp;
+#endif
+    /* column 12 counts distances below the window (step), 13 those at or above it (step_lean) */
+    double v[NPART] = {s.aa,           s.bb,           s.ab,          s.dd,           s.ad,     s.mad,
+                       (double)s.pass, (double)mulp,   (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis,
+                       (double)s.below, (double)s.above, 0,            0};
     const u32 max_cols = (1u << 5) | (1u << 7);
     block_reduce(v, red, max_cols);
     if (threadIdx.x == 0)
@@ -601,7 +674,7 @@ extern "C" __global__ void MAIN_BOUNDS
         for (int j = 0; j < NPART; j++) tot[j] = t[j];
     __syncthreads();
     const i64 n_both = MASKED ? (i64)tot[8] : (i64)n;
-    const i64 below = (i64)tot[12];
+    const i64 below = LEAN_STEP ? n_both - (i64)tot[13] : (i64)tot[12];
     const i64 rank = (99 * n_both + 99) / 100;
     const i64 inside = rank - below;
     i64 h_tot, s_tot, b_tot;

@@ -80,6 +80,8 @@ CONFIG: dict[str, int] = {
     "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
     "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
     "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
+    "ULPK": 1,  # CUDA C: 1 = the lean step's ULP distance on a shifted scale (no unpacking), 0 = ulp_dist
+    "CMPI": 0,  # CUDA C: 1 = the lean step's max |d| and tolerance test as integer compares of the bit patterns
     "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
 }
@@ -760,6 +762,8 @@ def _cu_macros() -> tuple[tuple[str, int], ...]:
         ("PRED_WINDOW", CONFIG.get("PRED_WINDOW", 0)),
         ("LEAN", CONFIG.get("LEAN", 1)),
         ("PIPE", CONFIG.get("PIPE", 0)),
+        ("ULPK", CONFIG.get("ULPK", 1)),
+        ("CMPI", CONFIG.get("CMPI", 0)),
     )
 
 

@@ -1,0 +1,92 @@
+"""CUDA C kernel configurations compared on GPU time alone, interleaved so that drift cancels.
+
+    python benchmarks/kernel_ab.py --json out.json        # on a CUDA machine
+
+The end-to-end sweep of ``compare_bench.py --sweep`` includes the host's share of each call, which
+varies by tens of microseconds from run to run on the lent machines: too much to rank kernels that
+differ by a few percent. Here every configuration's kernels (memset, ``vk_sample``, ``vk_main``) are
+queued back to back (``call_overhead.gpu_only``), the configurations take turns for ``--rounds``
+rounds, and the median per configuration is reported, with whether ``compare_tensors`` under it
+prints the FP64 reference's digits (``compare_bench.printed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.call_overhead import gpu_only  # noqa: E402
+from benchmarks.compare_bench import gbps, make_pair, printed  # noqa: E402
+from validator.kernels import cuda as kc  # noqa: E402
+from validator.metrics import compare_tensors  # noqa: E402
+
+BASE = {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PIPE": 0}
+CONFIGS: list[dict[str, int]] = [  # validator/kernels/cuda.py CONFIG keys
+    {**BASE, "LEAN": 0},
+    {**BASE, "LEAN": 1, "ULPK": 0, "CMPI": 0},
+    {**BASE, "LEAN": 1, "ULPK": 1, "CMPI": 0},
+    {**BASE, "LEAN": 1, "ULPK": 0, "CMPI": 1},
+    {**BASE, "LEAN": 1, "ULPK": 1, "CMPI": 1},
+    {**BASE, "LEAN": 0, "PIPE": 1, "cu_blocks_per_sm": 3, "cu_minb": 3},
+    {**BASE, "LEAN": 1, "ULPK": 1, "CMPI": 0, "PIPE": 3, "cu_blocks_per_sm": 4},
+    {**BASE, "LEAN": 1, "ULPK": 1, "CMPI": 0, "cu_blocks_per_sm": 16},
+    {**BASE, "LEAN": 1, "ULPK": 1, "CMPI": 0, "cu_minb": 3, "cu_blocks_per_sm": 6},
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--elems", type=int, nargs="*", default=[8192 * 7168, 1 << 29])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--configs", type=Path, help="a JSON list of configurations instead of the built-in one")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    configs = json.loads(args.configs.read_text()) if args.configs else CONFIGS
+    saved = dict(kc.CONFIG)
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "configs": configs, "sizes": {}}
+    for n in args.elems:
+        a, b = make_pair(n, torch.bfloat16, "cuda", seed=4)
+        os.environ["VALIDATOR_KERNELS"] = "0"
+        try:
+            ref = printed(compare_tensors(a, b))
+        finally:
+            os.environ.pop("VALIDATOR_KERNELS")
+        times: list[list[float]] = [[] for _ in configs]
+        exact: list[bool] = []
+        for i, cfg in enumerate(configs):  # builds every variant once, and checks its digits
+            kc.CONFIG.clear()
+            kc.CONFIG.update({**saved, **cfg})
+            exact.append(printed(compare_tensors(a, b)) == ref)
+        for _ in range(args.rounds):
+            for i, cfg in enumerate(configs):
+                kc.CONFIG.clear()
+                kc.CONFIG.update({**saved, **cfg})
+                times[i].append(gpu_only(a, b, reps=20))
+        kc.CONFIG.clear()
+        kc.CONFIG.update(saved)
+        rows = []
+        for cfg, ts, ok in zip(configs, times, exact, strict=True):
+            med = statistics.median(ts)
+            rows.append({"config": cfg, "gpu_us": 1e6 * med, "gbps_gpu": gbps(4 * n, med), "printed_exact": ok,
+                         "spread": (max(ts) - min(ts)) / med})  # fmt: skip
+            print(n, json.dumps(rows[-1]), flush=True)
+        out["sizes"][str(n)] = rows
+        del a, b
+        torch.cuda.empty_cache()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

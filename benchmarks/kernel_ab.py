@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("VALIDATOR_KERNELS")
         times: list[list[float]] = [[] for _ in configs]
         exact: list[bool] = []
-        for i, cfg in enumerate(configs):  # builds every variant once, and checks its digits
+        for cfg in configs:  # builds every variant once, and checks its digits
             kc.CONFIG.clear()
             kc.CONFIG.update({**saved, **cfg})
             exact.append(printed(compare_tensors(a, b)) == ref)

@@ -163,6 +163,12 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #define LEAN 1 /* 1: step_lean + a per-vector rare path; 0: step with a branch per element */
 #endif
 #define LEAN_STEP (LEAN && (CUDIAG == 0 || CUDIAG >= 5)) /* (CUDIAG 1-4: timing variants of step()) */
+#ifndef RAREMAX
+#define RAREMAX 1 /* 1: the lean step flags a vector whose |d| beats the running max (rare_vector updates it) */
+#endif
+#ifndef SIGNHI
+#define SIGNHI 0 /* 1: key_dist's sign masks by a multiply-high instead of a shift */
+#endif
 #ifndef CMPI
 #define CMPI 0 /* 1: the lean step's max |d| and tolerance test as integer compares of the bit patterns */
 #endif
@@ -194,8 +200,13 @@ __device__ __forceinline__ u32 key_dist(u32 a, u32 b) {
     return ulp_dist(a, b);
 #else
     const int ka = (int)(a << KSH), kb = (int)(b << KSH);
-    const int oa = ka ^ ((ka >> 31) & 0x7FFFFFFF), ob = kb ^ ((kb >> 31) & 0x7FFFFFFF);
-    return (u32)(max(oa, ob) - min(oa, ob));
+#if SIGNHI /* the sign masks by a multiply (the integer ALU is the busiest pipe) */
+    const int sa = __mulhi(ka, 1), sb = __mulhi(kb, 1);
+#else
+    const int sa = ka >> 31, sb = kb >> 31;
+#endif
+    const int oa = ka ^ (sa & 0x7FFFFFFF), ob = kb ^ (sb & 0x7FFFFFFF);
+    return __sad(oa, ob, 0u); /* |oa - ob|, exact below 2**32 (one VABSDIFF) */
 #endif
 }
 
@@ -234,7 +245,9 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
     s.ad += ad;
 #endif
 #if CUDIAG != 7 /* 7, timing only: no max |d| */
-#if CMPI /* non-negative doubles compare like their bit patterns: integer compares, no DSETP */
+#if RAREMAX /* the running max rarely grows: flag the vector, rare_vector finds the new max */
+    hit |= ad > s.mad;
+#elif CMPI /* non-negative doubles compare like their bit patterns: integer compares, no DSETP */
     s.madb = max(s.madb, (u64)__double_as_longlong(ad));
 #else
     max_into(s.mad, ad);
@@ -261,17 +274,26 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
 }
 
 /* the window distances of one 16-byte vector pair (rare: only vectors with a distance in the window) */
-__device__ __forceinline__ void rare_vector(uint4 ra, uint4 rb, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
+/* the rare path of one element pair: its window add and (RAREMAX) the running max |d| */
+__device__ __forceinline__ void rare_one(Acc &s, u32 x, u32 y, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
+    const double xa = to_f64(x), xb = to_f64(y);
+#if MASKED
+    if (!(fabs(xa) <= 1.7976931348623157e308 && fabs(xb) <= 1.7976931348623157e308)) return;
+#endif
+#if RAREMAX
+    max_into(s.mad, fabs(xb - xa));
+#endif
+    const u32 u = ulp_dist(x, y) - w.lo;
+    if (u < w.wn) window_add(sh, wbig, wsup, u);
+}
+
+/* a flagged 16-byte vector pair (rare: a distance in the window, or a new max |d|) */
+__device__ __forceinline__ void rare_vector(Acc &s, uint4 ra, uint4 rb, const Win &w, u32 *sh, u32 *wbig,
+                                            u32 *wsup) {
     const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
     for (int q = 0; q < 4; q++)
-        for (int k = 0; k < PER_WORD; k++) {
-            const u32 x = (wa[q] >> (8 * EB * k)) & EMASK, y = (wb[q] >> (8 * EB * k)) & EMASK;
-            const u32 u = ulp_dist(x, y) - w.lo;
-#if MASKED
-            if (!(fabs(to_f64(x)) <= 1.7976931348623157e308 && fabs(to_f64(y)) <= 1.7976931348623157e308)) continue;
-#endif
-            if (u < w.wn) window_add(sh, wbig, wsup, u);
-        }
+        for (int k = 0; k < PER_WORD; k++)
+            rare_one(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, w, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
@@ -283,7 +305,7 @@ __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &r
 #pragma unroll
         for (int k = 0; k < PER_WORD; k++)
             step_lean(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, w, hit);
-    if (__builtin_expect(hit, 0)) rare_vector(ra, rb, w, sh, wbig, wsup);
+    if (__builtin_expect(hit, 0)) rare_vector(s, ra, rb, w, sh, wbig, wsup);
 }
 
 /* one element (the tail): step_lean and its window add */
@@ -291,7 +313,7 @@ __device__ __forceinline__ void step_one(Acc &s, u32 x, u32 y, double atol, doub
                                          u32 *wbig, u32 *wsup) {
     bool hit = false;
     step_lean(s, x, y, atol, rtol, w, hit);
-    if (hit) window_add(sh, wbig, wsup, ulp_dist(x, y) - w.lo); /* a hit is a finite pair in the window */
+    if (hit) rare_one(s, x, y, w, sh, wbig, wsup);
 }
 
 template <bool WIDE>

@@ -81,6 +81,8 @@ CONFIG: dict[str, int] = {
     "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
     "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
     "ULPK": 1,  # CUDA C: 1 = the lean step's ULP distance on a shifted scale (no unpacking), 0 = ulp_dist
+    "RAREMAX": 1,  # CUDA C: 1 = a lean step whose |d| beats the running max flags its vector (rare path)
+    "SIGNHI": 0,  # CUDA C: 1 = the lean step's sign masks by multiply-high (FMA pipe) instead of shifts
     "CMPI": 0,  # CUDA C: 1 = the lean step's max |d| and tolerance test as integer compares of the bit patterns
     "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
@@ -764,6 +766,8 @@ def _cu_macros() -> tuple[tuple[str, int], ...]:
         ("PIPE", CONFIG.get("PIPE", 0)),
         ("ULPK", CONFIG.get("ULPK", 1)),
         ("CMPI", CONFIG.get("CMPI", 0)),
+        ("RAREMAX", CONFIG.get("RAREMAX", 1)),
+        ("SIGNHI", CONFIG.get("SIGNHI", 0)),
     )
 
 

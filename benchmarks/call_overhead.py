@@ -46,24 +46,23 @@ def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
     stream = kc._raw_stream(index)
     tol = kc._tolerances(a.device, 1e-5, 1e-3)
 
-    def one(w: dict[str, torch.Tensor]) -> None:
+    ws = kc._CuWorkspace(a.device, plan.layout)
+    w = ws.w
+
+    def one() -> None:
+        ws.zero(stream, True)
         sample(min(s_tiles, grid), kc._CU_THREADS, stream,
                [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
                 w["done"][0:1], ranks[0], ranks[1], WINDOW_MAX_BINS])  # fmt: skip
         main(grid, kc._CU_THREADS, stream,
-             [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], w["out"]])  # fmt: skip
+             [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], ws.out])  # fmt: skip
 
-    layout = kc._cu_layout(grid)
-    buf = torch.empty(kc._ws_bytes(layout), dtype=torch.uint8, device=a.device)
-    w = kc._carve(buf, layout)
     for _ in range(3):
-        buf.zero_()
-        one(w)
+        one()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(reps):
-        buf.zero_()
-        one(w)
+        one()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / reps
 

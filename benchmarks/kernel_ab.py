@@ -33,13 +33,11 @@ from validator.metrics import compare_tensors  # noqa: E402
 BASE = {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PIPE": 0}
 CONFIGS: list[dict[str, int]] = [  # validator/kernels/cuda.py CONFIG keys
     {**BASE, "LEAN": 0},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1, "SIGNHI": 1},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1, "PIPE": 3, "cu_blocks_per_sm": 4},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1, "cu_blocks_per_sm": 16},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1, "cu_blocks_per_sm": 4, "cu_minb": 0},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 1, "PIPE": 1, "cu_blocks_per_sm": 3, "cu_minb": 3},
+    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0},
+    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 1},
+    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0, "cu_blocks_per_sm": 16},
+    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 1, "cu_blocks_per_sm": 16},
+    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0, "cu_blocks_per_sm": 12},
 ]
 
 

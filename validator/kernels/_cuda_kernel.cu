@@ -84,12 +84,14 @@ __device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
 struct Acc {
     double aa, bb, ab, dd, ad, mad;
     u32 pass, mulp, below, both, nfa, nfb, mis, above;
+    u64 above_w; /* FMAPIPE: at-or-above count in the high word, -lo_k in the low word */
     u64 madb; /* CMPI: max |d| as its bit pattern */
 };
 
 /* The window [lo, lo + wn) and, for the lean step, the same bounds on its distance scale (KSH below). */
 struct Win {
     u32 lo, wn, lo_k, wn_k;
+    u32 one, neg_lo_k; /* FMAPIPE: a 1 the compiler cannot see through, and -lo_k (mod 2**32) */
 };
 
 __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u) {
@@ -164,10 +166,13 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #endif
 #define LEAN_STEP (LEAN && (CUDIAG == 0 || CUDIAG >= 5)) /* (CUDIAG 1-4: timing variants of step()) */
 #ifndef RAREMAX
-#define RAREMAX 1 /* 1: the lean step flags a vector whose |d| beats the running max (rare_vector updates it) */
+#define RAREMAX 0 /* 1: the lean step flags a vector whose |d| beats the running max (rare_vector updates it) */
 #endif
 #ifndef SIGNHI
 #define SIGNHI 0 /* 1: key_dist's sign masks by a multiply-high instead of a shift */
+#endif
+#ifndef FMAPIPE
+#define FMAPIPE 0 /* 1: the lean step's counts as multiply-adds (the FMA pipe has room, the ALU does not) */
 #endif
 #ifndef CMPI
 #define CMPI 0 /* 1: the lean step's max |d| and tolerance test as integer compares of the bit patterns */
@@ -260,7 +265,12 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
 #if CMPI
     s.pass += (u64)__double_as_longlong(ad) <= (u64)__double_as_longlong(atol + rtol * fabs(xa));
 #else
+#if FMAPIPE /* the count as a predicated multiply-add (FMA pipe) rather than an integer add (ALU) */
+    asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p mad.lo.u32 %0, %3, %3, %0;\n}"
+        : "+r"(s.pass) : "d"(ad), "d"(atol + rtol * fabs(xa)), "r"(w.one));
+#else
     count_le(s.pass, ad, atol + rtol * fabs(xa));
+#endif
 #endif
 #endif
 #endif
@@ -268,7 +278,14 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
     const u32 dist = key_dist(ab_, bb_); /* the distance << KSH, plus 0 or 1 */
     s.mulp = max(s.mulp, dist);
     u32 u; /* dist - lo_k; s.above counts dist >= lo_k: the borrow of that subtraction */
+#if FMAPIPE /* dist + (above : -lo_k) in one wide multiply-add: u in the low word, the carry lands in above */
+    u64 t;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(t) : "r"(dist), "r"(w.one), "l"(s.above_w));
+    u = (u32)t;
+    s.above_w = (t & 0xFFFFFFFF00000000ull) | w.neg_lo_k;
+#else
     asm("sub.cc.u32 %0, %2, %3;\n addc.u32 %1, %1, 0;" : "=r"(u), "+r"(s.above) : "r"(dist), "r"(w.lo_k));
+#endif
     hit |= u < w.wn_k;
 #endif
 }
@@ -636,7 +653,7 @@ extern "C" __global__ void MAIN_BOUNDS
     /* distances are below 2**32; a window starting there or empty holds nothing */
     const u32 lo = lo64 > 0xFFFFFFFFll ? 0xFFFFFFFFu : (u32)lo64;
     const u32 wn = (u32)(wn64 > 0 ? wn64 : 0);
-    Win w = {lo, wn, lo, wn};
+    Win w = {lo, wn, lo, wn, (u32)(lo64 >> 63) + 1u, 0};
 #if KSH > 0 /* the lean step's scale (key_dist): distances are below lim; the window is clipped there */
     const u32 lim = 1u << (8 * EB);
     if (lo >= lim) {
@@ -648,11 +665,16 @@ extern "C" __global__ void MAIN_BOUNDS
         w.wn_k = wc >= (1u << (8 * EB)) ? 0xFFFFFFFFu : wc << KSH;
     }
 #endif
-    Acc s = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    w.neg_lo_k = 0u - w.lo_k;
+    Acc s = {};
+    s.above_w = w.neg_lo_k;
     if (wn > NHEAD) /* warp-uniform: one version of the loop per kind of window */
         main_loop<true>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
     else
         main_loop<false>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
+#if FMAPIPE
+    s.above += (u32)(s.above_w >> 32);
+#endif
 #if LEAN_STEP && CMPI
     s.mad = fmax(s.mad, __longlong_as_double((long long)s.madb)); /* (the masked pass's tail uses s.mad) */
 #endif

@@ -81,8 +81,9 @@ CONFIG: dict[str, int] = {
     "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
     "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
     "ULPK": 1,  # CUDA C: 1 = the lean step's ULP distance on a shifted scale (no unpacking), 0 = ulp_dist
-    "RAREMAX": 1,  # CUDA C: 1 = a lean step whose |d| beats the running max flags its vector (rare path)
+    "RAREMAX": 0,  # CUDA C: 1 = a lean step whose |d| beats the running max flags its vector (rare path)
     "SIGNHI": 0,  # CUDA C: 1 = the lean step's sign masks by multiply-high (FMA pipe) instead of shifts
+    "FMAPIPE": 0,  # CUDA C: 1 = the lean step's counts as multiply-adds (FMA pipe) instead of integer adds
     "CMPI": 0,  # CUDA C: 1 = the lean step's max |d| and tolerance test as integer compares of the bit patterns
     "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
     "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
@@ -652,13 +653,13 @@ def _run_window(
     every SAMPLE_STRIDE-th tile, a one-program kernel that turns the sample into ``[lo, lo + wn)``,
     the full pass, and a one-program finish. Column 12 of the result is the exact p99, or -1 when its
     rank fell outside the window. ``None``: the pair is too small for a useful sample."""
+    if device.type == "cuda":  # (contiguous: the C engine needs only the pointers)
+        cu = _run_cu(a, b, device, atol, rtol, masked)
+        if cu is not None:
+            return cu
     block = CONFIG["BLOCK"]
     fa, fb = a.reshape(-1), b.reshape(-1)
     n = fa.numel()
-    if device.type == "cuda":
-        cu = _run_cu(fa, fb, device, atol, rtol, masked)
-        if cu is not None:
-            return cu
     n_full = n // block
     s_tiles = -(-n_full // SAMPLE_STRIDE)
     ranks = window_ranks(s_tiles * block)
@@ -709,7 +710,7 @@ def _libcuda() -> ctypes.CDLL:
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     return lib
 
@@ -766,8 +767,9 @@ def _cu_macros() -> tuple[tuple[str, int], ...]:
         ("PIPE", CONFIG.get("PIPE", 0)),
         ("ULPK", CONFIG.get("ULPK", 1)),
         ("CMPI", CONFIG.get("CMPI", 0)),
-        ("RAREMAX", CONFIG.get("RAREMAX", 1)),
+        ("RAREMAX", CONFIG.get("RAREMAX", 0)),
         ("SIGNHI", CONFIG.get("SIGNHI", 0)),
+        ("FMAPIPE", CONFIG.get("FMAPIPE", 0)),
     )
 
 
@@ -806,7 +808,6 @@ def _cu_kernels(
 def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
     return [
         ("part", torch.float64, grid * _NPART),
-        ("out", torch.float64, _NPART),
         ("win", torch.int64, 2),
         ("done", torch.int32, 4),
         ("sfine", torch.int32, 66 * 1024),
@@ -829,18 +830,36 @@ class _CuPlan:
         self.s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
         self.ranks = window_ranks(self.s_tiles * tile)
         self.index, self.grid, self.layout = index, grid, _cu_layout(grid)
-        self.host = (ctypes.c_double * _NPART)()
+        self.ws_key = (f"cuda:{index}", tuple(self.layout))
+        self.driver = isinstance(self.main, _Launcher)
 
-    def read(self, out: torch.Tensor, stream: int) -> list[float]:
-        """``out`` (NPART float64 on the device) once the stream's work is done: through the driver
-        into a host buffer kept for it, else through torch."""
-        if isinstance(self.main, _Launcher):
-            lib = _libcuda()
-            rc = lib.cuMemcpyDtoHAsync_v2(self.host, ctypes.c_void_p(out.data_ptr()), 8 * _NPART, stream)
-            rc = rc or lib.cuStreamSynchronize(stream)
-            if rc == 0:
-                return list(self.host)
-        return list(out.cpu().tolist())
+
+class _CuWorkspace:
+    """The CUDA C engine's buffers on one device (one allocation, carved by ``_cu_layout``) and the
+    pinned host row the main kernel writes its result into (no copy back: the host reads it after
+    the stream is done). Used under ``_WS_LOCK``."""
+
+    def __init__(self, device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> None:
+        self.buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
+        self.w = _carve(self.buf, layout)
+        self.out = torch.zeros(_NPART, dtype=torch.float64, pin_memory=True)
+        self.out_view = (ctypes.c_double * _NPART).from_address(self.out.data_ptr())
+
+    def zero(self, stream: int, driver: bool) -> None:
+        """The buffers zeroed on ``stream``: by the driver where this thread has a current context,
+        else by torch (whose guard also makes the device's context current for the launches)."""
+        if driver and _libcuda().cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream) == 0:
+            return
+        self.buf.zero_()
+
+    def result(self, stream: int, driver: bool) -> list[float]:
+        if driver and _libcuda().cuStreamSynchronize(stream) == 0:
+            return list(self.out_view)
+        torch.cuda.current_stream(self.buf.device).synchronize()
+        return self.out.tolist()
+
+
+_CU_WS: dict[tuple[str, tuple[Any, ...]], _CuWorkspace] = {}
 
 
 @functools.lru_cache(maxsize=64)
@@ -891,9 +910,16 @@ def _run_cu(
         return None
     assert plan.ranks is not None
     grid, (r_lo, r_hi) = plan.grid, plan.ranks
-    with _workspace(device, plan.layout) as w:  # (its memset, a torch op, also makes the context current)
+    with _WS_LOCK:  # the workspace is shared: held until the result is read
+        ws = _CU_WS.get(plan.ws_key)
+        if ws is None:
+            if len(_CU_WS) > 8:
+                _CU_WS.clear()
+            ws = _CU_WS[plan.ws_key] = _CuWorkspace(device, plan.layout)
+        w = ws.w
         tol = _tolerances(device, float(atol), float(rtol))
         stream = _raw_stream(index)
+        ws.zero(stream, plan.driver)
         done = w["done"]
         plan.sample(
             min(plan.s_tiles, grid), _CU_THREADS, stream,
@@ -902,9 +928,9 @@ def _run_cu(
         )  # fmt: skip
         plan.main(
             grid, _CU_THREADS, stream,
-            [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], w["out"]],
+            [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], ws.out],
         )  # fmt: skip
-        res = plan.read(w["out"], stream)
+        res = ws.result(stream, plan.driver)
     WINDOW_STATS["cuda_c"] += 1
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0

@@ -27,18 +27,29 @@ import torch  # noqa: E402
 
 from benchmarks.call_overhead import gpu_only  # noqa: E402
 from benchmarks.compare_bench import gbps, make_pair, printed  # noqa: E402
+from validator.kernels import _finish  # noqa: E402
 from validator.kernels import cuda as kc  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
-BASE = {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 8, "cu_minb": 4, "PIPE": 0}
-CONFIGS: list[dict[str, int]] = [  # validator/kernels/cuda.py CONFIG keys
-    {**BASE, "LEAN": 0},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 1},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0, "cu_blocks_per_sm": 16},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 1, "cu_blocks_per_sm": 16},
-    {**BASE, "LEAN": 1, "ULPK": 1, "RAREMAX": 0, "FMAPIPE": 0, "cu_blocks_per_sm": 12},
+BASE = {"ENGINE": 1, "UNROLL": 1, "cu_blocks_per_sm": 12, "cu_minb": 4, "PIPE": 0, "LEAN": 1, "ULPK": 1, "RAREMAX": 0}
+CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
+    {**BASE, "cu_blocks_per_sm": 8, "ADDR32": 0},
+    {**BASE, "ADDR32": 0},
+    {**BASE, "ADDR32": 1},
+    {**BASE, "cu_blocks_per_sm": 8, "ADDR32": 1},
+    {**BASE, "ADDR32": 1, "window_delta": 1e-4},
+    {**BASE, "ADDR32": 1, "window_delta": 2e-4},
+    {**BASE, "cu_blocks_per_sm": 16, "ADDR32": 1, "window_delta": 1e-4},
 ]
+
+
+def use(cfg: dict[str, Any], saved: dict[str, int], delta: float) -> None:
+    """Configuration ``cfg`` in force (kernel macros, and the window's minimum half-width)."""
+    kc.CONFIG.clear()
+    kc.CONFIG.update({**saved, **{k: v for k, v in cfg.items() if k != "window_delta"}})
+    if _finish._WINDOW_MIN_DELTA != cfg.get("window_delta", delta):
+        _finish._WINDOW_MIN_DELTA = cfg.get("window_delta", delta)
+        kc._cu_plan.cache_clear()  # the sample ranks are part of a plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     configs = json.loads(args.configs.read_text()) if args.configs else CONFIGS
-    saved = dict(kc.CONFIG)
+    saved, delta = dict(kc.CONFIG), _finish._WINDOW_MIN_DELTA
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "configs": configs, "sizes": {}}
     for n in args.elems:
         a, b = make_pair(n, torch.bfloat16, "cuda", seed=4)
@@ -61,16 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         times: list[list[float]] = [[] for _ in configs]
         exact: list[bool] = []
         for cfg in configs:  # builds every variant once, and checks its digits
-            kc.CONFIG.clear()
-            kc.CONFIG.update({**saved, **cfg})
+            use(cfg, saved, delta)
             exact.append(printed(compare_tensors(a, b)) == ref)
         for _ in range(args.rounds):
             for i, cfg in enumerate(configs):
-                kc.CONFIG.clear()
-                kc.CONFIG.update({**saved, **cfg})
+                use(cfg, saved, delta)
                 times[i].append(gpu_only(a, b, reps=20))
-        kc.CONFIG.clear()
-        kc.CONFIG.update(saved)
+        use({}, saved, delta)
         rows = []
         for cfg, ts, ok in zip(configs, times, exact, strict=True):
             med = statistics.median(ts)

@@ -171,6 +171,9 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #ifndef SIGNHI
 #define SIGNHI 0 /* 1: key_dist's sign masks by a multiply-high instead of a shift */
 #endif
+#ifndef ADDR32
+#define ADDR32 1 /* 1 (with PIPE 0): the main loop indexes vectors with 32-bit integers */
+#endif
 #ifndef FMAPIPE
 #define FMAPIPE 0 /* 1: the lean step's counts as multiply-adds (the FMA pipe has room, the ALU does not) */
 #endif
@@ -609,6 +612,11 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
         slot = slot == PIPE - 1 ? 0 : slot + 1;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+#elif ADDR32 /* 32-bit vector indices (nvec < 2**29): an address is one wide multiply-add, not a 64-bit add */
+    for (u32 v = (u32)first; v < (u32)nvec; v += (u32)stride) {
+        const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
+        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
+    }
 #else
     for (i64 v0 = first; v0 < nvec; v0 += stride * UNROLL) {
         uint4 ra[UNROLL], rb[UNROLL];

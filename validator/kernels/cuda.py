@@ -75,7 +75,7 @@ CONFIG: dict[str, int] = {
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
     # CUDA C: the H200 sweep's choice (docs/results/perf-h200.md, "Window engines")
     "UNROLL": 1,  # CUDA C: 16-byte vectors loaded per thread before they are computed
-    "cu_blocks_per_sm": 8,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+    "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
     "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
     "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
     "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
@@ -83,6 +83,7 @@ CONFIG: dict[str, int] = {
     "ULPK": 1,  # CUDA C: 1 = the lean step's ULP distance on a shifted scale (no unpacking), 0 = ulp_dist
     "RAREMAX": 0,  # CUDA C: 1 = a lean step whose |d| beats the running max flags its vector (rare path)
     "SIGNHI": 0,  # CUDA C: 1 = the lean step's sign masks by multiply-high (FMA pipe) instead of shifts
+    "ADDR32": 1,  # CUDA C: 1 = 32-bit vector indices in the main loop (addresses by one wide multiply-add)
     "FMAPIPE": 0,  # CUDA C: 1 = the lean step's counts as multiply-adds (FMA pipe) instead of integer adds
     "CMPI": 0,  # CUDA C: 1 = the lean step's max |d| and tolerance test as integer compares of the bit patterns
     "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
@@ -770,6 +771,7 @@ def _cu_macros() -> tuple[tuple[str, int], ...]:
         ("RAREMAX", CONFIG.get("RAREMAX", 0)),
         ("SIGNHI", CONFIG.get("SIGNHI", 0)),
         ("FMAPIPE", CONFIG.get("FMAPIPE", 0)),
+        ("ADDR32", CONFIG.get("ADDR32", 1)),
     )
 
 

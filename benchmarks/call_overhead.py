@@ -30,7 +30,6 @@ import torch  # noqa: E402
 
 from benchmarks.compare_bench import gbps, make_pair, timed  # noqa: E402
 from validator.kernels import cuda as kc  # noqa: E402
-from validator.kernels._finish import SAMPLE_STRIDE, WINDOW_MAX_BINS  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
 
@@ -42,20 +41,16 @@ def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
         kc._CU_DT[a.dtype], 0, n, a.element_size(), index, kc._cu_macros(), 1, kc.CONFIG["cu_blocks_per_sm"]
     )
     assert plan is not None and plan.ranks is not None, kc._CU_ERRORS
-    sample, main, grid, s_tiles, ranks = plan.sample, plan.main, plan.grid, plan.s_tiles, plan.ranks
     stream = kc._raw_stream(index)
-    tol = kc._tolerances(a.device, 1e-5, 1e-3)
-
     ws = kc._CuWorkspace(a.device, plan.layout)
-    w = ws.w
+    sample_args, main_args = ws.args(plan, a, b, kc._tolerances(a.device, 1e-5, 1e-3))
+    sample, main = plan.sample.bind(sample_args), plan.main.bind(main_args)
+    lib = kc._libcuda()
 
     def one() -> None:
-        ws.zero(stream, True)
-        sample(min(s_tiles, grid), kc._CU_THREADS, stream,
-               [a, b, s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
-                w["done"][0:1], ranks[0], ranks[1], WINDOW_MAX_BINS])  # fmt: skip
-        main(grid, kc._CU_THREADS, stream,
-             [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], ws.out])  # fmt: skip
+        lib.cuMemsetD32Async(ws.buf.data_ptr(), 0, ws.buf.numel() // 4, stream)
+        sample.launch(min(plan.s_tiles, plan.grid), kc._CU_THREADS, stream)
+        main.launch(plan.grid, kc._CU_THREADS, stream)
 
     for _ in range(3):
         one()

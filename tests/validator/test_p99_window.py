@@ -32,7 +32,7 @@ def test_window_bounds_are_the_sample_quantiles(seed: int) -> None:
     rng = np.random.default_rng(seed)
     d = np.abs(rng.standard_normal(200_000) * 40).astype(np.int64)
     got = f.p99_window(*_hists(d, wide=False), d.size)
-    delta = max(5e-4, 6 * math.sqrt(0.99 * 0.01 / d.size))
+    delta = max(2e-4, 6 * math.sqrt(0.99 * 0.01 / d.size))
     r_lo, r_hi = math.floor((0.99 - delta) * d.size), math.ceil((0.99 + delta) * d.size)
     assert got == (_np_rank_value(d, r_lo), _np_rank_value(d, r_hi) + 1)
     lo, hi = got

@@ -4,23 +4,24 @@
 //   DT      1 float32, 2 float16, 3 bfloat16, 4 float8_e4m3fn, 5 float8_e5m2 (both tensors the same)
 //   MASKED  0: every element assumed finite (the host reruns with 1 when the sums come out non-finite)
 //   NHEAD   window bins counted in shared memory (the rest go to global memory)
-//   UNROLL  16-byte vectors in flight per thread
+//   MINB    __launch_bounds__ minimum resident blocks of vk_main (caps its registers; 0: the compiler's)
+//   CUDIAG  timing diagnostics only, never exact (see step())
 //
 // vk_sample: exact histograms of the distances of a strided sample (every SAMPLE_STRIDE-th tile of
 //   TILE elements); its last block turns them into the window [lo, lo + wn) that should hold the p99
 //   (the rule of validator.kernels._finish.p99_window, with the sample ranks computed on the host).
 // vk_main: the one full pass. Float64 sums (explicit fma; built with --fmad=false so that the
 //   tolerance test atol + rtol*|a| rounds like the reference), max |d|, pass count, max ULP, the count
-//   of distances below the window and the exact histogram of those inside it. Each block writes its
-//   totals to its own row; the last block to finish reduces the rows in a fixed order and finds the
-//   p99 in the window (or -1 when its rank lies outside: the host then runs the full histograms).
+//   of distances at or above the window's start and the exact histogram of those inside it. The
+//   integer ALU is the busiest pipe (docs/performance.md, "Where the GPU time goes"): the step has no
+//   branch per element, measures ULP distances without unpacking, and leaves the window histogram to
+//   a rare path per 16-byte vector. Each block writes its totals to its own row; the last block to
+//   finish reduces the rows in a fixed order and finds the p99 in the window (or -1 when its rank
+//   lies outside: the host then runs the full histograms).
 //
 // out[16]: 0-4 sums of a^2, b^2, ab, d^2, |d|; 5 max |d|; 6 passed; 7 max ULP; 8 finite in both;
 //   9, 10 non-finite in a, in b; 11 mismatches; 12 p99 or -1; 13 rank; 14 count below the window.
 
-#ifndef PRED_WINDOW
-#define PRED_WINDOW 0 /* 1: the window test as a predicated add (see step()) */
-#endif
 #ifndef CUDIAG
 #define CUDIAG 0 /* timing diagnostics only (never exact): see step() */
 #endif
@@ -83,15 +84,12 @@ __device__ __forceinline__ u32 ulp_dist(u32 a, u32 b) {
 
 struct Acc {
     double aa, bb, ab, dd, ad, mad;
-    u32 pass, mulp, below, both, nfa, nfb, mis, above;
-    u64 above_w; /* FMAPIPE: at-or-above count in the high word, -lo_k in the low word */
-    u64 madb; /* CMPI: max |d| as its bit pattern */
+    u32 pass, mulp, above, both, nfa, nfb, mis;
 };
 
-/* The window [lo, lo + wn) and, for the lean step, the same bounds on its distance scale (KSH below). */
+/* The window [lo, lo + wn), and the same bounds on the step's distance scale (lo_k, wn_k: key_dist). */
 struct Win {
     u32 lo, wn, lo_k, wn_k;
-    u32 one, neg_lo_k; /* FMAPIPE: a 1 the compiler cannot see through, and -lo_k (mod 2**32) */
 };
 
 __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u) {
@@ -103,11 +101,35 @@ __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u)
     }
 }
 
-/* one element pair, given by its bits */
-/* one element pair, given by its bits */
-template <bool WIDE>
-__device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
-                                     u32 *wbig, u32 *wsup) {
+/* c += x <= y, and m = max(m, x) ignoring NaN (unmasked passes rerun masked when a sum is not finite):
+ * a compare and a predicated add or move, where the C forms compile to selects and register moves */
+__device__ __forceinline__ void count_le(u32 &c, double x, double y) {
+    asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "d"(x), "d"(y));
+}
+__device__ __forceinline__ void max_into(double &m, double x) {
+    asm("{\n .reg .pred p;\n setp.gt.f64 p, %1, %0;\n @p mov.f64 %0, %1;\n}" : "+d"(m) : "d"(x));
+}
+
+/* The step's ULP distance, on a scale where the comparisons need no unpacking: 16- and 8-bit patterns
+ * are shifted to the top of a word (KSH bits; for bfloat16 that word is the float32 the conversion
+ * makes anyway) and put on the monotonic line by key ^ (sign ? 0x7FFFFFFF : 0), which maps -x to
+ * -(x << KSH) - 1. A distance comes out as d << KSH, plus 1 for opposite signs, below 2**32: exact
+ * as the unsigned |oa - ob| (one VABSDIFF). The max ULP is that >> KSH; the window's bounds are
+ * shifted the same way (vk_main's prologue). float32 keeps ulp_dist (KSH 0). */
+#define KSH (EB < 4 ? 32 - 8 * EB : 0)
+__device__ __forceinline__ u32 key_dist(u32 a, u32 b) {
+#if KSH == 0
+    return ulp_dist(a, b);
+#else
+    const int ka = (int)(a << KSH), kb = (int)(b << KSH);
+    const int oa = ka ^ ((ka >> 31) & 0x7FFFFFFF), ob = kb ^ ((kb >> 31) & 0x7FFFFFFF);
+    return __sad(oa, ob, 0u);
+#endif
+}
+
+/* One element pair, given by its bits: everything but the window histogram. ``hit`` is set when the
+ * distance falls in the window; the caller then runs rare_one over the flagged vector. */
+__device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, const Win &w, bool &hit) {
     double xa = to_f64(ab_), xb = to_f64(bb_);
 #if MASKED
     const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
@@ -126,121 +148,6 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
     s.pass += (ab_ ^ bb_) & 1;
     return;
 #endif
-#if CUDIAG != 3 /* 3, timing only: no float64 work */
-    const double d = xb - xa, ad = fabs(d);
-    s.aa = fma(xa, xa, s.aa);
-    s.bb = fma(xb, xb, s.bb);
-    s.ab = fma(xa, xb, s.ab);
-    s.dd = fma(d, d, s.dd);
-    s.ad += ad;
-    s.mad = fmax(s.mad, ad);
-#if MASKED
-    s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
-    if (!both) return;
-#else
-    s.pass += ad <= atol + rtol * fabs(xa);
-#endif
-#endif
-#if CUDIAG != 2 /* 2, timing only: no ULP work */
-    const u32 dist = ulp_dist(ab_, bb_);
-    s.mulp = max(s.mulp, dist);
-    s.below += dist < lo;
-    const u32 u = dist - lo; /* wraps past wn when dist < lo */
-#if CUDIAG != 1 /* 1, timing only: no window histogram */
-#if PRED_WINDOW
-    if (!WIDE) { /* a window of at most NHEAD bins (the usual case): a predicated add, no branch */
-        const u32 addr = (u32)__cvta_generic_to_shared(sh) + 4u * (u < wn ? u : 0u);
-        asm volatile("{\n .reg .pred p;\n setp.lt.u32 p, %1, %2;\n @p red.shared.add.u32 [%0], 1;\n}"
-                     :: "r"(addr), "r"(u), "r"(wn) : "memory");
-    } else if (__builtin_expect(u < wn, 0))
-        window_add(sh, wbig, wsup, u);
-#else
-    if (__builtin_expect(u < wn, 0)) window_add(sh, wbig, wsup, u);
-#endif
-#endif
-#endif
-}
-
-#ifndef LEAN
-#define LEAN 1 /* 1: step_lean + a per-vector rare path; 0: step with a branch per element */
-#endif
-#define LEAN_STEP (LEAN && (CUDIAG == 0 || CUDIAG >= 5)) /* (CUDIAG 1-4: timing variants of step()) */
-#ifndef RAREMAX
-#define RAREMAX 0 /* 1: the lean step flags a vector whose |d| beats the running max (rare_vector updates it) */
-#endif
-#ifndef SIGNHI
-#define SIGNHI 0 /* 1: key_dist's sign masks by a multiply-high instead of a shift */
-#endif
-#ifndef ADDR32
-#define ADDR32 1 /* 1 (with PIPE 0): the main loop indexes vectors with 32-bit integers */
-#endif
-#ifndef FMAPIPE
-#define FMAPIPE 0 /* 1: the lean step's counts as multiply-adds (the FMA pipe has room, the ALU does not) */
-#endif
-#ifndef CMPI
-#define CMPI 0 /* 1: the lean step's max |d| and tolerance test as integer compares of the bit patterns */
-#endif
-
-/* c += x <= y, and m = max(m, x) ignoring NaN (unmasked passes rerun masked when a sum is not finite):
- * a compare and a predicated add or move, where the C forms compile to selects and register moves */
-__device__ __forceinline__ void count_le(u32 &c, double x, double y) {
-    asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "d"(x), "d"(y));
-}
-__device__ __forceinline__ void count_lt(u32 &c, u32 x, u32 y) {
-    asm("{\n .reg .pred p;\n setp.lt.u32 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "r"(x), "r"(y));
-}
-__device__ __forceinline__ void max_into(double &m, double x) {
-    asm("{\n .reg .pred p;\n setp.gt.f64 p, %1, %0;\n @p mov.f64 %0, %1;\n}" : "+d"(m) : "d"(x));
-}
-
-/* The lean step's ULP distance, on a scale where the comparisons need no unpacking: 16- and 8-bit
- * patterns are shifted to the top of a word (KSH bits; for bfloat16 that word is the float32 the
- * conversion makes anyway) and put on the monotonic line by key ^ (sign ? 0x7FFFFFFF : 0), which maps
- * -x to -(x << KSH) - 1: a distance comes out as d << KSH, plus 1 for opposite signs, below 2**32.
- * The max ULP is that >> KSH, and the window's bounds are shifted the same way (main pass prologue).
- * float32 keeps ulp_dist (KSH 0). */
-#ifndef ULPK
-#define ULPK 1 /* 0: the lean step uses ulp_dist on the unpacked patterns (KSH 0) */
-#endif
-#define KSH ((ULPK && EB < 4) ? 32 - 8 * EB : 0)
-__device__ __forceinline__ u32 key_dist(u32 a, u32 b) {
-#if KSH == 0
-    return ulp_dist(a, b);
-#else
-    const int ka = (int)(a << KSH), kb = (int)(b << KSH);
-#if SIGNHI /* the sign masks by a multiply (the integer ALU is the busiest pipe) */
-    const int sa = __mulhi(ka, 1), sb = __mulhi(kb, 1);
-#else
-    const int sa = ka >> 31, sb = kb >> 31;
-#endif
-    const int oa = ka ^ (sa & 0x7FFFFFFF), ob = kb ^ (sb & 0x7FFFFFFF);
-    return __sad(oa, ob, 0u); /* |oa - ob|, exact below 2**32 (one VABSDIFF) */
-#endif
-}
-
-/* step() without the window histogram: ``hit`` is set when the distance falls in the window (the
- * caller then adds the vector's window distances in rare_vector), so the hot loop has no branch */
-__device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol, double rtol, const Win &w,
-                                          bool &hit) {
-#if CUDIAG == 5 && DT == 3 /* timing only: bfloat16 -> float64 by integer ops (zero and specials wrong) */
-    double xa = __hiloint2double((int)((((ab_ & 0x7FFFu) << 13) + 0x38000000u) | ((ab_ & 0x8000u) << 16)), 0);
-    double xb = __hiloint2double((int)((((bb_ & 0x7FFFu) << 13) + 0x38000000u) | ((bb_ & 0x8000u) << 16)), 0);
-#else
-    double xa = to_f64(ab_), xb = to_f64(bb_);
-#endif
-#if MASKED
-    const bool fa = fabs(xa) <= 1.7976931348623157e308, fb = fabs(xb) <= 1.7976931348623157e308;
-    const bool both = fa && fb;
-    const bool same = !fa && !fb && (xa == xb || (xa != xa && xb != xb));
-    if (!both) {
-        xa = 0.0;
-        xb = 0.0;
-    }
-    s.both += both;
-    s.nfa += !fa;
-    s.nfb += !fb;
-    s.mis += !both && !same;
-#endif
 #if CUDIAG != 10 /* 10, timing only: no float64 work */
     const double d = xb - xa, ad = fabs(d);
 #if CUDIAG != 11 /* 11, timing only: no sums of products */
@@ -249,73 +156,37 @@ __device__ __forceinline__ void step_lean(Acc &s, u32 ab_, u32 bb_, double atol,
     s.ab = fma(xa, xb, s.ab);
     s.dd = fma(d, d, s.dd);
 #endif
-#if CUDIAG != 8 /* 8, timing only: no sum of |d| */
     s.ad += ad;
-#endif
 #if CUDIAG != 7 /* 7, timing only: no max |d| */
-#if RAREMAX /* the running max rarely grows: flag the vector, rare_vector finds the new max */
-    hit |= ad > s.mad;
-#elif CMPI /* non-negative doubles compare like their bit patterns: integer compares, no DSETP */
-    s.madb = max(s.madb, (u64)__double_as_longlong(ad));
-#else
     max_into(s.mad, ad);
-#endif
 #endif
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
     if (!both) return;
 #elif CUDIAG != 6 /* 6, timing only: no tolerance test */
-#if CMPI
-    s.pass += (u64)__double_as_longlong(ad) <= (u64)__double_as_longlong(atol + rtol * fabs(xa));
-#else
-#if FMAPIPE /* the count as a predicated multiply-add (FMA pipe) rather than an integer add (ALU) */
-    asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p mad.lo.u32 %0, %3, %3, %0;\n}"
-        : "+r"(s.pass) : "d"(ad), "d"(atol + rtol * fabs(xa)), "r"(w.one));
-#else
     count_le(s.pass, ad, atol + rtol * fabs(xa));
 #endif
 #endif
-#endif
-#endif
 #if CUDIAG != 9 /* 9, timing only: no ULP work */
-    const u32 dist = key_dist(ab_, bb_); /* the distance << KSH, plus 0 or 1 */
+    const u32 dist = key_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
     u32 u; /* dist - lo_k; s.above counts dist >= lo_k: the borrow of that subtraction */
-#if FMAPIPE /* dist + (above : -lo_k) in one wide multiply-add: u in the low word, the carry lands in above */
-    u64 t;
-    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(t) : "r"(dist), "r"(w.one), "l"(s.above_w));
-    u = (u32)t;
-    s.above_w = (t & 0xFFFFFFFF00000000ull) | w.neg_lo_k;
-#else
     asm("sub.cc.u32 %0, %2, %3;\n addc.u32 %1, %1, 0;" : "=r"(u), "+r"(s.above) : "r"(dist), "r"(w.lo_k));
-#endif
-    hit |= u < w.wn_k;
+    hit |= u < w.wn_k; /* u wraps past wn_k when dist < lo_k */
 #endif
 }
 
-/* the window distances of one 16-byte vector pair (rare: only vectors with a distance in the window) */
-/* the rare path of one element pair: its window add and (RAREMAX) the running max |d| */
-__device__ __forceinline__ void rare_one(Acc &s, u32 x, u32 y, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
-    const double xa = to_f64(x), xb = to_f64(y);
-#if MASKED
-    if (!(fabs(xa) <= 1.7976931348623157e308 && fabs(xb) <= 1.7976931348623157e308)) return;
+/* the rare path of one element pair: its distance added to the window histogram when it lies there */
+__device__ __forceinline__ void rare_one(u32 x, u32 y, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
+    const u32 dist = key_dist(x, y);
+    if (dist - w.lo_k >= w.wn_k) return;
+#if MASKED /* a non-finite pair has no distance */
+    if (!(fabs(to_f64(x)) <= 1.7976931348623157e308 && fabs(to_f64(y)) <= 1.7976931348623157e308)) return;
 #endif
-#if RAREMAX
-    max_into(s.mad, fabs(xb - xa));
-#endif
-    const u32 u = ulp_dist(x, y) - w.lo;
-    if (u < w.wn) window_add(sh, wbig, wsup, u);
+    window_add(sh, wbig, wsup, (dist >> KSH) - w.lo);
 }
 
-/* a flagged 16-byte vector pair (rare: a distance in the window, or a new max |d|) */
-__device__ __forceinline__ void rare_vector(Acc &s, uint4 ra, uint4 rb, const Win &w, u32 *sh, u32 *wbig,
-                                            u32 *wsup) {
-    const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
-    for (int q = 0; q < 4; q++)
-        for (int k = 0; k < PER_WORD; k++)
-            rare_one(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, w, sh, wbig, wsup);
-}
-
+/* one 16-byte vector pair: every element's step, then, when one was flagged (rare), the window adds */
 __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
                                          const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
@@ -324,24 +195,11 @@ __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &r
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int k = 0; k < PER_WORD; k++)
-            step_lean(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, w, hit);
-    if (__builtin_expect(hit, 0)) rare_vector(s, ra, rb, w, sh, wbig, wsup);
-}
-
-/* one element (the tail): step_lean and its window add */
-__device__ __forceinline__ void step_one(Acc &s, u32 x, u32 y, double atol, double rtol, const Win &w, u32 *sh,
-                                         u32 *wbig, u32 *wsup) {
-    bool hit = false;
-    step_lean(s, x, y, atol, rtol, w, hit);
-    if (hit) rare_one(s, x, y, w, sh, wbig, wsup);
-}
-
-template <bool WIDE>
-__device__ __forceinline__ void step_word(Acc &s, u32 wa, u32 wb, double atol, double rtol, u32 lo, u32 wn, u32 *sh,
-                                          u32 *wbig, u32 *wsup) {
-#pragma unroll
-    for (int k = 0; k < PER_WORD; k++)
-        step<WIDE>(s, (wa >> (8 * EB * k)) & EMASK, (wb >> (8 * EB * k)) & EMASK, atol, rtol, lo, wn, sh, wbig, wsup);
+            step(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, w, hit);
+    if (__builtin_expect(hit, 0))
+        for (int q = 0; q < 4; q++)
+            for (int k = 0; k < PER_WORD; k++)
+                rare_one((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, w, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
@@ -535,111 +393,21 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 /* ---------------------------------------------------------------- the full pass */
 
-/* one 16-byte vector pair: every element's step, then (LEAN) the window adds of a flagged vector */
-template <bool WIDE>
-__device__ __forceinline__ void vec_step(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
-                                         const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
-#if LEAN_STEP
-    step_vec(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
-#else
-    step_word<WIDE>(s, ra.x, rb.x, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.y, rb.y, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.z, rb.z, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
-    step_word<WIDE>(s, ra.w, rb.w, atol, rtol, w.lo, w.wn, sh, wbig, wsup);
-#endif
-}
-
-#ifndef PIPE
-#define PIPE 0 /* how loads run ahead: 0 UNROLL vectors then their steps; 1 the next vector loaded into
-                  registers before this one is stepped; S >= 2 an S-stage cp.async ring in shared memory */
-#endif
-
-__device__ __forceinline__ void copy16(uint4 *dst, const uint4 *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-
-#if PIPE >= 2
-__shared__ uint4 ring[PIPE][2][THREADS]; /* file scope: one ring for both versions of main_loop */
-#endif
-
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
-template <bool WIDE>
 __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const unsigned char *b, int n, double atol,
                                           double rtol, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
-    const i64 nvec = n / VEC;
-    const i64 stride = (i64)gridDim.x * THREADS;
-    const i64 first = (i64)blockIdx.x * THREADS + threadIdx.x;
-#if PIPE == 1
-    uint4 na = make_uint4(0, 0, 0, 0), nb = na;
-    if (first < nvec) {
-        na = __ldcs(va + first);
-        nb = __ldcs(vb + first);
-    }
-    for (i64 v = first; v < nvec; v += stride) {
-        const uint4 ra = na, rb = nb;
-        if (v + stride < nvec) {
-            na = __ldcs(va + v + stride);
-            nb = __ldcs(vb + v + stride);
-        }
-        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
-    }
-#elif PIPE >= 2
-    /* each thread reads back only the slots it filled itself: no block barrier is needed */
-#pragma unroll
-    for (int k = 0; k < PIPE - 1; k++) {
-        const i64 v = first + k * stride;
-        if (v < nvec) {
-            copy16(&ring[k][0][threadIdx.x], va + v);
-            copy16(&ring[k][1][threadIdx.x], vb + v);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-    int slot = 0;
-    for (i64 v = first; v < nvec; v += stride) {
-        const i64 ahead = v + (PIPE - 1) * stride;
-        const int fill = slot == 0 ? PIPE - 1 : slot - 1; /* the slot stepped in the previous iteration */
-        if (ahead < nvec) {
-            copy16(&ring[fill][0][threadIdx.x], va + ahead);
-            copy16(&ring[fill][1][threadIdx.x], vb + ahead);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(PIPE - 1) : "memory");
-        const uint4 ra = ring[slot][0][threadIdx.x], rb = ring[slot][1][threadIdx.x];
-        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
-        slot = slot == PIPE - 1 ? 0 : slot + 1;
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#elif ADDR32 /* 32-bit vector indices (nvec < 2**29): an address is one wide multiply-add, not a 64-bit add */
-    for (u32 v = (u32)first; v < (u32)nvec; v += (u32)stride) {
-        const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
-        vec_step<WIDE>(s, ra, rb, atol, rtol, w, sh, wbig, wsup);
-    }
-#else
-    for (i64 v0 = first; v0 < nvec; v0 += stride * UNROLL) {
-        uint4 ra[UNROLL], rb[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) {
-            const i64 v = v0 + k * stride;
-            if (v < nvec) {
-                ra[k] = __ldcs(va + v);
-                rb[k] = __ldcs(vb + v);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            if (v0 + k * stride < nvec) vec_step<WIDE>(s, ra[k], rb[k], atol, rtol, w, sh, wbig, wsup);
-    }
-#endif
+    const u32 nvec = (u32)(n / VEC), stride = gridDim.x * THREADS; /* 32-bit indices: fewer instructions */
+    for (u32 v = blockIdx.x * THREADS + threadIdx.x; v < nvec; v += stride)
+        step_vec(s, __ldcs(va + v), __ldcs(vb + v), atol, rtol, w, sh, wbig, wsup);
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
-        for (i64 i = nvec * VEC + threadIdx.x; i < n; i += THREADS)
-#if LEAN_STEP
-            step_one(s, load_bits(a, i), load_bits(b, i), atol, rtol, w, sh, wbig, wsup);
-#else
-            step<WIDE>(s, load_bits(a, i), load_bits(b, i), atol, rtol, w.lo, w.wn, sh, wbig, wsup);
-#endif
+        for (i64 i = (i64)nvec * VEC + threadIdx.x; i < n; i += THREADS) {
+            bool hit = false;
+            const u32 x = load_bits(a, i), y = load_bits(b, i);
+            step(s, x, y, atol, rtol, w, hit);
+            if (hit) rare_one(x, y, w, sh, wbig, wsup);
+        }
 }
 
 #if MINB > 0 /* a promise of resident blocks caps the registers; 0: the compiler's choice */
@@ -661,8 +429,8 @@ extern "C" __global__ void MAIN_BOUNDS
     /* distances are below 2**32; a window starting there or empty holds nothing */
     const u32 lo = lo64 > 0xFFFFFFFFll ? 0xFFFFFFFFu : (u32)lo64;
     const u32 wn = (u32)(wn64 > 0 ? wn64 : 0);
-    Win w = {lo, wn, lo, wn, (u32)(lo64 >> 63) + 1u, 0};
-#if KSH > 0 /* the lean step's scale (key_dist): distances are below lim; the window is clipped there */
+    Win w = {lo, wn, lo, wn};
+#if KSH > 0 /* the step's scale (key_dist): distances are below lim, so the window is clipped there */
     const u32 lim = 1u << (8 * EB);
     if (lo >= lim) {
         w.lo_k = 0xFFFFFFFFu;
@@ -670,31 +438,15 @@ extern "C" __global__ void MAIN_BOUNDS
     } else {
         const u32 wc = min(wn, lim - lo);
         w.lo_k = lo << KSH;
-        w.wn_k = wc >= (1u << (8 * EB)) ? 0xFFFFFFFFu : wc << KSH;
+        w.wn_k = wc >= lim ? 0xFFFFFFFFu : wc << KSH;
     }
 #endif
-    w.neg_lo_k = 0u - w.lo_k;
     Acc s = {};
-    s.above_w = w.neg_lo_k;
-    if (wn > NHEAD) /* warp-uniform: one version of the loop per kind of window */
-        main_loop<true>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
-    else
-        main_loop<false>(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
-#if FMAPIPE
-    s.above += (u32)(s.above_w >> 32);
-#endif
-#if LEAN_STEP && CMPI
-    s.mad = fmax(s.mad, __longlong_as_double((long long)s.madb)); /* (the masked pass's tail uses s.mad) */
-#endif
-#if LEAN_STEP
-    const u32 mulp = s.mulp >> KSH; /* the lean step's scale (key_dist) */
-#else
-    const u32 mulp = s.mulp;
-#endif
-    /* column 12 counts distances below the window (step), 13 those at or above it (step_lean) */
-    double v[NPART] = {s.aa,           s.bb,           s.ab,          s.dd,           s.ad,     s.mad,
-                       (double)s.pass, (double)mulp,   (double)s.both, (double)s.nfa, (double)s.nfb, (double)s.mis,
-                       (double)s.below, (double)s.above, 0,            0};
+    main_loop(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
+    /* column 12: distances at or above the window's start (the p99 search wants those below) */
+    double v[NPART] = {s.aa,           s.bb,          s.ab,          s.dd,           s.ad,          s.mad,
+                       (double)s.pass, (double)(s.mulp >> KSH), (double)s.both, (double)s.nfa, (double)s.nfb,
+                       (double)s.mis,  (double)s.above, 0,          0,              0};
     const u32 max_cols = (1u << 5) | (1u << 7);
     block_reduce(v, red, max_cols);
     if (threadIdx.x == 0)
@@ -726,7 +478,7 @@ extern "C" __global__ void MAIN_BOUNDS
         for (int j = 0; j < NPART; j++) tot[j] = t[j];
     __syncthreads();
     const i64 n_both = MASKED ? (i64)tot[8] : (i64)n;
-    const i64 below = LEAN_STEP ? n_both - (i64)tot[13] : (i64)tot[12];
+    const i64 below = n_both - (i64)tot[12];
     const i64 rank = (99 * n_both + 99) / 100;
     const i64 inside = rank - below;
     i64 h_tot, s_tot, b_tot;

@@ -69,7 +69,7 @@ def metrics_from_totals(
 SAMPLE_STRIDE = 64
 WINDOW_MIN_SAMPLE = 1 << 14  # fewer sampled distances: no window (the full histograms are cheap then)
 WINDOW_MAX_BINS = 1 << 20  # wider windows (float32 with a spread-out tail): the full method
-_WINDOW_MIN_DELTA = 5e-4  # the window spans at least the ranks 0.99 -+ this
+_WINDOW_MIN_DELTA = 2e-4  # the window spans at least the ranks 0.99 -+ this
 _WINDOW_SIGMAS = 6.0
 
 
@@ -92,7 +92,7 @@ def p99_window(fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int) -
     ``fine``: int64 counts of distances 0..FINE_BINS-1 and, in its last bin, of every larger one;
     ``coarse``: int64 counts of ``distance >> 16`` (float32), else ``None``; ``n_sample``: the number
     of sampled distances. The window spans the sample's quantiles ``0.99 -+ delta``, with ``delta``
-    the larger of 5e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``: ``lo``
+    the larger of 2e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``: ``lo``
     is the sampled distance of rank ``floor((0.99 - delta) n)`` and ``hi - 1`` that of rank
     ``ceil((0.99 + delta) n)``; beyond the fine range, the edges of their ``>> 16`` buckets.
     Returns ``None`` when the sample is too small, the upper rank lies past the sample's top, or the

@@ -73,21 +73,13 @@ CONFIG: dict[str, int] = {
     "SNSMALL": 64,  # register-histogram bins of the sample kernel
     "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
     "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
-    # CUDA C: the H200 sweep's choice (docs/results/perf-h200.md, "Window engines")
-    "UNROLL": 1,  # CUDA C: 16-byte vectors loaded per thread before they are computed
+    # CUDA C: the H200 runs' choice (docs/results/perf-h200.md, "Kernel A/B")
     "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
     "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
-    "PRED_WINDOW": 0,  # CUDA C: 1 = the window test as a predicated shared-memory add instead of a branch
-    "LEAN": 1,  # CUDA C: 1 = no branch per element (the window test sets a flag; flagged vectors rerun it)
     "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
-    "ULPK": 1,  # CUDA C: 1 = the lean step's ULP distance on a shifted scale (no unpacking), 0 = ulp_dist
-    "RAREMAX": 0,  # CUDA C: 1 = a lean step whose |d| beats the running max flags its vector (rare path)
-    "SIGNHI": 0,  # CUDA C: 1 = the lean step's sign masks by multiply-high (FMA pipe) instead of shifts
-    "ADDR32": 1,  # CUDA C: 1 = 32-bit vector indices in the main loop (addresses by one wide multiply-add)
-    "FMAPIPE": 0,  # CUDA C: 1 = the lean step's counts as multiply-adds (FMA pipe) instead of integer adds
-    "CMPI": 0,  # CUDA C: 1 = the lean step's max |d| and tolerance test as integer compares of the bit patterns
-    "PIPE": 0,  # CUDA C: loads ahead of the steps: 0 = UNROLL at a time, 1 = one vector ahead, S >= 2 = S-stage cp.async
-    "CUDIAG": 0,  # CUDA C timing diagnostics only: 1 = no window histogram, 2 = no ULP, 3 = no float64, 4 = loads
+    # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
+    # 6 = no tolerance test, 7 = no max |d|, 9 = no ULP work, 10 = no float64 work, 11 = no sums of products
+    "CUDIAG": 0,
 }
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
     CONFIG.update({k: int(v) for k, v in json.loads(os.environ["VALIDATOR_CUDA_CONFIG"]).items() if k in CONFIG})
@@ -717,28 +709,42 @@ def _libcuda() -> ctypes.CDLL:
 
 
 class _Launcher:
-    """One NVRTC-built kernel launched straight through the driver (``cuLaunchKernel``), its argument
-    storage built once. torch's ``_CudaKernel.__call__`` reopens libcuda and rebuilds every ctypes
-    argument on each call: on the H200 host that was most of a small pair's time. ``kinds`` has one
-    letter per kernel parameter: ``p`` a pointer (pass a tensor), ``i`` a 32-bit int. Calls are made
-    under the workspace lock, so the shared storage is never written by two threads at once."""
+    """One NVRTC-built kernel launched straight through the driver (``cuLaunchKernel``). torch's
+    ``_CudaKernel.__call__`` reopens libcuda and rebuilds every ctypes argument on each call: on the
+    H200 host that was most of a small pair's time. ``kinds`` has one letter per kernel parameter:
+    ``p`` a pointer (pass a tensor or an address), ``i`` a 32-bit int."""
 
     def __init__(self, kernel: Any, kinds: str) -> None:
         func = getattr(kernel, "func", None)
         if not isinstance(func, ctypes.c_void_p) or not func.value:
             raise TypeError("this torch's compiled kernel has no driver function handle")
-        self.func = func
-        self.lib = _libcuda()
-        self.slots: list[Any] = [ctypes.c_void_p() if k == "p" else ctypes.c_int() for k in kinds]
-        self.argv = (ctypes.c_void_p * len(kinds))(*[ctypes.addressof(x) for x in self.slots])
+        self.func, self.kinds, self.lib = func, kinds, _libcuda()
+
+    def bind(self, args: list[Any]) -> _Bound:
+        """Argument storage filled with ``args``, kept for repeated launches."""
+        return _Bound(self, args)
 
     def __call__(self, grid: int, block: int, stream: int, args: list[Any]) -> None:
+        self.bind(args).launch(grid, block, stream)
+
+
+class _Bound:
+    """A kernel's arguments in ctypes storage of their own: a caller changes only the slots that
+    differ between calls (``slots[i].value``) and launches. Used under the workspace lock."""
+
+    def __init__(self, launcher: _Launcher, args: list[Any]) -> None:
+        self.launcher = launcher
+        self.slots: list[Any] = [ctypes.c_void_p() if k == "p" else ctypes.c_int() for k in launcher.kinds]
         for slot, v in zip(self.slots, args, strict=True):
             slot.value = v.data_ptr() if isinstance(v, torch.Tensor) else v
-        rc = self.lib.cuLaunchKernel(self.func, grid, 1, 1, block, 1, 1, 0, stream, self.argv, None)
+        self.argv = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(x) for x in self.slots])
+
+    def launch(self, grid: int, block: int, stream: int) -> None:
+        lib = self.launcher.lib
+        rc = lib.cuLaunchKernel(self.launcher.func, grid, 1, 1, block, 1, 1, 0, stream, self.argv, None)
         if rc:
             name = ctypes.c_char_p()
-            self.lib.cuGetErrorString(rc, ctypes.byref(name))
+            lib.cuGetErrorString(rc, ctypes.byref(name))
             raise RuntimeError(f"cuLaunchKernel failed: {(name.value or b'?').decode()} ({rc})")
 
 
@@ -758,21 +764,7 @@ _MAIN_ARGS = "ppipppppppp"  # vk_main's
 
 def _cu_macros() -> tuple[tuple[str, int], ...]:
     """The CUDA C build's tuning macros, from CONFIG."""
-    return (
-        ("NHEAD", CONFIG["NHEAD"]),
-        ("UNROLL", CONFIG["UNROLL"]),
-        ("CUDIAG", CONFIG.get("CUDIAG", 0)),
-        ("MINB", CONFIG.get("cu_minb", 0)),
-        ("PRED_WINDOW", CONFIG.get("PRED_WINDOW", 0)),
-        ("LEAN", CONFIG.get("LEAN", 1)),
-        ("PIPE", CONFIG.get("PIPE", 0)),
-        ("ULPK", CONFIG.get("ULPK", 1)),
-        ("CMPI", CONFIG.get("CMPI", 0)),
-        ("RAREMAX", CONFIG.get("RAREMAX", 0)),
-        ("SIGNHI", CONFIG.get("SIGNHI", 0)),
-        ("FMAPIPE", CONFIG.get("FMAPIPE", 0)),
-        ("ADDR32", CONFIG.get("ADDR32", 1)),
-    )
+    return (("NHEAD", CONFIG["NHEAD"]), ("CUDIAG", CONFIG.get("CUDIAG", 0)), ("MINB", CONFIG.get("cu_minb", 0)))
 
 
 @functools.cache
@@ -828,6 +820,7 @@ class _CuPlan:
 
     def __init__(self, kernels: tuple[Any, Any], n: int, esize: int, index: int, grid: int) -> None:
         self.sample, self.main = kernels
+        self.n = n
         tile = _CU_THREADS * (16 // esize)  # the sample's tile: one 16-byte vector per thread
         self.s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
         self.ranks = window_ranks(self.s_tiles * tile)
@@ -837,28 +830,57 @@ class _CuPlan:
 
 
 class _CuWorkspace:
-    """The CUDA C engine's buffers on one device (one allocation, carved by ``_cu_layout``) and the
-    pinned host row the main kernel writes its result into (no copy back: the host reads it after
-    the stream is done). Used under ``_WS_LOCK``."""
+    """The CUDA C engine's buffers on one device (one allocation, carved by ``_cu_layout``), the
+    pinned host row the main kernel writes its result into (no copy back: the host reads it once the
+    stream is done), and the kernels' arguments bound to them per plan. Used under ``_WS_LOCK``."""
 
     def __init__(self, device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> None:
         self.buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
         self.w = _carve(self.buf, layout)
         self.out = torch.zeros(_NPART, dtype=torch.float64, pin_memory=True)
         self.out_view = (ctypes.c_double * _NPART).from_address(self.out.data_ptr())
+        self.bound: dict[_CuPlan, tuple[_Bound, _Bound]] = {}
 
-    def zero(self, stream: int, driver: bool) -> None:
-        """The buffers zeroed on ``stream``: by the driver where this thread has a current context,
-        else by torch (whose guard also makes the device's context current for the launches)."""
-        if driver and _libcuda().cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream) == 0:
-            return
-        self.buf.zero_()
+    def args(self, plan: _CuPlan, a: Any, b: Any, tol: Any) -> tuple[list[Any], list[Any]]:
+        """vk_sample's and vk_main's arguments (``a``, ``b``, ``tol``: tensors, or 0 to bind later)."""
+        w = self.w
+        assert plan.ranks is not None
+        return (
+            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
+             w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
+            [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], self.out],
+        )  # fmt: skip
 
-    def result(self, stream: int, driver: bool) -> list[float]:
-        if driver and _libcuda().cuStreamSynchronize(stream) == 0:
-            return list(self.out_view)
-        torch.cuda.current_stream(self.buf.device).synchronize()
-        return self.out.tolist()
+    def run(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> list[float]:
+        """Zero, sample, main pass, result: the whole comparison on ``stream``."""
+        s_grid = min(plan.s_tiles, plan.grid)
+        if not plan.driver:
+            self.buf.zero_()
+            sample_args, main_args = self.args(plan, a, b, tol)
+            plan.sample(s_grid, _CU_THREADS, stream, sample_args)
+            plan.main(plan.grid, _CU_THREADS, stream, main_args)
+            torch.cuda.current_stream(self.buf.device).synchronize()
+            return list(self.out.tolist())
+        calls = self.bound.get(plan)
+        if calls is None:
+            if len(self.bound) > 64:
+                self.bound.clear()
+            sample_args, main_args = self.args(plan, 0, 0, 0)
+            calls = self.bound[plan] = (plan.sample.bind(sample_args), plan.main.bind(main_args))
+        lib = _libcuda()
+        if lib.cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream):
+            self.buf.zero_()  # no current context in this thread: torch's guard makes the device's current
+        sample, main = calls
+        pa, pb = a.data_ptr(), b.data_ptr()
+        sample.slots[0].value = main.slots[0].value = pa
+        sample.slots[1].value = main.slots[1].value = pb
+        main.slots[3].value = tol.data_ptr()
+        sample.launch(s_grid, _CU_THREADS, stream)
+        main.launch(plan.grid, _CU_THREADS, stream)
+        rc = lib.cuStreamSynchronize(stream)
+        if rc:
+            raise RuntimeError(f"CUDA error {rc} in the comparison kernels")
+        return list(self.out_view)
 
 
 _CU_WS: dict[tuple[str, tuple[Any, ...]], _CuWorkspace] = {}
@@ -910,29 +932,13 @@ def _run_cu(
     )
     if plan is None:
         return None
-    assert plan.ranks is not None
-    grid, (r_lo, r_hi) = plan.grid, plan.ranks
     with _WS_LOCK:  # the workspace is shared: held until the result is read
         ws = _CU_WS.get(plan.ws_key)
         if ws is None:
             if len(_CU_WS) > 8:
                 _CU_WS.clear()
             ws = _CU_WS[plan.ws_key] = _CuWorkspace(device, plan.layout)
-        w = ws.w
-        tol = _tolerances(device, float(atol), float(rtol))
-        stream = _raw_stream(index)
-        ws.zero(stream, plan.driver)
-        done = w["done"]
-        plan.sample(
-            min(plan.s_tiles, grid), _CU_THREADS, stream,
-            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"], done[0:1],
-             r_lo, r_hi, WINDOW_MAX_BINS],
-        )  # fmt: skip
-        plan.main(
-            grid, _CU_THREADS, stream,
-            [a, b, n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], done[1:2], ws.out],
-        )  # fmt: skip
-        res = ws.result(stream, plan.driver)
+        res = ws.run(plan, a, b, _tolerances(device, float(atol), float(rtol)), _raw_stream(index))
     WINDOW_STATS["cuda_c"] += 1
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0

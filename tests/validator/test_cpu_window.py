@@ -295,6 +295,59 @@ def test_sample_histograms_are_cleared_between_pairs() -> None:
             assert (m.max_ulp, m.p99_ulp) == numpy_ulp(a, b)
 
 
+# the largest distance between finite values of each format (the largest finite against its negative)
+TOP_DIST = {
+    torch.bfloat16: 0xFEFE,
+    torch.float16: 0xF7FE,
+    torch.float32: 0xFEFFFFFE,
+    torch.float8_e4m3fn: 0xFC,
+    torch.float8_e5m2: 0xF6,
+}
+
+
+def far_pair(dtype: torch.dtype, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Close values, except: 2% of pairs of opposite signs near the largest finite value (a p99 near the
+    format's largest distance, a window clipped at its top), +0 against -0 (distance 0), 0 against the
+    smallest subnormal of either sign; the last 40 elements (the ragged tail) are all far pairs."""
+    g = torch.Generator().manual_seed(seed)
+    fi = torch.finfo(dtype)
+    a = torch.randn(n, generator=g, dtype=torch.float64)
+    b = a * (1 + 0.01 * torch.randn(n, generator=g, dtype=torch.float64))
+    u = torch.rand(n, generator=g)
+    far = u < 0.02
+    far[-40:] = True
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    a[far] = sign[far] * fi.max * (0.5 + 0.5 * torch.rand(int(far.sum()), generator=g, dtype=torch.float64))
+    b[far] = -sign[far] * fi.max * (0.5 + 0.5 * torch.rand(int(far.sum()), generator=g, dtype=torch.float64))
+    zeros = (u >= 0.02) & (u < 0.03)
+    a[zeros], b[zeros] = 0.0, -0.0
+    tiny = (u >= 0.03) & (u < 0.035)
+    a[tiny], b[tiny] = 0.0, sign[tiny] * fi.tiny * fi.eps
+    return a.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("extra", [0, 1, 17, 31])
+@pytest.mark.parametrize("dtype", list(TOP_DIST), ids=lambda d: str(d).removeprefix("torch."))
+def test_far_pairs_of_opposite_signs_and_signed_zeros(reference: Ref, dtype: torch.dtype, extra: int) -> None:
+    # the in-register ULP code: distances up to the format's top (exact in the lanes' unsigned
+    # arithmetic), a window clipped there, and ragged last groups of every length class
+    a, b = far_pair(dtype, N + extra, seed=extra)
+    m, route = check(a, b, reference)
+    assert m.p99_ulp is not None and m.p99_ulp > TOP_DIST[dtype] * 0.9 and m.max_ulp <= TOP_DIST[dtype]
+    assert route["window"] == 1 and route["fallback"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=lambda d: str(d)[6:])
+def test_nonfinite_in_the_ragged_tail(reference: Ref, dtype: torch.dtype) -> None:
+    # a NaN or Inf in the last, partial group of a block read without masking: the block is read again
+    # with masking, and the in-window distances its first read found are dropped
+    a, b = far_pair(dtype, N, seed=7)
+    a[-3], b[-1] = math.inf, math.nan
+    b[cpu.CHUNK - 5] = -math.inf  # the last group of the first chunk's last block
+    m, route = check(a, b, reference)
+    assert m.nonfinite_a == 1 and m.nonfinite_b == 2 and route["window"] == 1
+
+
 def test_portable_build_matches_reference(tmp_path: Path) -> None:
     # the AVX-512 code is what this machine runs; the portable code (other CPUs) is built here on purpose
     script = """

@@ -122,8 +122,9 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
         for (int d = 0; d < SMALL; d++) fine[d] += sub[k * SMALL + d];
 }
 
-#define FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                                   \
-    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass) reduction(max:mad)")                                  \
+/* The unmasked loop over one block; STORE: a statement run per element after the sums (the ULP line) */
+#define FAST_LOOP(LA, LB, STORE)                                                                          \
+    _Pragma("omp simd reduction(+:saa,sbb,sab,sdd,sad,npass) reduction(max:mad)")                        \
     for (int64_t j = 0; j < m; j++) {                                                                     \
         const int64_t i = s0 + j;                                                                         \
         const double xa = LA(pa, i), xb = LB(pb, i);                                                      \
@@ -135,10 +136,7 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
         sad += ad;                                                                                        \
         npass += ad <= atol + rtol * fabs(xa);                                                            \
         mad = ad > mad ? ad : mad;                                                                        \
-        if (HAS_ULP) {                                                                                    \
-            const uint32_t u = ULP(pa, pb, i);                                                            \
-            dist[j] = u;                                                                                  \
-                    }                                                                                                 \
+        STORE                                                                                             \
     }
 
 /* One element of a masked loop: the reference semantics for NaN/Inf (docs/metrics.md). Leaves `both`
@@ -188,7 +186,7 @@ static inline void fold_sub(uint32_t *sub, int64_t *fine) {
             double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                  \
             int64_t nboth = m, npass = 0, nfa = 0, nfb = 0, mism = 0;                                     \
             if (!force_masked) {                                                                          \
-                FAST_LOOP(LA, LB, ULP, HAS_ULP)                                                           \
+                FAST_LOOP(LA, LB, if (HAS_ULP) dist[j] = ULP(pa, pb, i);)                                 \
             }                                                                                             \
             if (force_masked || !isfinite(saa) || !isfinite(sbb)) {                                       \
                 saa = sbb = sab = sdd = sad = mad = 0;                                                    \
@@ -302,14 +300,52 @@ static inline void win_scan(const uint32_t *dist, int64_t m, vk_win *w) {
     for (; j < m; j++) win_one(dist[j], w);
 }
 
+/* One block of the windowed pass read without masking: its sums and, for the ULP metrics, the count of
+ * keys below lo, the max distance and the in-window distances not yet binned (binned by wblk_commit
+ * once the sums show the block finite; a block read again with masking drops them). */
+typedef struct {
+    double saa, sbb, sab, sdd, sad, mad;
+    int64_t npass, below;
+    uint32_t mx;
+    int32_t npend;
+    uint32_t pend[BLK];
+} vk_blk;
+
+/* The window [lo, lo + width) of keys (key = distance >> shift) as distances: distance >= *dlo iff
+ * key >= lo, distance < *dhi iff key < hi. Clipped at `top`, which no distance of a finite pair
+ * reaches (0xFFFF for the 16- and 8-bit types, 0xFFFFFFFF for float32), so that both fit the lanes. */
+static inline void win_bounds(const vk_win *w, uint32_t top, uint32_t *dlo, uint32_t *dhi) {
+    const uint64_t lo = (uint64_t)w->lo << w->shift, hi = ((uint64_t)w->lo + w->width) << w->shift;
+    *dlo = lo < top ? (uint32_t)lo : top;
+    *dhi = hi < top ? (uint32_t)hi : top;
+}
+
+/* a block's sums and count below, without ULP work pending */
+static inline void blk_set(vk_blk *blk, double saa, double sbb, double sab, double sdd, double sad, double mad,
+                           int64_t npass, int64_t below) {
+    blk->saa = saa;
+    blk->sbb = sbb;
+    blk->sab = sab;
+    blk->sdd = sdd;
+    blk->sad = sad;
+    blk->mad = mad;
+    blk->npass = npass;
+    blk->below = below;
+    blk->mx = 0;
+    blk->npend = 0;
+}
+
+static inline void wblk_commit(const vk_blk *blk, vk_win *w) {
+    for (int32_t k = 0; k < blk->npend; k++) win_one(blk->pend[k], w);
+}
+
 /* The ULP part of a block whose sums came out finite (so every element is finite in both): the max
  * distance, the count of keys below lo and the in-window elements, for elements s0 .. s0 + m - 1.
  * Portable version: distances to a buffer in one vectorised loop, then win_scan. */
 #define DEFINE_ULPW_GENERIC(NAME, ULP)                                                                    \
-    static inline void NAME(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp, \
-                            int64_t *below) {                                                             \
+    static inline void NAME(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, vk_blk *blk) { \
         uint32_t dist[BLK];                                                                               \
-        uint32_t mx = *mxp, nb = 0;                                                                       \
+        uint32_t mx = 0, nb = 0;                                                                          \
         const uint32_t lo = w->lo;                                                                        \
         const int shift = w->shift;                                                                       \
         for (int64_t j = 0; j < m; j++) dist[j] = ULP(pa, pb, s0 + j);                                    \
@@ -318,46 +354,113 @@ static inline void win_scan(const uint32_t *dist, int64_t m, vk_win *w) {
             nb += (dist[j] >> shift) < lo;                                                                \
         }                                                                                                 \
         win_scan(dist, m, w);                                                                             \
-        *mxp = mx;                                                                                        \
-        *below += nb;                                                                                     \
+        blk->mx = mx;                                                                                     \
+        blk->below = nb;                                                                                  \
     }
 DEFINE_ULPW_GENERIC(ulpw32_generic, ulp32)
 DEFINE_ULPW_GENERIC(ulpw16_generic, ulp16)
 DEFINE_ULPW_GENERIC(ulpw8_generic, ulp8)
 
+/* The unmasked read of a block as two loops: the sums, then (when they are finite) the ULP part */
+#define DEFINE_FASTW(NAME, LA, ULPW)                                                                      \
+    static inline void NAME(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol, \
+                            vk_win *w, vk_blk *blk) {                                                     \
+        double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                      \
+        int64_t npass = 0;                                                                                \
+        FAST_LOOP(LA, LA, )                                                                               \
+        blk_set(blk, saa, sbb, sab, sdd, sad, mad, npass, 0);                                             \
+        if (isfinite(saa) && isfinite(sbb)) ULPW(pa, pb, s0, m, w, blk);                                  \
+    }
+
 #ifdef VK_AVX512
-/* AVX-512 versions: 32 lanes of 16 bits (16- and 8-bit types; distances < 2**16) or 16 lanes of 32
- * bits (float32). A lane's ordinal is s, or -(s & mag) when its sign bit is set, which in wrapping
- * arithmetic is MIN - s (MIN: the lane type's most negative value, -128 for sign-extended 8-bit
- * codes); the distance is max(oa, ob) - min(oa, ob), exact in unsigned arithmetic of the lane's
- * width. Only a group with an in-window lane leaves the vector code. */
+/* AVX-512: float32, float16 and bfloat16 blocks are read once, the float64 sums and the ULP work of
+ * every group of 16 or 32 elements made in registers together (fastw_*); float8 (table decoding) keeps
+ * the two loops, its ULP part in registers too (ulpw8_avx).
+ *
+ * ULP lanes: 16 bits for the 16- and 8-bit types (distances < 2**16), 32 for float32. A lane's ordinal
+ * is s, or -(s & mag) when its sign bit is set, which in wrapping arithmetic is MIN - s (MIN: the lane
+ * type's most negative value, -128 for sign-extended 8-bit codes); the distance is
+ * max(oa, ob) - min(oa, ob), exact in unsigned arithmetic of the lane's width. The count below the
+ * window is the block's m less the popcounts of "at or above its start", a mask that also selects the
+ * lanes tested against its end; only a group with an in-window lane leaves the vector code, to the
+ * block's list. */
+typedef struct {
+    __m512d aa, bb, ab, dd, ad, mad;
+    int64_t pass; /* counted from the compare masks by popcount: scalar work, off the vector pipes */
+} vk_vsums;
+
+typedef struct {
+    __m512i mx, dlo, dhi; /* per lane: max distance; the window as distances */
+} vk_vulp;
+
+static inline vk_vsums vsums_zero(void) {
+    const __m512d z = _mm512_setzero_pd();
+    return (vk_vsums){z, z, z, z, z, z, 0};
+}
+
+/* FAST_LOOP's arithmetic on 8 elements; lanes outside `valid` hold 0 in both, so only the pass count
+ * needs masking */
+static inline void sums8(__m512d xa, __m512d xb, __mmask8 valid, __m512d atol, __m512d rtol, vk_vsums *s) {
+    const __m512d d = _mm512_sub_pd(xb, xa), ad = _mm512_abs_pd(d);
+    s->aa = _mm512_fmadd_pd(xa, xa, s->aa);
+    s->bb = _mm512_fmadd_pd(xb, xb, s->bb);
+    s->ab = _mm512_fmadd_pd(xa, xb, s->ab);
+    s->dd = _mm512_fmadd_pd(d, d, s->dd);
+    s->ad = _mm512_add_pd(s->ad, ad);
+    s->mad = _mm512_max_pd(s->mad, ad);
+    const __m512d tol = _mm512_add_pd(atol, _mm512_mul_pd(rtol, _mm512_abs_pd(xa)));
+    const __mmask8 pass = _mm512_mask_cmp_pd_mask(valid, ad, tol, _CMP_LE_OQ);
+    s->pass += __builtin_popcount(pass);
+}
+
+static inline __mmask8 first8(int k) { return k >= 8 ? 0xFF : k <= 0 ? 0 : (__mmask8)((1u << k) - 1); }
+
+/* 16 float32 values of each, the first n valid */
+static inline void sums16(__m512 xa, __m512 xb, int n, __m512d atol, __m512d rtol, vk_vsums *s) {
+    sums8(_mm512_cvtps_pd(_mm512_castps512_ps256(xa)), _mm512_cvtps_pd(_mm512_castps512_ps256(xb)), first8(n), atol,
+          rtol, s);
+    sums8(_mm512_cvtps_pd(_mm512_extractf32x8_ps(xa, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(xb, 1)),
+          first8(n - 8), atol, rtol, s);
+}
+
+static inline void vsums_to_blk(const vk_vsums *s, vk_blk *blk) {
+    blk->saa = _mm512_reduce_add_pd(s->aa);
+    blk->sbb = _mm512_reduce_add_pd(s->bb);
+    blk->sab = _mm512_reduce_add_pd(s->ab);
+    blk->sdd = _mm512_reduce_add_pd(s->dd);
+    blk->sad = _mm512_reduce_add_pd(s->ad);
+    blk->mad = _mm512_reduce_max_pd(s->mad);
+    blk->npass = s->pass;
+}
+
+/* the in-window lanes `in` of a group of 16- (eb = 2) or 32-bit (eb = 4) distances, to the block's list */
+static inline void defer(vk_blk *blk, __m512i u, uint32_t in, int eb) {
+    uint32_t t[16];
+    _mm512_storeu_si512(t, u);
+    for (; in; in &= in - 1) {
+        const int k = __builtin_ctz(in);
+        blk->pend[blk->npend++] = eb == 2 ? ((const uint16_t *)t)[k] : t[k];
+    }
+}
+
 static inline __m512i ord_epi16(__m512i s, __m512i vmin) {
     return _mm512_mask_sub_epi16(s, _mm512_movepi16_mask(s), vmin, s);
 }
 
-static inline void ulpw_lanes16(__m512i oa, __m512i ob, __mmask32 valid, vk_win *w, uint32_t lo16, uint32_t wid16,
-                                __m512i *vmx, int64_t *nb) {
+static inline void ulp_lanes16(__m512i ca, __m512i cb, __mmask32 valid, __m512i vmin, vk_vulp *v, vk_blk *blk) {
+    const __m512i oa = ord_epi16(ca, vmin), ob = ord_epi16(cb, vmin);
     const __m512i u = _mm512_sub_epi16(_mm512_max_epi16(oa, ob), _mm512_min_epi16(oa, ob));
-    const __m512i vlo = _mm512_set1_epi16((short)lo16);
-    *vmx = _mm512_max_epu16(*vmx, u);
-    const __mmask32 kb = _mm512_mask_cmplt_epu16_mask(valid, u, vlo);
-    *nb += __builtin_popcount((unsigned)kb);
-    const __mmask32 kin = wid16 > 0xFFFF ? (__mmask32)(valid & ~kb)
-                                          : _mm512_mask_cmplt_epu16_mask((__mmask32)(valid & ~kb), u,
-                                                                         _mm512_set1_epi16((short)(lo16 + wid16)));
-    if (__builtin_expect(kin != 0, 0)) {
-        uint16_t t[32];
-        _mm512_storeu_si512(t, u);
-        for (uint32_t k = (uint32_t)kin; k; k &= k - 1) win_one(t[__builtin_ctz(k)], w);
-    }
+    v->mx = _mm512_max_epu16(v->mx, u);
+    const __mmask32 ge = _mm512_mask_cmpge_epu16_mask(valid, u, v->dlo);
+    blk->below -= __builtin_popcount(ge); /* the block starts it at m */
+    const __mmask32 in = _mm512_mask_cmplt_epu16_mask(ge, u, v->dhi);
+    if (__builtin_expect(in != 0, 0)) defer(blk, u, in, 2);
 }
 
-/* the window (lo <= 0xFFFF) as 16-bit lanes see it: [lo16, lo16 + wid16), wid16 = 0x10000 meaning
- * "everything >= lo" (no 16-bit distance reaches the window's end) */
-static inline void win16(const vk_win *w, uint32_t *lo16, uint32_t *wid16) {
-    const uint64_t hi = (uint64_t)w->lo + w->width;
-    *lo16 = w->lo;
-    *wid16 = hi > 0xFFFF ? 0x10000 : (uint32_t)(hi - w->lo);
+static inline vk_vulp vulp16(const vk_win *w) {
+    uint32_t dlo, dhi;
+    win_bounds(w, 0xFFFF, &dlo, &dhi);
+    return (vk_vulp){_mm512_setzero_si512(), _mm512_set1_epi16((short)dlo), _mm512_set1_epi16((short)dhi)};
 }
 
 static inline uint32_t hmax16(__m512i v) {
@@ -369,97 +472,129 @@ static inline uint32_t hmax16(__m512i v) {
     return (uint32_t)(_mm_cvtsi128_si32(b) & 0xFFFF);
 }
 
-/* 32 lanes of 16- or 8-bit patterns (EB bytes each), sign-extended to 16 bits; lanes outside `valid` read 0 */
-static inline __m512i load_lanes16(const void *p, int64_t j, __mmask32 valid, int eb) {
-    if (eb == 2) return _mm512_maskz_loadu_epi16(valid, (const int16_t *)p + j);
-    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, (const int8_t *)p + j));
-}
-
-/* the window counts of a block of 16-bit (eb = 2) or 8-bit (eb = 1) distances, 32 lanes at a time */
-static inline void ulpw_small_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
-                                  int64_t *below, int eb) {
-    const char *a = (const char *)pa + s0 * eb, *b = (const char *)pb + s0 * eb;
-    const __m512i vmin = _mm512_set1_epi16(eb == 2 ? -0x8000 : -0x80);
-    uint32_t lo16, wid16;
-    win16(w, &lo16, &wid16);
-    __m512i vmx = _mm512_setzero_si512();
-    int64_t nb = 0, j = 0;
-    for (; j + 32 <= m; j += 32) {
-        const __m512i oa = ord_epi16(load_lanes16(a, j, (__mmask32)0xFFFFFFFFu, eb), vmin);
-        const __m512i ob = ord_epi16(load_lanes16(b, j, (__mmask32)0xFFFFFFFFu, eb), vmin);
-        ulpw_lanes16(oa, ob, (__mmask32)0xFFFFFFFFu, w, lo16, wid16, &vmx, &nb);
+/* 16 16-bit codes (the first t valid) as two vectors of 8 float32 values, x0 holding n0 valid ones
+ * and x1 n1. bfloat16: the even elements, then the odd ones (a code << 16 is its float32); float16:
+ * elements 0-7, then 8-15. The sums do not mind the order. */
+static inline void decode16(const int16_t *p, int bf16, int t, __m256 *x0, __m256 *x1, int *n0, int *n1) {
+    const __mmask16 valid = t >= 16 ? 0xFFFF : t <= 0 ? 0 : (__mmask16)((1u << t) - 1);
+    const __m256i c = t >= 16 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(valid, p);
+    if (bf16) {
+        *x0 = _mm256_castsi256_ps(_mm256_slli_epi32(c, 16));
+        *x1 = _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32((int)0xFFFF0000u)));
+        *n0 = (t + 1) >> 1;
+        *n1 = t >> 1;
+    } else {
+        *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(c));
+        *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(c, 1));
+        *n0 = t;
+        *n1 = t - 8;
     }
-    if (j < m) {
-        const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
-        const __m512i oa = ord_epi16(load_lanes16(a, j, valid, eb), vmin);
-        const __m512i ob = ord_epi16(load_lanes16(b, j, valid, eb), vmin);
-        ulpw_lanes16(oa, ob, valid, w, lo16, wid16, &vmx, &nb);
+}
+
+/* one group of 32 float16 or bfloat16 elements, the first t (1..32) valid */
+static inline void fastw16_group(const int16_t *a, const int16_t *b, int t, int bf16, __m512d atol, __m512d rtol,
+                                 vk_vsums *s, vk_vulp *v, vk_blk *blk) {
+    for (int h = 0; h < 32; h += 16) {
+        __m256 xa0, xa1, xb0, xb1;
+        int n0, n1;
+        decode16(a + h, bf16, t - h, &xa0, &xa1, &n0, &n1);
+        decode16(b + h, bf16, t - h, &xb0, &xb1, &n0, &n1);
+        sums8(_mm512_cvtps_pd(xa0), _mm512_cvtps_pd(xb0), first8(n0), atol, rtol, s);
+        sums8(_mm512_cvtps_pd(xa1), _mm512_cvtps_pd(xb1), first8(n1), atol, rtol, s);
     }
-    const uint32_t mx = hmax16(vmx);
-    *mxp = mx > *mxp ? mx : *mxp;
-    *below += nb;
+    const __mmask32 valid = t >= 32 ? 0xFFFFFFFFu : (1u << t) - 1;
+    const __m512i ca = t >= 32 ? _mm512_loadu_si512(a) : _mm512_maskz_loadu_epi16(valid, a);
+    const __m512i cb = t >= 32 ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi16(valid, b);
+    ulp_lanes16(ca, cb, valid, _mm512_set1_epi16(-0x8000), v, blk);
 }
 
-static inline void ulpw16_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
-                              int64_t *below) {
-    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw16_generic(pa, pb, s0, m, w, mxp, below); return; }
-    ulpw_small_avx(pa, pb, s0, m, w, mxp, below, 2);
+static inline void fastw16(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol,
+                           vk_win *w, vk_blk *blk, int bf16) {
+    const int16_t *a = (const int16_t *)pa + s0, *b = (const int16_t *)pb + s0;
+    const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
+    vk_vsums s = vsums_zero();
+    vk_vulp v = vulp16(w);
+    blk->npend = 0;
+    blk->below = m;
+    int64_t j = 0;
+    for (; j + 32 <= m; j += 32) fastw16_group(a + j, b + j, 32, bf16, vatol, vrtol, &s, &v, blk);
+    if (j < m) fastw16_group(a + j, b + j, (int)(m - j), bf16, vatol, vrtol, &s, &v, blk);
+    vsums_to_blk(&s, blk);
+    blk->mx = hmax16(v.mx);
 }
 
-static inline void ulpw8_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
-                             int64_t *below) {
-    if (w->shift != 0 || w->lo > 0xFFFF) { ulpw8_generic(pa, pb, s0, m, w, mxp, below); return; }
-    ulpw_small_avx(pa, pb, s0, m, w, mxp, below, 1);
+static void fastw_f16(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol, vk_win *w,
+                      vk_blk *blk) {
+    fastw16(pa, pb, s0, m, atol, rtol, w, blk, 0);
+}
+
+static void fastw_bf16(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol, vk_win *w,
+                       vk_blk *blk) {
+    fastw16(pa, pb, s0, m, atol, rtol, w, blk, 1);
 }
 
 static inline __m512i ord_epi32(__m512i s) {
-    return _mm512_mask_sub_epi32(s, _mm512_cmplt_epi32_mask(s, _mm512_setzero_si512()), _mm512_set1_epi32(INT32_MIN), s);
+    return _mm512_mask_sub_epi32(s, _mm512_movepi32_mask(s), _mm512_set1_epi32(INT32_MIN), s);
 }
 
-static inline void ulpw_lanes32(__m512i oa, __m512i ob, __mmask16 valid, vk_win *w, __m128i shift, __m512i vlo,
-                                __m512i vhi, __m512i *vmx, int64_t *nb) {
+/* one group of 16 float32 elements, the first t (1..16) valid */
+static inline void fastw32_group(const float *a, const float *b, int t, __m512d atol, __m512d rtol, vk_vsums *s,
+                                 vk_vulp *v, vk_blk *blk) {
+    const __mmask16 valid = t >= 16 ? 0xFFFF : (__mmask16)((1u << t) - 1);
+    const __m512i ca = t >= 16 ? _mm512_loadu_si512(a) : _mm512_maskz_loadu_epi32(valid, a);
+    const __m512i cb = t >= 16 ? _mm512_loadu_si512(b) : _mm512_maskz_loadu_epi32(valid, b);
+    sums16(_mm512_castsi512_ps(ca), _mm512_castsi512_ps(cb), t, atol, rtol, s);
+    const __m512i oa = ord_epi32(ca), ob = ord_epi32(cb);
     const __m512i u = _mm512_sub_epi32(_mm512_max_epi32(oa, ob), _mm512_min_epi32(oa, ob));
-    const __m512i key = _mm512_srl_epi32(u, shift);
-    *vmx = _mm512_max_epu32(*vmx, u);
-    const __mmask16 kb = _mm512_mask_cmplt_epu32_mask(valid, key, vlo);
-    *nb += __builtin_popcount((unsigned)kb);
-    const __mmask16 kin = _mm512_mask_cmplt_epu32_mask((__mmask16)(valid & ~kb), key, vhi);
-    if (__builtin_expect(kin != 0, 0)) {
-        uint32_t t[16];
-        _mm512_storeu_si512(t, u);
-        for (uint32_t k = (uint32_t)kin; k; k &= k - 1) win_one(t[__builtin_ctz(k)], w);
-    }
+    v->mx = _mm512_max_epu32(v->mx, u);
+    const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(valid, u, v->dlo);
+    blk->below -= __builtin_popcount(ge);
+    const __mmask16 in = _mm512_mask_cmplt_epu32_mask(ge, u, v->dhi);
+    if (__builtin_expect(in != 0, 0)) defer(blk, u, in, 4);
 }
 
-static inline void ulpw32_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, uint32_t *mxp,
-                              int64_t *below) {
-    if ((uint64_t)w->lo + w->width > 0xFFFFFFFFu) { ulpw32_generic(pa, pb, s0, m, w, mxp, below); return; }
-    const int32_t *a = (const int32_t *)pa + s0, *b = (const int32_t *)pb + s0;
-    const __m128i shift = _mm_cvtsi32_si128(w->shift);
-    const __m512i vlo = _mm512_set1_epi32((int)w->lo), vhi = _mm512_set1_epi32((int)(w->lo + w->width));
-    __m512i vmx = _mm512_setzero_si512();
-    int64_t nb = 0, j = 0;
-    for (; j + 16 <= m; j += 16) {
-        const __m512i oa = ord_epi32(_mm512_loadu_si512(a + j)), ob = ord_epi32(_mm512_loadu_si512(b + j));
-        ulpw_lanes32(oa, ob, (__mmask16)0xFFFF, w, shift, vlo, vhi, &vmx, &nb);
-    }
-    if (j < m) {
-        const __mmask16 valid = (__mmask16)((1u << (m - j)) - 1);
-        const __m512i oa = ord_epi32(_mm512_maskz_loadu_epi32(valid, a + j));
-        const __m512i ob = ord_epi32(_mm512_maskz_loadu_epi32(valid, b + j));
-        ulpw_lanes32(oa, ob, valid, w, shift, vlo, vhi, &vmx, &nb);
-    }
-    const uint32_t mx = _mm512_reduce_max_epu32(vmx);
-    *mxp = mx > *mxp ? mx : *mxp;
-    *below += nb;
+static void fastw_f32(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol, vk_win *w,
+                      vk_blk *blk) {
+    const float *a = (const float *)pa + s0, *b = (const float *)pb + s0;
+    const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
+    uint32_t dlo, dhi;
+    win_bounds(w, 0xFFFFFFFFu, &dlo, &dhi);
+    vk_vsums s = vsums_zero();
+    vk_vulp v = {_mm512_setzero_si512(), _mm512_set1_epi32((int)dlo), _mm512_set1_epi32((int)dhi)};
+    blk->npend = 0;
+    blk->below = m;
+    int64_t j = 0;
+    for (; j + 16 <= m; j += 16) fastw32_group(a + j, b + j, 16, vatol, vrtol, &s, &v, blk);
+    if (j < m) fastw32_group(a + j, b + j, (int)(m - j), vatol, vrtol, &s, &v, blk);
+    vsums_to_blk(&s, blk);
+    blk->mx = _mm512_reduce_max_epu32(v.mx);
 }
-#define ULPW32 ulpw32_avx
-#define ULPW16 ulpw16_avx
-#define ULPW8 ulpw8_avx
+
+/* float8: the ULP part after the sums, 32 sign-extended codes at a time */
+static inline void ulpw8_avx(const void *pa, const void *pb, int64_t s0, int64_t m, vk_win *w, vk_blk *blk) {
+    const int8_t *a = (const int8_t *)pa + s0, *b = (const int8_t *)pb + s0;
+    const __m512i vmin = _mm512_set1_epi16(-0x80);
+    vk_vulp v = vulp16(w);
+    blk->below = m;
+    int64_t j = 0;
+    for (; j + 32 <= m; j += 32)
+        ulp_lanes16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(a + j))),
+                    _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + j))), 0xFFFFFFFFu, vmin, &v, blk);
+    if (j < m) {
+        const __mmask32 valid = (__mmask32)((1ull << (m - j)) - 1);
+        ulp_lanes16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, a + j)),
+                    _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, b + j)), valid, vmin, &v, blk);
+    }
+    blk->mx = hmax16(v.mx);
+}
+DEFINE_FASTW(fastw_e4m3, ld_e4m3, ulpw8_avx)
+DEFINE_FASTW(fastw_e5m2, ld_e5m2, ulpw8_avx)
 #else
-#define ULPW32 ulpw32_generic
-#define ULPW16 ulpw16_generic
-#define ULPW8 ulpw8_generic
+DEFINE_FASTW(fastw_f32, ld_f32, ulpw32_generic)
+DEFINE_FASTW(fastw_f16, ld_f16, ulpw16_generic)
+DEFINE_FASTW(fastw_bf16, ld_bf16, ulpw16_generic)
+DEFINE_FASTW(fastw_e4m3, ld_e4m3, ulpw8_generic)
+DEFINE_FASTW(fastw_e5m2, ld_e5m2, ulpw8_generic)
 #endif
 
 #define WMASKED_LOOP(LA, LB, ULP)                                                                         \
@@ -475,40 +610,43 @@ static inline void ulpw32_avx(const void *pa, const void *pb, int64_t s0, int64_
         nbelow += (dist[j] != NOT_A_DIST) & ((v >> shift) < lo);                                          \
     }
 
-#define DEFINE_WKERNEL(NAME, LA, ULP, ULPW)                                                               \
+/* Each block is read without masking first (FASTW); when its sums come out non-finite it is read
+ * again with masking (WMASKED_LOOP, win_scan) and what FASTW found is dropped. */
+#define DEFINE_WKERNEL(NAME, LA, ULP, FASTW)                                                              \
     static void NAME(const void *pa, const void *pb, int64_t n, double atol, double rtol, vk_acc *acc,    \
                      vk_win *w, int force_masked) {                                                       \
         uint32_t mx = (uint32_t)acc->max_ulp;                                                             \
         const uint32_t lo = w->lo;                                                                        \
         const int shift = w->shift;                                                                       \
         uint32_t dist[BLK];                                                                               \
+        vk_blk blk;                                                                                       \
         for (int64_t s0 = 0; s0 < n; s0 += BLK) {                                                         \
             const int64_t m = n - s0 < BLK ? n - s0 : BLK;                                                \
-            double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                                  \
-            int64_t nboth = m, npass = 0, nfa = 0, nfb = 0, mism = 0, nbelow = 0;                         \
-            if (!force_masked) {                                                                          \
-                FAST_LOOP(LA, LA, ulp0, 0)                                                                \
-            }                                                                                             \
-            if (force_masked || !isfinite(saa) || !isfinite(sbb)) {                                       \
-                saa = sbb = sab = sdd = sad = mad = 0;                                                    \
-                nboth = npass = nfa = nfb = mism = nbelow = 0;                                            \
+            int64_t nboth = m, nfa = 0, nfb = 0, mism = 0;                                                \
+            if (!force_masked) FASTW(pa, pb, s0, m, atol, rtol, w, &blk);                                 \
+            if (force_masked || !isfinite(blk.saa) || !isfinite(blk.sbb)) {                               \
+                double saa = 0, sbb = 0, sab = 0, sdd = 0, sad = 0, mad = 0;                              \
+                int64_t npass = 0, nbelow = 0;                                                            \
+                nboth = 0;                                                                                \
                 WMASKED_LOOP(LA, LA, ULP)                                                                 \
                 win_scan(dist, m, w);                                                                     \
+                blk_set(&blk, saa, sbb, sab, sdd, sad, mad, npass, nbelow);                               \
             } else {                                                                                      \
-                ULPW(pa, pb, s0, m, w, &mx, &nbelow);                                                     \
+                wblk_commit(&blk, w);                                                                     \
+                mx = blk.mx > mx ? blk.mx : mx;                                                           \
             }                                                                                             \
-            w->below += nbelow;                                                                           \
-            acc_add(acc, saa, sbb, sab, sdd, sad, mad, nboth, npass, nfa, nfb, mism);                     \
+            w->below += blk.below;                                                                        \
+            acc_add(acc, blk.saa, blk.sbb, blk.sab, blk.sdd, blk.sad, blk.mad, nboth, blk.npass, nfa, nfb, mism); \
         }                                                                                                 \
         acc->max_ulp = (int64_t)mx;                                                                       \
     }
 
 typedef void (*wkernel_fn)(const void *, const void *, int64_t, double, double, vk_acc *, vk_win *, int);
-DEFINE_WKERNEL(w_f32, ld_f32, ulp32, ULPW32)
-DEFINE_WKERNEL(w_f16, ld_f16, ulp16, ULPW16)
-DEFINE_WKERNEL(w_bf16, ld_bf16, ulp16, ULPW16)
-DEFINE_WKERNEL(w_e4m3, ld_e4m3, ulp8, ULPW8)
-DEFINE_WKERNEL(w_e5m2, ld_e5m2, ulp8, ULPW8)
+DEFINE_WKERNEL(w_f32, ld_f32, ulp32, fastw_f32)
+DEFINE_WKERNEL(w_f16, ld_f16, ulp16, fastw_f16)
+DEFINE_WKERNEL(w_bf16, ld_bf16, ulp16, fastw_bf16)
+DEFINE_WKERNEL(w_e4m3, ld_e4m3, ulp8, fastw_e4m3)
+DEFINE_WKERNEL(w_e5m2, ld_e5m2, ulp8, fastw_e5m2)
 static const wkernel_fn WINDOWED[6] = {0, w_f32, w_f16, w_bf16, w_e4m3, w_e5m2};
 
 static const int64_t DT_SIZE[6] = {8, 4, 2, 2, 1, 1};

@@ -4,7 +4,7 @@
 
 The end-to-end sweep of ``compare_bench.py --sweep`` includes the host's share of each call, which
 varies by tens of microseconds from run to run on the lent machines: too much to rank kernels that
-differ by a few percent. Here every configuration's kernels (memset, ``vk_sample``, ``vk_main``) are
+differ by a few percent. Here every configuration's kernels (``vk_sample``, ``vk_main``) are
 queued back to back (``call_overhead.gpu_only``), the configurations take turns for ``--rounds``
 rounds, and the median per configuration is reported, with whether ``compare_tensors`` under it
 prints the FP64 reference's digits (``compare_bench.printed``).

@@ -10,6 +10,7 @@ the interpreter takes seconds per case.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -134,8 +135,6 @@ def test_window_kernels_in_interpreter(reference, kc, monkeypatch, dtype: torch.
 @CUDA
 def test_cuda_concurrent_calls_do_not_share_results(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     # the engines keep one cached workspace per layout: concurrent calls must not see each other's
-    import threading
-
     pairs = [pair(torch.bfloat16, 1 << 21, seed=30 + i, noise=0.001 * (i + 1)) for i in range(4)]
     expected = [reference(a, b) for a, b in pairs]
     got: list[object] = [None] * len(pairs)
@@ -173,3 +172,21 @@ def test_cuda_window_far_pairs_and_signed_zeros(reference, kc, dtype: torch.dtyp
 
 def _flip(x: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
     return (x.view(sign.dtype) ^ sign).view(x.dtype)
+
+
+@CUDA
+def test_cuda_first_call_in_a_fresh_thread(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # the CUDA C engine launches through the driver, which needs a current context: a thread whose
+    # first CUDA work is a comparison of tensors made elsewhere must still get the right answer, and
+    # the workspace it leaves must serve the next call
+    a, b = pair(torch.bfloat16, 1 << 21, seed=31)
+    ga, gb = a.cuda(), b.cuda()
+    torch.cuda.synchronize()
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.extend(torch_compare(ga, gb) for _ in range(2)))
+    t.start()
+    t.join()
+    expected = reference(a, b)
+    assert len(got) == 2
+    for g in got:
+        assert_same(g, expected)  # type: ignore[arg-type]

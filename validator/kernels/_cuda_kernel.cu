@@ -263,32 +263,38 @@ __device__ i64 block_scan(i64 x, i64 *tmp) {
     return x + before;
 }
 
-/* Smallest index i < nbins with prior + cum(hist[0..i]) >= rank (nbins a multiple of THREADS, at
- * most 4 * THREADS... any multiple works), or nbins when not reached; *total gets the histogram's sum.
- * Every thread gets the result. */
-__device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *tmp, i64 *total) {
+/* Smallest index i < nbins with prior + cum(hist[0..i]) >= rank (nbins a multiple of THREADS), or
+ * nbins when not reached; *total gets the histogram's sum and *before prior plus the sum of the bins
+ * before the one found (no serial walk over the bins by the caller). Every thread gets the results. */
+__device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *tmp, i64 *total, i64 *before) {
     const int per = nbins / THREADS;
     const int base = threadIdx.x * per;
     i64 mine = 0;
     for (int k = 0; k < per; k++) mine += __ldcg(hist + base + k);
     const i64 incl = block_scan(mine, tmp) + prior;
-    __shared__ i64 found, tot;
+    __shared__ i64 found, tot, pre;
     if (threadIdx.x == 0) found = nbins;
-    if (threadIdx.x == THREADS - 1) tot = incl - prior;
+    if (threadIdx.x == THREADS - 1) {
+        tot = incl - prior;
+        pre = incl; /* not reached: every bin is before */
+    }
     __syncthreads();
     i64 run = incl - mine;
     if (run < rank && incl >= rank) {
         for (int k = 0; k < per; k++) {
-            run += __ldcg(hist + base + k);
-            if (run >= rank) {
+            const i64 h = __ldcg(hist + base + k);
+            if (run + h >= rank) {
                 found = base + k;
+                pre = run;
                 break;
             }
+            run += h;
         }
     }
     __syncthreads();
     const i64 r = found;
     *total = tot;
+    *before = pre;
     __syncthreads();
     return r;
 }
@@ -358,27 +364,15 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     i64 bound[2];
     for (int w = 0; w < 2; w++) {
         const i64 rank = w == 0 ? r_lo : r_hi;
-        i64 total;
-        i64 k = block_find(sup, 256, rank, 0, tmp, &total); /* sup has 128 bins per copy; 256 >= 65 used */
-        i64 before = 0;
-        for (int j = 0; j < k && j < 256; j++) before += __ldcg(sup + j);
+        i64 total, before, t2, b2;
+        const i64 k = block_find(sup, 256, rank, 0, tmp, &total, &before); /* 256 >= the 65 used */
         i64 v = 0;
-        if (rank >= 1 && k < 65) {
-            i64 t2;
-            const i64 idx = block_find(fine + k * 1024, 1024, rank, before, tmp, &t2);
-            v = k * 1024 + idx;
-        } else if (rank < 1) {
-            v = 0;
-        }
+        if (rank >= 1 && k < 65) v = k * 1024 + block_find(fine + k * 1024, 1024, rank, before, tmp, &t2, &b2);
 #if EB == 4
         if (rank >= 1 && v >= FINE) {
-            const i64 below16 = total - __ldcg(fine + FINE);
-            i64 t3;
-            const i64 ck = block_find(csup, 256, rank, below16, tmp, &t3);
-            i64 cbefore = below16;
-            for (int j = 0; j < ck && j < 64; j++) cbefore += __ldcg(csup + j);
-            const i64 cidx = block_find(coarse + ck * 1024, 1024, rank, cbefore, tmp, &t3);
-            const i64 bucket = ck * 1024 + cidx;
+            i64 cbefore;
+            const i64 ck = block_find(csup, 256, rank, total - __ldcg(fine + FINE), tmp, &t2, &cbefore);
+            const i64 bucket = ck * 1024 + block_find(coarse + ck * 1024, 1024, rank, cbefore, tmp, &t2, &b2);
             v = w == 0 ? (bucket << 16) : ((bucket + 1) << 16);
         }
 #endif
@@ -415,14 +409,20 @@ __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const 
 #else
 #define MAIN_BOUNDS __launch_bounds__(THREADS)
 #endif
+// The workspace cleans up after itself, so that a comparison needs no memset: vk_main zeroes the
+// sample's histograms (szero: nzero words; the window is in win by then) and the sample's counter
+// (done[0]); its last block zeroes the window histograms and its own counter (done[1]) once it has
+// read them. The host zeroes everything only for a new workspace or after a failed call.
 extern "C" __global__ void MAIN_BOUNDS
     vk_main(const unsigned char *a, const unsigned char *b, int n, const double *tol, const i64 *win, double *part,
-            u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out) {
+            u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out, u32 *szero, int nzero) {
     __shared__ u32 sh[NHEAD];
     __shared__ double red[THREADS / 32 * NPART];
     __shared__ i64 tmp[THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < NHEAD; i += THREADS) sh[i] = 0;
+    for (int i = blockIdx.x * THREADS + threadIdx.x; i < nzero; i += gridDim.x * THREADS) szero[i] = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) done[0] = 0;
     __syncthreads();
     const double atol = tol[0], rtol = tol[1];
     const i64 lo64 = win[0], wn64 = win[1];
@@ -455,7 +455,7 @@ extern "C" __global__ void MAIN_BOUNDS
         if (sh[i]) atomicAdd(whead + i, sh[i]);
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(done + 1, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -481,18 +481,16 @@ extern "C" __global__ void MAIN_BOUNDS
     const i64 below = n_both - (i64)tot[12];
     const i64 rank = (99 * n_both + 99) / 100;
     const i64 inside = rank - below;
-    i64 h_tot, s_tot, b_tot;
-    const i64 ih = block_find(whead, NHEAD, inside, 0, tmp, &h_tot);
+    i64 h_tot, s_tot, b_tot, unused, before;
+    const i64 ih = block_find(whead, NHEAD, inside, 0, tmp, &h_tot, &unused);
     i64 p99 = -1;
     if (n_both > 0 && inside >= 1) {
         if (inside <= h_tot)
             p99 = (i64)lo + ih;
         else {
-            const i64 k = block_find(wsup, NSUP, inside, h_tot, tmp, &s_tot);
+            const i64 k = block_find(wsup, NSUP, inside, h_tot, tmp, &s_tot, &before);
             if (k < NSUP) {
-                i64 before = h_tot;
-                for (int j = 0; j < k; j++) before += __ldcg(wsup + j);
-                const i64 ib = block_find(wbig + k * 1024, 1024, inside, before, tmp, &b_tot);
+                const i64 ib = block_find(wbig + k * 1024, 1024, inside, before, tmp, &b_tot, &unused);
                 if (ib < 1024) p99 = (i64)lo + k * 1024 + ib;
             }
         }
@@ -504,5 +502,10 @@ extern "C" __global__ void MAIN_BOUNDS
         out[13] = (double)rank;
         out[14] = (double)below;
         out[15] = 0.0;
+        done[1] = 0;
     }
+    /* clean up for the next call: the window histograms (wbig only where a wide window used it) */
+    for (int i = threadIdx.x; i < NHEAD; i += THREADS) whead[i] = 0;
+    for (int i = threadIdx.x; i < NSUP; i += THREADS) wsup[i] = 0;
+    for (u32 i = NHEAD + threadIdx.x; i < wn; i += THREADS) wbig[i] = 0;
 }

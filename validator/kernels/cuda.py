@@ -759,7 +759,7 @@ class _TorchLaunch:
 
 
 _SAMPLE_ARGS = "ppiippppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
-_MAIN_ARGS = "ppipppppppp"  # vk_main's
+_MAIN_ARGS = "ppipppppppppi"  # vk_main's
 
 
 def _cu_macros() -> tuple[tuple[str, int], ...]:
@@ -832,14 +832,19 @@ class _CuPlan:
 class _CuWorkspace:
     """The CUDA C engine's buffers on one device (one allocation, carved by ``_cu_layout``), the
     pinned host row the main kernel writes its result into (no copy back: the host reads it once the
-    stream is done), and the kernels' arguments bound to them per plan. Used under ``_WS_LOCK``."""
+    stream is done), and the kernels' arguments bound to them per plan. The kernels leave the
+    buffers zeroed for the next call (``_cuda_kernel.cu``, vk_main); they are zeroed here only when
+    new or after a call that did not finish. Used under ``_WS_LOCK``."""
 
     def __init__(self, device: torch.device, layout: list[tuple[str, torch.dtype, int]]) -> None:
-        self.buf = torch.empty(_ws_bytes(layout), dtype=torch.uint8, device=device)
+        self.buf = torch.zeros(_ws_bytes(layout), dtype=torch.uint8, device=device)
         self.w = _carve(self.buf, layout)
         self.out = torch.zeros(_NPART, dtype=torch.float64, pin_memory=True)
         self.out_view = (ctypes.c_double * _NPART).from_address(self.out.data_ptr())
         self.bound: dict[_CuPlan, tuple[_Bound, _Bound]] = {}
+        self.dirty = False
+        first, last = self.w["sfine"], self.w["scsup"]  # the sample's histograms, one stretch of words
+        self.szero = (last.data_ptr() + 4 * last.numel() - first.data_ptr()) // 4
 
     def args(self, plan: _CuPlan, a: Any, b: Any, tol: Any) -> tuple[list[Any], list[Any]]:
         """vk_sample's and vk_main's arguments (``a``, ``b``, ``tol``: tensors, or 0 to bind later)."""
@@ -848,39 +853,60 @@ class _CuWorkspace:
         return (
             [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
              w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
-            [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"][1:2], self.out],
+            [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"], self.out,
+             w["sfine"], self.szero],
         )  # fmt: skip
 
-    def run(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> list[float]:
-        """Zero, sample, main pass, result: the whole comparison on ``stream``."""
-        s_grid = min(plan.s_tiles, plan.grid)
-        if not plan.driver:
-            self.buf.zero_()
-            sample_args, main_args = self.args(plan, a, b, tol)
-            plan.sample(s_grid, _CU_THREADS, stream, sample_args)
-            plan.main(plan.grid, _CU_THREADS, stream, main_args)
-            torch.cuda.current_stream(self.buf.device).synchronize()
-            return list(self.out.tolist())
+    def launch(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> None:
+        """The two kernels of one comparison queued on ``stream`` (through the driver: ``plan.driver``)."""
         calls = self.bound.get(plan)
         if calls is None:
             if len(self.bound) > 64:
                 self.bound.clear()
             sample_args, main_args = self.args(plan, 0, 0, 0)
             calls = self.bound[plan] = (plan.sample.bind(sample_args), plan.main.bind(main_args))
-        lib = _libcuda()
-        if lib.cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream):
-            self.buf.zero_()  # no current context in this thread: torch's guard makes the device's current
         sample, main = calls
         pa, pb = a.data_ptr(), b.data_ptr()
         sample.slots[0].value = main.slots[0].value = pa
         sample.slots[1].value = main.slots[1].value = pb
         main.slots[3].value = tol.data_ptr()
-        sample.launch(s_grid, _CU_THREADS, stream)
+        sample.launch(min(plan.s_tiles, plan.grid), _CU_THREADS, stream)
         main.launch(plan.grid, _CU_THREADS, stream)
+
+    def run(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> list[float]:
+        """The whole comparison on ``stream``, and its result row."""
+        if not plan.driver:  # torch's launcher, on torch's current stream
+            self.buf.zero_()
+            sample_args, main_args = self.args(plan, a, b, tol)
+            plan.sample(min(plan.s_tiles, plan.grid), _CU_THREADS, stream, sample_args)
+            plan.main(plan.grid, _CU_THREADS, stream, main_args)
+            torch.cuda.current_stream(self.buf.device).synchronize()
+            return list(self.out.tolist())
+        lib = _libcuda()
+        if not _context_current(lib):
+            self.buf.zero_()  # a runtime call binds the device's context to this thread (and zeroes)
+        elif self.dirty:
+            lib.cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream)
+        self.dirty = True
+        self.launch(plan, a, b, tol, stream)
         rc = lib.cuStreamSynchronize(stream)
         if rc:
             raise RuntimeError(f"CUDA error {rc} in the comparison kernels")
+        self.dirty = False
         return list(self.out_view)
+
+
+_TLS = threading.local()
+
+
+def _context_current(lib: ctypes.CDLL) -> bool:
+    """Whether this thread has a current CUDA context (the driver launches need one; a thread that has
+    made no CUDA runtime call yet has none). Checked once per thread: afterwards torch keeps it bound."""
+    if getattr(_TLS, "context", False):
+        return True
+    ctx = ctypes.c_void_p()
+    _TLS.context = lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and bool(ctx.value)
+    return bool(_TLS.context)
 
 
 _CU_WS: dict[tuple[str, tuple[Any, ...]], _CuWorkspace] = {}

@@ -35,9 +35,7 @@ BASE: dict[str, Any] = {"ENGINE": 1, "cu_blocks_per_sm": 12, "cu_minb": 4}
 CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
     {**BASE, "window_delta": 5e-4},
     BASE,
-    {**BASE, "window_delta": 1e-4},
     {**BASE, "cu_blocks_per_sm": 8},
-    {**BASE, "cu_blocks_per_sm": 16},
 ]
 
 

@@ -8,6 +8,8 @@ For a bf16 pair of 8192x7168 (and any ``--elems``), measured side by side in one
   once with the driver launcher (``CONFIG["LAUNCH"] = 1``) and once with torch's (``0``);
 - ``gpu``: the same kernels (``vk_sample``, ``vk_main``) launched back to back 50 times with no
   read back, so the host runs ahead and the time per call is the GPU's alone;
+- ``breakdown``: one call's parts (Python before the launches, the launches, the wait, Python after)
+  and the GPU's span between CUDA events around the launches;
 - a ``cProfile`` of 200 calls: the Python functions that take the host time.
 """
 
@@ -18,6 +20,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -58,6 +61,47 @@ def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
     return (time.perf_counter() - t) / reps
 
 
+def breakdown(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> dict[str, float]:
+    """Median microseconds of the parts of one call: Python before the launches, the two launches,
+    the wait for the stream, Python after it; and the GPU's span from the first launch's arrival on
+    the stream to the main kernel's end (CUDA events around the launches: they add a little time)."""
+    ws_cls = kc._CuWorkspace
+    orig_launch, orig_run = ws_cls.launch, ws_cls.run
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    mark: dict[str, int] = {}
+
+    def launch(self: Any, *args: Any) -> None:
+        ev0.record()
+        mark["launch"] = time.perf_counter_ns()
+        orig_launch(self, *args)
+        mark["launched"] = time.perf_counter_ns()
+        ev1.record()
+
+    def run(self: Any, *args: Any) -> list[float]:
+        res = orig_run(self, *args)
+        mark["waited"] = time.perf_counter_ns()
+        return res
+
+    parts: dict[str, list[float]] = {k: [] for k in ("pre", "launch", "wait", "post", "gpu_span", "call")}
+    ws_cls.launch, ws_cls.run = launch, run  # type: ignore[method-assign]
+    try:
+        for i in range(reps + 3):
+            t0 = time.perf_counter_ns()
+            compare_tensors(a, b)
+            t1 = time.perf_counter_ns()
+            if i < 3:
+                continue
+            parts["pre"].append((mark["launch"] - t0) / 1e3)
+            parts["launch"].append((mark["launched"] - mark["launch"]) / 1e3)
+            parts["wait"].append((mark["waited"] - mark["launched"]) / 1e3)
+            parts["post"].append((t1 - mark["waited"]) / 1e3)
+            parts["gpu_span"].append(ev0.elapsed_time(ev1) * 1e3)
+            parts["call"].append((t1 - t0) / 1e3)
+    finally:
+        ws_cls.launch, ws_cls.run = orig_launch, orig_run  # type: ignore[method-assign]
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
 def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     sync = torch.cuda.synchronize
     pair = make_pair(n, torch.bfloat16, "cuda", seed=3)
@@ -70,6 +114,7 @@ def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     row["host_us"] = row["call_us_launch1"] - row["gpu_us"]
     row["gbps_call"] = gbps(4 * n, row["call_us_launch1"] / 1e6)
     row["gbps_gpu"] = gbps(4 * n, row["gpu_us"] / 1e6)
+    row["breakdown_us"] = breakdown(*pair)
     print(json.dumps(row), flush=True)
     if profile:
         prof = cProfile.Profile()

@@ -170,7 +170,12 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #if CUDIAG != 9 /* 9, timing only: no ULP work */
     const u32 dist = key_dist(ab_, bb_);
     s.mulp = max(s.mulp, dist);
-    u32 u; /* dist - lo_k; s.above counts dist >= lo_k: the borrow of that subtraction */
+    /* u = dist - lo_k, and s.above += dist >= lo_k from the same subtraction's carry flag. PTX
+     * describes sub.cc's flag as a borrow; ptxas (NVRTC of CUDA 13, the H200 runs) leaves the
+     * adder's carry there, which addc adds: "no borrow". Were that to flip, the count would be the
+     * below-count and every call would fall back to the full pass (exact, slow):
+     * tests/validator/test_cuda_window.py asserts that 16- and 8-bit pairs take no fallback. */
+    u32 u;
     asm("sub.cc.u32 %0, %2, %3;\n addc.u32 %1, %1, 0;" : "=r"(u), "+r"(s.above) : "r"(dist), "r"(w.lo_k));
     hit |= u < w.wn_k; /* u wraps past wn_k when dist < lo_k */
 #endif

@@ -888,7 +888,11 @@ class _CuWorkspace:
         elif self.dirty:
             lib.cuMemsetD32Async(self.buf.data_ptr(), 0, self.buf.numel() // 4, stream)
         self.dirty = True
-        self.launch(plan, a, b, tol, stream)
+        try:
+            self.launch(plan, a, b, tol, stream)
+        except BaseException:
+            lib.cuStreamSynchronize(stream)  # what was queued finishes before the lock is released
+            raise
         rc = lib.cuStreamSynchronize(stream)
         if rc:
             raise RuntimeError(f"CUDA error {rc} in the comparison kernels")

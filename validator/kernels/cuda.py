@@ -18,6 +18,14 @@ Layout of the work (docs/performance.md has the numbers):
 
 The tolerance test must round exactly like the reference's ``atol + rtol * |a|`` (two roundings), so
 the kernels are compiled with ``enable_fp_fusion=False``; the running sums use explicit ``tl.fma``.
+
+Large contiguous same-dtype pairs take the CUDA C engine instead (``_cuda_kernel.cu``, built by NVRTC
+at first use; docs/performance.md, "CUDA kernels"): the sampled p99 window, then one main pass whose
+step is built around the integer ALU, its busiest pipe. Its host side is kept short, because on a
+small pair the host's share of a call is as large as the GPU's: the kernels are launched through the
+driver with their arguments bound once per size (``_CuPlan``, ``_CuWorkspace``, ``_Bound``), the
+result row is written by the kernel into pinned host memory, and the kernels leave their workspace
+zeroed for the next call.
 """
 
 from __future__ import annotations
@@ -943,7 +951,7 @@ def _raw_stream(index: int) -> int:
 def _run_cu(
     a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, masked: bool
 ) -> list[float] | None:
-    """The windowed pass on the CUDA C engine: two launches, one memset, one 128-byte read back.
+    """The windowed pass on the CUDA C engine: two launches and a stream sync (no memset, no copy back).
     ``None`` where it does not apply (see ``_compare_on``): the Triton kernels run then."""
     dt = _CU_DT.get(a.dtype)
     n = a.numel()

@@ -18,7 +18,9 @@ CPU kernel, ``VALIDATOR_THREADS`` sets the CPU threads, ``VALIDATOR_KERNEL_CACHE
 
 from __future__ import annotations
 
+import functools
 import os
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +29,14 @@ if TYPE_CHECKING:
     from ..metrics import TensorMetrics
 
 __all__ = ["compare_fast", "backend_for", "info"]
+
+
+@functools.cache
+def _cuda() -> ModuleType:
+    """validator.kernels.cuda, imported once (an import statement per call costs on a GPU's short calls)."""
+    from . import cuda
+
+    return cuda
 
 
 def _enabled() -> bool:
@@ -63,9 +73,8 @@ def compare_fast(
 
     device = metrics._compute_device(a, b)
     if device.type == "cuda":
-        from . import cuda
-
-        return cuda.compare_cuda(a, b, device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
+        got: TensorMetrics | None = _cuda().compare_cuda(a, b, device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
+        return got
     if device.type == "cpu":
         from . import cpu
 

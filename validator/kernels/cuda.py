@@ -104,6 +104,7 @@ _TORCH_TO_ULP_BITS = {
 }
 
 
+@functools.cache
 def available() -> bool:
     return _HAVE_TRITON and torch.cuda.is_available()
 
@@ -507,12 +508,12 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-_TOL_CACHE: dict[tuple[str, float, float], torch.Tensor] = {}
+_TOL_CACHE: dict[tuple[str, int | None, float, float], torch.Tensor] = {}
 
 
 def _tolerances(device: torch.device, atol: float, rtol: float) -> torch.Tensor:
     """(atol, rtol) as a float64 device tensor, kept so that repeated calls copy nothing."""
-    key = (str(device), atol, rtol)
+    key = (device.type, device.index, atol, rtol)
     t = _TOL_CACHE.get(key)
     if t is None:
         if len(_TOL_CACHE) > 64:
@@ -942,10 +943,14 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _raw_stream(index: int) -> int:
     """The current stream of device ``index`` as a driver handle (torch's raw getter where it has one)."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
 
 
 def _run_cu(
@@ -1057,7 +1062,7 @@ def _compare_on(
         if windowed:
             wres = _run_window(a, b, device, atol, rtol, force_masked, ulp_bits)
             masked = force_masked
-            if wres is not None and not masked and not all(_finite(x) for x in wres[0:2]):
+            if wres is not None and not masked and not (_finite(wres[0]) and _finite(wres[1])):
                 masked = True
                 wres = _run_window(a, b, device, atol, rtol, True, ulp_bits)
             if wres is not None:

@@ -5,11 +5,14 @@
 For a bf16 pair of 8192x7168 (and any ``--elems``), measured side by side in one run:
 
 - ``call``: the median time of ``compare_tensors(a, b)``, as a user sees it (host work + GPU + read back);
-  once with the driver launcher (``CONFIG["LAUNCH"] = 1``) and once with torch's (``0``);
+  the default (``call_us_launch1``), without the short way for repeated pairs (``CONFIG["LANE"] = 0``:
+  ``call_us_nolane``) and with torch's launcher (``CONFIG["LAUNCH"] = 0``: ``call_us_launch0``),
+  interleaved in three rounds;
 - ``gpu``: the same kernels (``vk_sample``, ``vk_main``) launched back to back 50 times with no
   read back, so the host runs ahead and the time per call is the GPU's alone;
 - ``breakdown``: one call's parts (Python before the launches, the launches, the wait, Python after)
   and the GPU's span between CUDA events around the launches;
+- ``kernel_us``: each kernel's mean GPU time per call (torch's profiler);
 - a ``cProfile`` of 200 calls: the Python functions that take the host time.
 """
 
@@ -102,19 +105,41 @@ def breakdown(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> dict[str, flo
     return {k: statistics.median(v) for k, v in parts.items()}
 
 
+def kernel_us(a: torch.Tensor, b: torch.Tensor, reps: int = 20) -> dict[str, float]:
+    """Mean GPU microseconds per call of each kernel a comparison runs (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    compare_tensors(a, b)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            compare_tensors(a, b)
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / reps for e in prof.key_averages() if e.device_time_total > 0}
+
+
 def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     sync = torch.cuda.synchronize
     pair = make_pair(n, torch.bfloat16, "cuda", seed=3)
     row: dict[str, Any] = {"elements": n, "bytes": 4 * n}
-    for launch in (1, 0):
-        kc.CONFIG["LAUNCH"] = launch
-        row[f"call_us_launch{launch}"] = 1e6 * timed(lambda: compare_tensors(*pair), reps, sync)
-    kc.CONFIG["LAUNCH"] = 1
+    # the call as a user makes it (compare_tensors returns host numbers: nothing left to wait for), in
+    # three variants measured in interleaved rounds so that drift between them cancels
+    variants = {"call_us_launch1": (1, 1), "call_us_nolane": (1, 0), "call_us_launch0": (0, 1)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(3):
+        for key, (launch, lane) in variants.items():
+            kc.CONFIG.update(LAUNCH=launch, LANE=lane)
+            times[key].append(1e6 * timed(lambda: compare_tensors(*pair), reps))
+    kc.CONFIG.update(LAUNCH=1, LANE=1)
+    row.update({k: statistics.median(v) for k, v in times.items()})
     row["gpu_us"] = 1e6 * gpu_only(*pair)
     row["host_us"] = row["call_us_launch1"] - row["gpu_us"]
     row["gbps_call"] = gbps(4 * n, row["call_us_launch1"] / 1e6)
     row["gbps_gpu"] = gbps(4 * n, row["gpu_us"] / 1e6)
     row["breakdown_us"] = breakdown(*pair)
+    try:
+        row["kernel_us"] = kernel_us(*pair)
+    except Exception as exc:  # the profiler is a diagnostic: report and go on
+        row["kernel_us"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps(row), flush=True)
     if profile:
         prof = cProfile.Profile()

@@ -285,8 +285,8 @@ def metrics_from_totals(
     """Every metric from the float64 totals of one pass: the formulas of docs/metrics.md, in one place
     for the reference and the kernels. ``sums``: a², b², ab, d², |d|; ``counts``: finite in both,
     passed, non-finite in a, in b, mismatches; ``ulp``: (max_ulp, p99_ulp) or ``None``."""
-    sum_a2, sum_b2, sum_ab, sum_d2, sum_absd = (float(x) for x in sums)
-    n_both, n_pass, nonfinite_a, nonfinite_b, mismatch = (int(c) for c in counts)
+    sum_a2, sum_b2, sum_ab, sum_d2, sum_absd = map(float, sums)
+    n_both, n_pass, nonfinite_a, nonfinite_b, mismatch = map(int, counts)
     norm_a, norm_b, norm_d = math.sqrt(sum_a2), math.sqrt(sum_b2), math.sqrt(sum_d2)
     rel_l2 = norm_d / norm_a if norm_a > 0 else (0.0 if norm_d == 0 else math.inf)
     if norm_a == 0 and norm_b == 0:
@@ -367,5 +367,11 @@ def _p99_from_hist(
     return (bucket << 16) + _first_reaching(low.total(), rank_in_bucket)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name

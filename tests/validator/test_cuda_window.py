@@ -192,3 +192,53 @@ def test_cuda_first_call_in_a_fresh_thread(reference, kc) -> None:  # type: igno
     assert len(got) == 2
     for g in got:
         assert_same(g, expected)  # type: ignore[arg-type]
+
+
+@CUDA
+def test_cuda_repeated_calls_take_the_lane_and_stay_exact(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # a second call with the same dtypes, size, devices and tolerances goes straight to the CUDA C
+    # kernels (lane_compare); pairs that do not fit the lane, and NaN/Inf or window misses met on it,
+    # still get the reference's answer
+    n = (1 << 21) + 16
+    a, b = pair(torch.bfloat16, n, seed=32)
+    ga, gb = a.cuda(), b.cuda()
+    assert_same(torch_compare(ga, gb), reference(a, b))
+    lane = kc.lane_compare(ga, gb, 1e-5, 1e-3, 1 << 22)  # type: ignore[attr-defined]
+    assert lane is not None, kc._CU_ERRORS  # type: ignore[attr-defined]
+    assert_same(lane, reference(a, b))
+    assert kc.lane_compare(ga, gb, 1e-4, 1e-3, 1 << 22) is None  # type: ignore[attr-defined]  # other tolerances
+    big = torch.cat([ga[:8], ga])
+    misaligned, strided = big[1 : n + 1], ga.view(2, -1).t()
+    for x in (misaligned, strided):  # same size, but not a pair the kernels take as it is
+        assert kc.lane_compare(x, gb.view(x.shape), 1e-5, 1e-3, 1 << 22) is None  # type: ignore[attr-defined]
+        assert_same(torch_compare(x, gb.view(x.shape)), reference(x.cpu(), b.view(x.shape)))
+    c = b.clone()
+    c[::1000] = float("nan")
+    before = _counts(kc)
+    assert_same(torch_compare(ga, c.cuda()), reference(a, c))  # on the lane: rerun masked
+    assert _delta(kc, before)["cuda_c"] == 2
+    d = _sampled_tiles_equal(a, b, kc._CU_THREADS * 8, _finish.SAMPLE_STRIDE)  # type: ignore[attr-defined]
+    before = _counts(kc)
+    assert_same(torch_compare(ga, d.cuda()), reference(a, d))  # on the lane: a window miss
+    assert _delta(kc, before) == {"window": 1, "fallback": 1, "cuda_c": 1}
+
+
+def test_config_changes_drop_the_lanes() -> None:
+    # a lane holds kernels and plans built for the CONFIG in force: any change must drop them
+    from validator.kernels import cuda
+
+    saved = dict(cuda.CONFIG)
+    try:
+        for change in (
+            lambda c: c.__setitem__("cu_blocks_per_sm", 8),
+            lambda c: c.update(NHEAD=512),
+            lambda c: c.pop("CUDIAG"),
+            lambda c: c.setdefault("CUDIAG", 0),
+            lambda c: c.clear(),
+        ):
+            cuda._LANES[("key",)] = object()  # type: ignore[assignment]
+            change(cuda.CONFIG)
+            assert not cuda._LANES
+    finally:
+        cuda.CONFIG.clear()
+        cuda.CONFIG.update(saved)

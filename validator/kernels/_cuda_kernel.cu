@@ -251,57 +251,95 @@ __device__ void block_reduce(double *v, double *red, u32 max_mask) {
     __syncthreads();
 }
 
-/* Inclusive prefix sums of THREADS per-thread int64 values: within warps by shuffles, then across the
- * warps' totals. tmp: THREADS / 32 shared int64. */
-__device__ i64 block_scan(i64 x, i64 *tmp) {
+/* Where two ranks fall in two histograms (or twice in one), in one pass: for j = 0, 1 the smallest
+ * index i < nbins with prior[j] + cum(hist[j][0..i]) >= rank[j], or nbins when not reached; total[j]
+ * gets the histogram's sum and before[j] prior[j] plus the sum of the bins before the one found.
+ * nbins is a multiple of THREADS and at most FIND_PER * THREADS. Each bin is read once, into
+ * registers: the thread whose stretch holds a rank walks its registers, so the latency of the last
+ * block's search is one read and one scan (vk_sample's window needs two ranks; vk_main's p99 one).
+ * tmp: 2 * THREADS / 32 shared int64. Every thread gets the results. */
+#define FIND_PER 4
+struct Found {
+    i64 idx, total, before;
+};
+__device__ void block_find2(const u32 *h0, const u32 *h1, int nbins, i64 r0, i64 r1, i64 p0, i64 p1, i64 *tmp,
+                            Found *out) {
+    const int per = nbins / THREADS, base = threadIdx.x * per;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 v0[FIND_PER], v1[FIND_PER];
+    i64 m0 = 0, m1 = 0;
+#pragma unroll
+    for (int k = 0; k < FIND_PER; k++) {
+        v0[k] = k < per ? __ldcg(h0 + base + k) : 0u;
+        v1[k] = k < per ? __ldcg(h1 + base + k) : 0u;
+        m0 += v0[k];
+        m1 += v1[k];
+    }
+    i64 x0 = m0, x1 = m1; /* inclusive prefix sums: within the warp by shuffles, then over the warps */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const i64 y = __shfl_up_sync(0xFFFFFFFFu, x, o);
-        if (lane >= o) x += y;
+        const i64 y0 = __shfl_up_sync(0xFFFFFFFFu, x0, o), y1 = __shfl_up_sync(0xFFFFFFFFu, x1, o);
+        if (lane >= o) {
+            x0 += y0;
+            x1 += y1;
+        }
     }
-    if (lane == 31) tmp[warp] = x;
+    if (lane == 31) {
+        tmp[warp] = x0;
+        tmp[THREADS / 32 + warp] = x1;
+    }
     __syncthreads();
-    i64 before = 0;
-    for (int w = 0; w < warp; w++) before += tmp[w];
-    __syncthreads();
-    return x + before;
-}
-
-/* Smallest index i < nbins with prior + cum(hist[0..i]) >= rank (nbins a multiple of THREADS), or
- * nbins when not reached; *total gets the histogram's sum and *before prior plus the sum of the bins
- * before the one found (no serial walk over the bins by the caller). Every thread gets the results. */
-__device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *tmp, i64 *total, i64 *before) {
-    const int per = nbins / THREADS;
-    const int base = threadIdx.x * per;
-    i64 mine = 0;
-    for (int k = 0; k < per; k++) mine += __ldcg(hist + base + k);
-    const i64 incl = block_scan(mine, tmp) + prior;
-    __shared__ i64 found, tot, pre;
-    if (threadIdx.x == 0) found = nbins;
+    for (int w = 0; w < warp; w++) {
+        x0 += tmp[w];
+        x1 += tmp[THREADS / 32 + w];
+    }
+    const i64 inc0 = x0 + p0, inc1 = x1 + p1;
+    __shared__ i64 sf[6]; /* per rank: found, before, total */
     if (threadIdx.x == THREADS - 1) {
-        tot = incl - prior;
-        pre = incl; /* not reached: every bin is before */
+        sf[0] = nbins;
+        sf[1] = inc0; /* not reached: every bin is before */
+        sf[2] = inc0 - p0;
+        sf[3] = nbins;
+        sf[4] = inc1;
+        sf[5] = inc1 - p1;
     }
     __syncthreads();
-    i64 run = incl - mine;
-    if (run < rank && incl >= rank) {
-        for (int k = 0; k < per; k++) {
-            const i64 h = __ldcg(hist + base + k);
-            if (run + h >= rank) {
-                found = base + k;
-                pre = run;
+    i64 run0 = inc0 - m0, run1 = inc1 - m1;
+    if (run0 < r0 && inc0 >= r0) {
+#pragma unroll
+        for (int k = 0; k < FIND_PER; k++) {
+            if (run0 + v0[k] >= r0) {
+                sf[0] = base + k;
+                sf[1] = run0;
                 break;
             }
-            run += h;
+            run0 += v0[k];
+        }
+    }
+    if (run1 < r1 && inc1 >= r1) {
+#pragma unroll
+        for (int k = 0; k < FIND_PER; k++) {
+            if (run1 + v1[k] >= r1) {
+                sf[3] = base + k;
+                sf[4] = run1;
+                break;
+            }
+            run1 += v1[k];
         }
     }
     __syncthreads();
-    const i64 r = found;
-    *total = tot;
-    *before = pre;
+    out[0] = Found{sf[0], sf[2], sf[1]};
+    out[1] = Found{sf[3], sf[5], sf[4]};
     __syncthreads();
-    return r;
+}
+
+/* block_find2 for one rank */
+__device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *tmp, i64 *total, i64 *before) {
+    Found f[2];
+    block_find2(hist, hist, nbins, rank, rank, prior, prior, tmp, f);
+    *total = f[0].total;
+    *before = f[0].before;
+    return f[0].idx;
 }
 
 /* ---------------------------------------------------------------- sample + window */
@@ -334,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
               u32 *coarse, u32 *csup, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
     __shared__ u32 sh[SMALLS];
-    __shared__ i64 tmp[THREADS / 32];
+    __shared__ i64 tmp[2 * THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
@@ -365,17 +403,22 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* the window: sampled distances of ranks r_lo and r_hi (beyond the fine range: bucket edges) */
+    /* the window: sampled distances of ranks r_lo and r_hi (beyond the fine range: bucket edges),
+     * both searched at once: the >> 10 totals (256 >= the 65 used), then the two fine stretches */
     i64 bound[2];
+    Found fs[2], ff[2];
+    block_find2(sup, sup, 256, r_lo, r_hi, 0, 0, tmp, fs);
+    const i64 k0 = fs[0].idx < 65 ? fs[0].idx : 0, k1 = fs[1].idx < 65 ? fs[1].idx : 0;
+    block_find2(fine + k0 * 1024, fine + k1 * 1024, 1024, r_lo, r_hi, fs[0].before, fs[1].before, tmp, ff);
     for (int w = 0; w < 2; w++) {
         const i64 rank = w == 0 ? r_lo : r_hi;
-        i64 total, before, t2, b2;
-        const i64 k = block_find(sup, 256, rank, 0, tmp, &total, &before); /* 256 >= the 65 used */
+        const i64 k = fs[w].idx;
         i64 v = 0;
-        if (rank >= 1 && k < 65) v = k * 1024 + block_find(fine + k * 1024, 1024, rank, before, tmp, &t2, &b2);
+        if (rank >= 1 && k < 65) v = k * 1024 + ff[w].idx;
 #if EB == 4
         if (rank >= 1 && v >= FINE) {
-            i64 cbefore;
+            const i64 total = fs[w].total;
+            i64 cbefore, t2, b2;
             const i64 ck = block_find(csup, 256, rank, total - __ldcg(fine + FINE), tmp, &t2, &cbefore);
             const i64 bucket = ck * 1024 + block_find(coarse + ck * 1024, 1024, rank, cbefore, tmp, &t2, &b2);
             v = w == 0 ? (bucket << 16) : ((bucket + 1) << 16);
@@ -423,7 +466,7 @@ extern "C" __global__ void MAIN_BOUNDS
             u32 *whead, u32 *wbig, u32 *wsup, u32 *done, double *out, u32 *szero, int nzero) {
     __shared__ u32 sh[NHEAD];
     __shared__ double red[THREADS / 32 * NPART];
-    __shared__ i64 tmp[THREADS / 32];
+    __shared__ i64 tmp[2 * THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < NHEAD; i += THREADS) sh[i] = 0;
     for (int i = blockIdx.x * THREADS + threadIdx.x; i < nzero; i += gridDim.x * THREADS) szero[i] = 0;

@@ -64,31 +64,67 @@ try:  # Triton is optional: without it CUDA tensors take the reference path
 except ImportError:  # pragma: no cover - depends on the environment
     _HAVE_TRITON = False
 
+
+_LANES: dict[tuple[Any, ...], _Lane] = {}  # pairs seen before on the CUDA C engine (lane_compare)
+
+
+class _Config(dict[str, int]):
+    """The tuning knobs: a dict whose every change drops the cached lanes (``_LANES``), which hold
+    kernels, plans and workspaces built for the values in force when they were made."""
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        _LANES.clear()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        _LANES.clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        _LANES.clear()
+
+    def clear(self) -> None:
+        super().clear()
+        _LANES.clear()
+
+    def pop(self, *args: Any) -> Any:
+        _LANES.clear()
+        return super().pop(*args)
+
+    def setdefault(self, key: str, default: int = 0) -> int:
+        _LANES.clear()
+        return super().setdefault(key, default)
+
+
 # Tuning knobs (benchmarks/compare_bench.py sweeps them on the device).
-CONFIG: dict[str, int] = {
-    "BLOCK": 512,  # elements per tile (the H200 sweep's best, docs/results/perf-h200.md)
-    "num_warps": 4,
-    "programs_per_sm": 16,  # persistent grid: this many programs per multiprocessor
-    "NSMALL": 32,  # register-histogram bins; the last one means "NSMALL - 1 or more"
-    "NCOPY": 8,  # copies of the global histogram
-    "PREFETCH": 1,  # load the next tile before computing this one
-    # timing diagnostics only: 1 = no ULP histograms (no p99), 2 = no ULP work at all, 3 = the ULP work
-    # but no float64 arithmetic, 4 = the loads alone
-    "DIAG": 0,
-    "WINDOW": 1,  # the exact p99 through a sampled window (0: every distance histogrammed, the old way)
-    "NHEAD": 1024,  # window bins kept per program copy; wider windows go to one shared histogram
-    "SCOPY": 4,  # copies of the sample's histograms
-    "SNSMALL": 64,  # register-histogram bins of the sample kernel
-    "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
-    "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
-    # CUDA C: the H200 runs' choice (docs/results/perf-h200.md, "Kernel A/B")
-    "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
-    "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
-    "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
-    # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
-    # 6 = no tolerance test, 7 = no max |d|, 9 = no ULP work, 10 = no float64 work, 11 = no sums of products
-    "CUDIAG": 0,
-}
+CONFIG: dict[str, int] = _Config(
+    {
+        "BLOCK": 512,  # elements per tile (the H200 sweep's best, docs/results/perf-h200.md)
+        "num_warps": 4,
+        "programs_per_sm": 16,  # persistent grid: this many programs per multiprocessor
+        "NSMALL": 32,  # register-histogram bins; the last one means "NSMALL - 1 or more"
+        "NCOPY": 8,  # copies of the global histogram
+        "PREFETCH": 1,  # load the next tile before computing this one
+        # timing diagnostics only: 1 = no ULP histograms (no p99), 2 = no ULP work at all, 3 = the ULP work
+        # but no float64 arithmetic, 4 = the loads alone
+        "DIAG": 0,
+        "WINDOW": 1,  # the exact p99 through a sampled window (0: every distance histogrammed, the old way)
+        "NHEAD": 1024,  # window bins kept per program copy; wider windows go to one shared histogram
+        "SCOPY": 4,  # copies of the sample's histograms
+        "SNSMALL": 64,  # register-histogram bins of the sample kernel
+        "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
+        "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
+        # CUDA C: the H200 runs' choice (docs/results/perf-h200.md, "Kernel A/B")
+        "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+        "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
+        "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
+        "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_compare); 0 = never
+        # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
+        # 6 = no tolerance test, 7 = no max |d|, 9 = no ULP work, 10 = no float64 work, 11 = no sums of products
+        "CUDIAG": 0,
+    }
+)
 if os.environ.get("VALIDATOR_CUDA_CONFIG"):  # tuning: a JSON object overriding some of the above
     CONFIG.update({k: int(v) for k, v in json.loads(os.environ["VALIDATOR_CUDA_CONFIG"]).items() if k in CONFIG})
 _NPART = 16  # columns of the per-program buffer
@@ -906,7 +942,7 @@ class _CuWorkspace:
         if rc:
             raise RuntimeError(f"CUDA error {rc} in the comparison kernels")
         self.dirty = False
-        return list(self.out_view)
+        return self.out_view[:]
 
 
 _TLS = threading.local()
@@ -980,9 +1016,15 @@ def _run_cu(
         if ws is None:
             if len(_CU_WS) > 8:
                 _CU_WS.clear()
+                _LANES.clear()
             ws = _CU_WS[plan.ws_key] = _CuWorkspace(device, plan.layout)
-        res = ws.run(plan, a, b, _tolerances(device, float(atol), float(rtol)), _raw_stream(index))
+        tol = _tolerances(device, float(atol), float(rtol))
+        res = ws.run(plan, a, b, tol, _raw_stream(index))
     WINDOW_STATS["cuda_c"] += 1
+    if CONFIG.get("LANE", 1) and not masked and not (CONFIG.get("DIAG") or CONFIG.get("CUDIAG")):
+        if len(_LANES) > 64:
+            _LANES.clear()
+        _LANES[(a.dtype, b.dtype, n, a.device, b.device, atol, rtol)] = _Lane(plan, ws, tol, index, n)
     if CONFIG.get("CUDIAG"):  # timing diagnostics: not a result
         res[12] = -2.0
     return res
@@ -1061,35 +1103,10 @@ def _compare_on(
     with _on(device):
         if windowed:
             wres = _run_window(a, b, device, atol, rtol, force_masked, ulp_bits)
-            masked = force_masked
-            if wres is not None and not masked and not (_finite(wres[0]) and _finite(wres[1])):
-                masked = True
-                wres = _run_window(a, b, device, atol, rtol, True, ulp_bits)
             if wres is not None:
-                WINDOW_STATS["window"] += 1
-                p99 = int(wres[12])
-                n_both = int(wres[8])
-                if CONFIG.get("DIAG") or CONFIG.get("CUDIAG"):  # timing diagnostics: no p99, no second pass
-                    p99 = -1
-                elif p99 < 0 and n_both > 0:  # the rank fell outside the window: the full histograms
-                    WINDOW_STATS["fallback"] += 1
-                    full, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, masked, ulp_bits)
-                    p99 = _p99_of(full, a, b, device, fine, coarse, n_both, chunk_elems)
-                counts = (
-                    [n_both, int(wres[6]), int(wres[9]), int(wres[10]), int(wres[11])]
-                    if masked
-                    else [a.numel(), int(wres[6]), 0, 0, 0]
-                )
-                return metrics_from_totals(
-                    a,
-                    b,
-                    atol,
-                    rtol,
-                    wres[0:5],
-                    wres[5],
-                    counts,
-                    (int(wres[7]), p99 if CONFIG.get("DIAG") or CONFIG.get("CUDIAG") else max(p99, 0)),
-                )
+                got = _from_window(a, b, device, atol, rtol, chunk_elems, wres, force_masked, ulp_bits)
+                if got is not None:
+                    return got
         res, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, force_masked, ulp_bits)
         masked = force_masked
         if not masked and not all(_finite(x) for x in res[0:2]):
@@ -1104,6 +1121,85 @@ def _compare_on(
         p99 = -1 if CONFIG.get("DIAG") else _p99_of(res, a, b, device, fine, coarse, n_both, chunk_elems)
         ulp = (int(res[7]), p99)  # timing diagnostics (DIAG) leave the histograms out: no p99
     return metrics_from_totals(a, b, atol, rtol, res[0:5], res[5], counts, ulp)
+
+
+def _from_window(
+    a: torch.Tensor, b: torch.Tensor, device: torch.device, atol: float, rtol: float, chunk_elems: int,
+    wres: list[float], masked: bool, ulp_bits: int,
+) -> _ref.TensorMetrics | None:  # fmt: skip
+    """The metrics from a windowed pass's row ``wres`` (run ``masked`` or not): the pass again with
+    masking when an unmasked one met NaN/Inf, and the full histograms when the p99's rank fell outside
+    the window. ``None`` when the masked pass did not apply (the caller runs the full pass)."""
+    if not masked and not (_finite(wres[0]) and _finite(wres[1])):
+        masked = True
+        again = _run_window(a, b, device, atol, rtol, True, ulp_bits)
+        if again is None:
+            return None
+        wres = again
+    WINDOW_STATS["window"] += 1
+    p99 = int(wres[12])
+    n_both = int(wres[8])
+    diag = bool(CONFIG.get("DIAG") or CONFIG.get("CUDIAG"))
+    if diag:  # timing diagnostics: no p99, no second pass
+        p99 = -1
+    elif p99 < 0 and n_both > 0:  # the rank fell outside the window: the full histograms
+        WINDOW_STATS["fallback"] += 1
+        full, fine, coarse = _run(a, b, device, atol, rtol, chunk_elems, masked, ulp_bits)
+        p99 = _p99_of(full, a, b, device, fine, coarse, n_both, chunk_elems)
+    counts = (
+        [n_both, int(wres[6]), int(wres[9]), int(wres[10]), int(wres[11])]
+        if masked
+        else [a.numel(), int(wres[6]), 0, 0, 0]
+    )
+    return metrics_from_totals(
+        a, b, atol, rtol, wres[0:5], wres[5], counts, (int(wres[7]), p99 if diag else max(p99, 0))
+    )
+
+
+class _Lane:
+    """A pair seen before on the CUDA C engine (same dtypes, size, devices and tolerances): its plan,
+    workspace and tolerance tensor, so that a repeated call goes from ``compare_tensors`` to the
+    launches with a few checks (``lane_compare``). Made by ``_run_cu``; dropped with any CONFIG change."""
+
+    __slots__ = ("plan", "ws", "tol", "index", "numel")
+
+    def __init__(self, plan: _CuPlan, ws: _CuWorkspace, tol: torch.Tensor, index: int, numel: int) -> None:
+        self.plan, self.ws, self.tol, self.index, self.numel = plan, ws, tol, index, numel
+
+
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def lane_compare(
+    a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int
+) -> _ref.TensorMetrics | None:
+    """``compare_tensors(a, b)`` for a pair like one the CUDA C engine ran before (inputs already
+    checked), or ``None`` when there is no such lane or this pair does not fit it (then the usual
+    route decides). The same kernels and the same result as that route, with less Python: on a small
+    pair the host's share of a call is as large as the GPU's (docs/performance.md)."""
+    lane = _LANES.get((a.dtype, b.dtype, a.numel(), a.device, b.device, atol, rtol))
+    if (
+        lane is None
+        or _GET_DEVICE is None
+        or _RAW_STREAM is None
+        or not (a.is_contiguous() and b.is_contiguous())
+        or (a.data_ptr() | b.data_ptr()) & 15
+        or a.is_neg()
+        or b.is_neg()
+        or _GET_DEVICE() != lane.index
+    ):
+        return None
+    with _WS_LOCK:
+        res = lane.ws.run(lane.plan, a, b, lane.tol, _RAW_STREAM(lane.index))
+    WINDOW_STATS["cuda_c"] += 1
+    if not (res[12] >= 0 and _finite(res[0]) and _finite(res[1])):  # NaN/Inf, or a window miss
+        got = _from_window(a, b, a.device, atol, rtol, chunk_elems, res, False, _TORCH_TO_ULP_BITS[a.dtype])
+        return got if got is not None else _compare_on(a, b, a.device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
+    WINDOW_STATS["window"] += 1
+    n = lane.numel
+    return _ref.metrics_from_totals(
+        n, a.dtype, b.dtype, atol, rtol, res[0:5], res[5], [n, int(res[6]), 0, 0, 0], (int(res[7]), int(res[12]))
+    )
 
 
 WINDOW_STATS = {"window": 0, "fallback": 0, "cuda_c": 0}  # how often the window path ran, and missed (tests read it)

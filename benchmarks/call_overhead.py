@@ -6,7 +6,8 @@ For a bf16 pair of 8192x7168 (and any ``--elems``), measured side by side in one
 
 - ``call``: the median time of ``compare_tensors(a, b)``, as a user sees it (host work + GPU + read back);
   the default (``call_us_launch1``), without the short way for repeated pairs (``CONFIG["LANE"] = 0``:
-  ``call_us_nolane``) and with torch's launcher (``CONFIG["LAUNCH"] = 0``: ``call_us_launch0``),
+  ``call_us_nolane``), with torch's launcher (``CONFIG["LAUNCH"] = 0``: ``call_us_launch0``) and
+  followed by a redundant ``torch.cuda.synchronize()`` (``call_us_synced``: how stop 12 timed calls),
   interleaved in three rounds;
 - ``gpu``: the same kernels (``vk_sample``, ``vk_main``) launched back to back 50 times with no
   read back, so the host runs ahead and the time per call is the GPU's alone;
@@ -123,12 +124,14 @@ def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"elements": n, "bytes": 4 * n}
     # the call as a user makes it (compare_tensors returns host numbers: nothing left to wait for), in
     # three variants measured in interleaved rounds so that drift between them cancels
-    variants = {"call_us_launch1": (1, 1), "call_us_nolane": (1, 0), "call_us_launch0": (0, 1)}
+    # (call_us_synced: the default followed by torch.cuda.synchronize(), as stop 12 timed every call)
+    variants = {"call_us_launch1": (1, 1, 0), "call_us_nolane": (1, 0, 0), "call_us_launch0": (0, 1, 0)}
+    variants["call_us_synced"] = (1, 1, 1)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(3):
-        for key, (launch, lane) in variants.items():
+        for key, (launch, lane, synced) in variants.items():
             kc.CONFIG.update(LAUNCH=launch, LANE=lane)
-            times[key].append(1e6 * timed(lambda: compare_tensors(*pair), reps))
+            times[key].append(1e6 * timed(lambda: compare_tensors(*pair), reps, sync if synced else lambda: None))
     kc.CONFIG.update(LAUNCH=1, LANE=1)
     row.update({k: statistics.median(v) for k, v in times.items()})
     row["gpu_us"] = 1e6 * gpu_only(*pair)

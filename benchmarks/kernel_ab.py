@@ -33,9 +33,10 @@ from validator.metrics import compare_tensors  # noqa: E402
 
 BASE: dict[str, Any] = {"ENGINE": 1, "cu_blocks_per_sm": 12, "cu_minb": 4}
 CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
-    {**BASE, "window_delta": 5e-4},
     BASE,
+    {**BASE, "cu_blocks_per_sm": 4},
     {**BASE, "cu_blocks_per_sm": 8},
+    {**BASE, "cu_blocks_per_sm": 16},
 ]
 
 

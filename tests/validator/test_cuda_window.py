@@ -242,3 +242,15 @@ def test_config_changes_drop_the_lanes() -> None:
     finally:
         cuda.CONFIG.clear()
         cuda.CONFIG.update(saved)
+
+
+@CUDA
+def test_cuda_torch_launcher_path_is_exact(reference, kc) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # where the driver launch does not apply, the CUDA C kernels go through torch's own launcher with
+    # the result row on the device (LAUNCH 0 forces that path)
+    kc.CONFIG["LAUNCH"] = 0
+    a, b = pair(torch.bfloat16, (1 << 21) + 8, seed=33)
+    for _ in range(2):  # the workspace is reused
+        before = _counts(kc)
+        assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
+        assert _delta(kc, before)["cuda_c"] == 1, kc._CU_ERRORS

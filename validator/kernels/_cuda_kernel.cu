@@ -101,13 +101,18 @@ __device__ __forceinline__ void window_add(u32 *sh, u32 *wbig, u32 *wsup, u32 u)
     }
 }
 
-/* c += x <= y, and m = max(m, x) ignoring NaN (unmasked passes rerun masked when a sum is not finite):
- * a compare and a predicated add or move, where the C forms compile to selects and register moves */
+/* c += x <= y, and m = x when |x| > |m| ignoring NaN (unmasked passes rerun masked when a sum is not
+ * finite; the caller takes |m| at the end): a compare and a predicated add or move, where the C forms
+ * compile to selects and register moves. max_abs_into keeps the signed value, so that |x| is never
+ * materialised: ptxas folds both abs into the compare's operands (one float64 add less per element). */
 __device__ __forceinline__ void count_le(u32 &c, double x, double y) {
     asm("{\n .reg .pred p;\n setp.le.f64 p, %1, %2;\n @p add.u32 %0, %0, 1;\n}" : "+r"(c) : "d"(x), "d"(y));
 }
-__device__ __forceinline__ void max_into(double &m, double x) {
-    asm("{\n .reg .pred p;\n setp.gt.f64 p, %1, %0;\n @p mov.f64 %0, %1;\n}" : "+d"(m) : "d"(x));
+__device__ __forceinline__ void max_abs_into(double &m, double x) {
+    asm("{\n .reg .pred p;\n .reg .f64 t, u;\n abs.f64 t, %1;\n abs.f64 u, %0;\n setp.gt.f64 p, t, u;\n"
+        " @p mov.f64 %0, %1;\n}"
+        : "+d"(m)
+        : "d"(x));
 }
 
 /* The step's ULP distance, on a scale where the comparisons need no unpacking: 16- and 8-bit patterns
@@ -158,7 +163,7 @@ __device__ __forceinline__ void step(Acc &s, u32 ab_, u32 bb_, double atol, doub
 #endif
     s.ad += ad;
 #if CUDIAG != 7 /* 7, timing only: no max |d| */
-    max_into(s.mad, ad);
+    max_abs_into(s.mad, d); /* |s.mad| is the max |d| */
 #endif
 #if MASKED
     s.pass += (both && ad <= atol + rtol * fabs(xa)) || same;
@@ -345,14 +350,21 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 /* ---------------------------------------------------------------- sample + window */
 
 #define SMALLS 1024
+#define SMALL_COUNT 8                      /* distances 0..7: counted in registers (sample_small) */
+#define SMALL_FLUSH (65535 / (32 * VEC)) /* tiles between flushes of those counts */
 
 // The sample: every stride-th tile of THREADS * VEC elements, one 16-byte vector per thread.
 // fine: FINE + 1 bins (the last: FINE or more; allocated to 66 * 1024), sup: fine's >> 10 totals;
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
 __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u32 d) {
-    /* close tensors pile their distances into a few bins: lanes with equal distances add once */
-    const u32 same = __match_any_sync(0xFFFFFFFFu, d);
+    /* distances below SMALL_COUNT are counted in registers (sample_small); the warp votes first, so
+     * that a warp with none of the others skips the match. Lanes with a small distance match on a
+     * value no distance takes (ulp_dist stays below 0xFFFFFFFF) and add nothing. */
+    const bool big = d >= SMALL_COUNT;
+    if (!__any_sync(0xFFFFFFFFu, big)) return;
+    const u32 same = __match_any_sync(0xFFFFFFFFu, big ? d : 0xFFFFFFFFu);
+    if (!big) return;
     if (d < SMALLS) {
         if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(sh + d, (u32)__popc(same));
     } else {
@@ -368,6 +380,32 @@ __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *co
     }
 }
 
+/* The counts of distances 0..7, where close pairs put most of theirs: 16-bit fields of two registers
+ * per thread (0-3, 4-7), summed over the warp and added to the shared bins every SMALL_FLUSH tiles and
+ * at the end. The shared atomics on a few hot bins were the sample's bottleneck. A warp's field sums
+ * at most 32 * VEC * SMALL_FLUSH < 2**16. */
+__device__ __forceinline__ void sample_small(u64 &c0, u64 &c1, u32 d) {
+    const u64 one = 1ull << (16 * (d & 3));
+    if (d < 4) c0 += one;
+    else if (d < SMALL_COUNT) c1 += one;
+}
+__device__ __forceinline__ void small_flush(u32 *sh, u64 &c0, u64 &c1) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        c0 += __shfl_down_sync(0xFFFFFFFFu, c0, o);
+        c1 += __shfl_down_sync(0xFFFFFFFFu, c1, o);
+    }
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const u32 x0 = (u32)(c0 >> (16 * j)) & 0xFFFFu, x1 = (u32)(c1 >> (16 * j)) & 0xFFFFu;
+            if (x0) atomicAdd(sh + j, x0);
+            if (x1) atomicAdd(sh + 4 + j, x1);
+        }
+    c0 = 0;
+    c1 = 0;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
     vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
               u32 *coarse, u32 *csup, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
@@ -377,6 +415,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
+    u64 c0 = 0, c1 = 0;
+    int since = 0; /* tiles since the last flush of the register counts (the same in the whole block) */
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const i64 v = (i64)t * stride * THREADS + threadIdx.x;
         const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
@@ -384,10 +424,17 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int q = 0; q < 4; q++)
 #pragma unroll
-            for (int k = 0; k < PER_WORD; k++)
-                sample_add(sh, fine, sup, coarse, csup,
-                           ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
+            for (int k = 0; k < PER_WORD; k++) {
+                const u32 d = ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK);
+                sample_small(c0, c1, d);
+                sample_add(sh, fine, sup, coarse, csup, d);
+            }
+        if (++since == SMALL_FLUSH) {
+            small_flush(sh, c0, c1);
+            since = 0;
+        }
     }
+    small_flush(sh, c0, c1);
     __syncthreads();
     u32 low = 0;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS)
@@ -492,7 +539,7 @@ extern "C" __global__ void MAIN_BOUNDS
     Acc s = {};
     main_loop(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
     /* column 12: distances at or above the window's start (the p99 search wants those below) */
-    double v[NPART] = {s.aa,           s.bb,          s.ab,          s.dd,           s.ad,          s.mad,
+    double v[NPART] = {s.aa,           s.bb,          s.ab,          s.dd,           s.ad,          fabs(s.mad),
                        (double)s.pass, (double)(s.mulp >> KSH), (double)s.both, (double)s.nfa, (double)s.nfb,
                        (double)s.mis,  (double)s.above, 0,          0,              0};
     const u32 max_cols = (1u << 5) | (1u << 7);

@@ -856,6 +856,7 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
         ("whead", torch.int32, CONFIG["NHEAD"]),
         ("wbig", torch.int32, WINDOW_MAX_BINS + 1024),
         ("wsup", torch.int32, 1024),
+        ("dout", torch.float64, _NPART),  # the result row on the device, for torch's launcher (_TorchLaunch)
     ]
 
 
@@ -891,14 +892,15 @@ class _CuWorkspace:
         first, last = self.w["sfine"], self.w["scsup"]  # the sample's histograms, one stretch of words
         self.szero = (last.data_ptr() + 4 * last.numel() - first.data_ptr()) // 4
 
-    def args(self, plan: _CuPlan, a: Any, b: Any, tol: Any) -> tuple[list[Any], list[Any]]:
-        """vk_sample's and vk_main's arguments (``a``, ``b``, ``tol``: tensors, or 0 to bind later)."""
+    def args(self, plan: _CuPlan, a: Any, b: Any, tol: Any, out: Any) -> tuple[list[Any], list[Any]]:
+        """vk_sample's and vk_main's arguments (``a``, ``b``, ``tol``: tensors, or 0 to bind later; ``out``:
+        where the result row goes)."""
         w = self.w
         assert plan.ranks is not None
         return (
             [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
              w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
-            [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"], self.out,
+            [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"], out,
              w["sfine"], self.szero],
         )  # fmt: skip
 
@@ -908,7 +910,7 @@ class _CuWorkspace:
         if calls is None:
             if len(self.bound) > 64:
                 self.bound.clear()
-            sample_args, main_args = self.args(plan, 0, 0, 0)
+            sample_args, main_args = self.args(plan, 0, 0, 0, self.out)
             calls = self.bound[plan] = (plan.sample.bind(sample_args), plan.main.bind(main_args))
         sample, main = calls
         pa, pb = a.data_ptr(), b.data_ptr()
@@ -920,13 +922,12 @@ class _CuWorkspace:
 
     def run(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> list[float]:
         """The whole comparison on ``stream``, and its result row."""
-        if not plan.driver:  # torch's launcher, on torch's current stream
+        if not plan.driver:  # torch's launcher, on torch's current stream (device tensors only)
             self.buf.zero_()
-            sample_args, main_args = self.args(plan, a, b, tol)
+            sample_args, main_args = self.args(plan, a, b, tol, self.w["dout"])
             plan.sample(min(plan.s_tiles, plan.grid), _CU_THREADS, stream, sample_args)
             plan.main(plan.grid, _CU_THREADS, stream, main_args)
-            torch.cuda.current_stream(self.buf.device).synchronize()
-            return list(self.out.tolist())
+            return list(self.w["dout"].tolist())  # (waits for the stream)
         lib = _libcuda()
         if not _context_current(lib):
             self.buf.zero_()  # a runtime call binds the device's context to this thread (and zeroes)

@@ -350,21 +350,16 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 /* ---------------------------------------------------------------- sample + window */
 
 #define SMALLS 1024
-#define SMALL_COUNT 8                      /* distances 0..7: counted in registers (sample_small) */
-#define SMALL_FLUSH (65535 / (32 * VEC)) /* tiles between flushes of those counts */
+#define LOWC 8 /* copies of the sample's bins below SMALLS, one per (block % LOWC) */
+#define WHC 8  /* copies of vk_main's window bins below NHEAD, one per (block % WHC) */
 
 // The sample: every stride-th tile of THREADS * VEC elements, one 16-byte vector per thread.
 // fine: FINE + 1 bins (the last: FINE or more; allocated to 66 * 1024), sup: fine's >> 10 totals;
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
 __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u32 d) {
-    /* distances below SMALL_COUNT are counted in registers (sample_small); the warp votes first, so
-     * that a warp with none of the others skips the match. Lanes with a small distance match on a
-     * value no distance takes (ulp_dist stays below 0xFFFFFFFF) and add nothing. */
-    const bool big = d >= SMALL_COUNT;
-    if (!__any_sync(0xFFFFFFFFu, big)) return;
-    const u32 same = __match_any_sync(0xFFFFFFFFu, big ? d : 0xFFFFFFFFu);
-    if (!big) return;
+    /* close tensors pile their distances into a few bins: lanes with equal distances add once */
+    const u32 same = __match_any_sync(0xFFFFFFFFu, d);
     if (d < SMALLS) {
         if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(sh + d, (u32)__popc(same));
     } else {
@@ -380,43 +375,15 @@ __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *co
     }
 }
 
-/* The counts of distances 0..7, where close pairs put most of theirs: 16-bit fields of two registers
- * per thread (0-3, 4-7), summed over the warp and added to the shared bins every SMALL_FLUSH tiles and
- * at the end. The shared atomics on a few hot bins were the sample's bottleneck. A warp's field sums
- * at most 32 * VEC * SMALL_FLUSH < 2**16. */
-__device__ __forceinline__ void sample_small(u64 &c0, u64 &c1, u32 d) {
-    const u64 one = 1ull << (16 * (d & 3));
-    if (d < 4) c0 += one;
-    else if (d < SMALL_COUNT) c1 += one;
-}
-__device__ __forceinline__ void small_flush(u32 *sh, u64 &c0, u64 &c1) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        c0 += __shfl_down_sync(0xFFFFFFFFu, c0, o);
-        c1 += __shfl_down_sync(0xFFFFFFFFu, c1, o);
-    }
-    if ((threadIdx.x & 31) == 0)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const u32 x0 = (u32)(c0 >> (16 * j)) & 0xFFFFu, x1 = (u32)(c1 >> (16 * j)) & 0xFFFFu;
-            if (x0) atomicAdd(sh + j, x0);
-            if (x1) atomicAdd(sh + 4 + j, x1);
-        }
-    c0 = 0;
-    c1 = 0;
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS)
     vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
-              u32 *coarse, u32 *csup, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
+              u32 *coarse, u32 *csup, u32 *lowc, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
     __shared__ u32 sh[SMALLS];
     __shared__ i64 tmp[2 * THREADS / 32];
     __shared__ bool last;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
-    u64 c0 = 0, c1 = 0;
-    int since = 0; /* tiles since the last flush of the register counts (the same in the whole block) */
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const i64 v = (i64)t * stride * THREADS + threadIdx.x;
         const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
@@ -424,32 +391,41 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int q = 0; q < 4; q++)
 #pragma unroll
-            for (int k = 0; k < PER_WORD; k++) {
-                const u32 d = ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK);
-                sample_small(c0, c1, d);
-                sample_add(sh, fine, sup, coarse, csup, d);
-            }
-        if (++since == SMALL_FLUSH) {
-            small_flush(sh, c0, c1);
-            since = 0;
-        }
+            for (int k = 0; k < PER_WORD; k++)
+                sample_add(sh, fine, sup, coarse, csup,
+                           ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
     }
-    small_flush(sh, c0, c1);
     __syncthreads();
-    u32 low = 0;
+    /* The block's bins below SMALLS go to one of LOWC copies: every block adding into the same few hot
+     * bins of one histogram serialised the sample on those addresses. The last block merges them. */
+    u32 *mine = lowc + (blockIdx.x % LOWC) * SMALLS;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS)
-        if (sh[i]) {
-            atomicAdd(fine + i, sh[i]);
-            low += sh[i];
-        }
-    for (int o = 16; o > 0; o >>= 1) low += __shfl_down_sync(0xFFFFFFFFu, low, o);
-    if ((threadIdx.x & 31) == 0 && low) atomicAdd(sup, low);
+        if (sh[i]) atomicAdd(mine + i, sh[i]);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
+    /* the merge: fine's bins below SMALLS (no block adds there) and their total, sup[0] */
+    i64 low = 0;
+    for (int i = threadIdx.x; i < SMALLS; i += THREADS) {
+        u32 c = 0;
+#pragma unroll
+        for (int k = 0; k < LOWC; k++) c += __ldcg(lowc + k * SMALLS + i);
+        fine[i] = c;
+        low += c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) low += __shfl_down_sync(0xFFFFFFFFu, low, o);
+    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = low;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < THREADS / 32; w++) low += tmp[w];
+        sup[0] = (u32)low;
+    }
+    __threadfence();
+    __syncthreads();
     /* the window: sampled distances of ranks r_lo and r_hi (beyond the fine range: bucket edges),
      * both searched at once: the >> 10 totals (256 >= the 65 used), then the two fine stretches */
     i64 bound[2];
@@ -547,7 +523,7 @@ extern "C" __global__ void MAIN_BOUNDS
     if (threadIdx.x == 0)
         for (int j = 0; j < NPART; j++) part[(i64)blockIdx.x * NPART + j] = v[j];
     for (int i = threadIdx.x; i < NHEAD; i += THREADS)
-        if (sh[i]) atomicAdd(whead + i, sh[i]);
+        if (sh[i]) atomicAdd(whead + (blockIdx.x % WHC) * NHEAD + i, sh[i]); /* WHC copies: see below */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(done + 1, 1u) == gridDim.x - 1;
@@ -577,6 +553,16 @@ extern "C" __global__ void MAIN_BOUNDS
     const i64 rank = (99 * n_both + 99) / 100;
     const i64 inside = rank - below;
     i64 h_tot, s_tot, b_tot, unused, before;
+    /* The blocks added their window bins into WHC copies (by block % WHC): every block adding into the
+     * same few hot bins of one histogram serialised on those addresses. Merged here into copy 0. */
+    for (int i = threadIdx.x; i < NHEAD; i += THREADS) {
+        u32 c = 0;
+#pragma unroll
+        for (int k = 0; k < WHC; k++) c += __ldcg(whead + k * NHEAD + i);
+        whead[i] = c;
+    }
+    __threadfence();
+    __syncthreads();
     const i64 ih = block_find(whead, NHEAD, inside, 0, tmp, &h_tot, &unused);
     i64 p99 = -1;
     if (n_both > 0 && inside >= 1) {
@@ -600,7 +586,7 @@ extern "C" __global__ void MAIN_BOUNDS
         done[1] = 0;
     }
     /* clean up for the next call: the window histograms (wbig only where a wide window used it) */
-    for (int i = threadIdx.x; i < NHEAD; i += THREADS) whead[i] = 0;
+    for (int i = threadIdx.x; i < WHC * NHEAD; i += THREADS) whead[i] = 0;
     for (int i = threadIdx.x; i < NSUP; i += THREADS) wsup[i] = 0;
     for (u32 i = NHEAD + threadIdx.x; i < wn; i += THREADS) wbig[i] = 0;
 }

@@ -803,7 +803,7 @@ class _TorchLaunch:
         self.kernel(grid=(grid, 1, 1), block=(block, 1, 1), args=args)  # on torch's current stream
 
 
-_SAMPLE_ARGS = "ppiippppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
+_SAMPLE_ARGS = "ppiipppppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
 _MAIN_ARGS = "ppipppppppppi"  # vk_main's
 
 
@@ -850,10 +850,11 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
         ("win", torch.int64, 2),
         ("done", torch.int32, 4),
         ("sfine", torch.int32, 66 * 1024),
+        ("slowc", torch.int32, 8 * 1024),  # LOWC copies of the sample's bins below SMALLS (_cuda_kernel.cu)
         ("ssup", torch.int32, 256),
         ("scoarse", torch.int32, 65 * 1024),
         ("scsup", torch.int32, 256),
-        ("whead", torch.int32, CONFIG["NHEAD"]),
+        ("whead", torch.int32, 8 * CONFIG["NHEAD"]),  # WHC copies (_cuda_kernel.cu)
         ("wbig", torch.int32, WINDOW_MAX_BINS + 1024),
         ("wsup", torch.int32, 1024),
         ("dout", torch.float64, _NPART),  # the result row on the device, for torch's launcher (_TorchLaunch)
@@ -898,8 +899,8 @@ class _CuWorkspace:
         w = self.w
         assert plan.ranks is not None
         return (
-            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["win"],
-             w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
+            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["slowc"],
+             w["win"], w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
             [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"], out,
              w["sfine"], self.szero],
         )  # fmt: skip

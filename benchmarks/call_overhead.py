@@ -44,9 +44,7 @@ def gpu_only(a: torch.Tensor, b: torch.Tensor, reps: int = 50) -> float:
     """Seconds per call of the CUDA C engine's GPU work (the calls queued back to back)."""
     n = a.numel()
     index = torch.cuda.current_device()
-    plan = kc._cu_plan(
-        kc._CU_DT[a.dtype], 0, n, a.element_size(), index, kc._cu_macros(), 1, kc.CONFIG["cu_blocks_per_sm"]
-    )
+    plan = kc._cu_plan(kc._CU_DT[a.dtype], 0, n, a.element_size(), index, kc._cu_macros(), 1, kc._cu_bps(n))
     assert plan is not None and plan.ranks is not None, kc._CU_ERRORS
     stream = kc._raw_stream(index)
     ws = kc._CuWorkspace(a.device, plan.layout)

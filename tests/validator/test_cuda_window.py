@@ -42,11 +42,15 @@ def _delta(kc: object, before: dict[str, int]) -> dict[str, int]:
     return {k: v - before[k] for k, v in kc.WINDOW_STATS.items()}  # type: ignore[attr-defined]
 
 
-def _sampled_tiles_equal(a: torch.Tensor, b: torch.Tensor, block: int, stride: int) -> torch.Tensor:
+def _sampled_tiles_equal(a: torch.Tensor, b: torch.Tensor, block: int, stride: int, engine: int = 0) -> torch.Tensor:
     """b with every tile the sample reads set equal to a: the sample sees distance 0 everywhere, the
-    rest of the pair does not, so the window misses the p99."""
+    rest of the pair does not, so the window misses the p99. The Triton sample reads every
+    ``stride``-th tile; the CUDA C sample (``engine`` 1) one tile per stretch at a hashed offset."""
+    from validator.kernels import cuda
+
     b = b.clone()
-    for t in range(0, a.numel() // block, stride):
+    n_full = a.numel() // block
+    for t in cuda.sample_tiles(n_full, stride) if engine else range(0, n_full, stride):
         b[t * block : (t + 1) * block] = a[t * block : (t + 1) * block]
     return b
 
@@ -72,7 +76,7 @@ def test_cuda_window_miss_falls_back_exactly(reference, kc) -> None:  # type: ig
     for engine in (1, 0):
         kc.CONFIG["ENGINE"] = engine
         tile = kc._CU_THREADS * 8 if engine else kc.CONFIG["BLOCK"]  # the sample's tile of each engine
-        b = _sampled_tiles_equal(a, b0, tile, _finish.SAMPLE_STRIDE)
+        b = _sampled_tiles_equal(a, b0, tile, _finish.SAMPLE_STRIDE, engine)
         before = _counts(kc)
         assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
         assert _delta(kc, before) == {"window": 1, "fallback": 1, "cuda_c": engine}
@@ -217,10 +221,22 @@ def test_cuda_repeated_calls_take_the_lane_and_stay_exact(reference, kc) -> None
     before = _counts(kc)
     assert_same(torch_compare(ga, c.cuda()), reference(a, c))  # on the lane: rerun masked
     assert _delta(kc, before)["cuda_c"] == 2
-    d = _sampled_tiles_equal(a, b, kc._CU_THREADS * 8, _finish.SAMPLE_STRIDE)  # type: ignore[attr-defined]
+    d = _sampled_tiles_equal(a, b, kc._CU_THREADS * 8, _finish.SAMPLE_STRIDE, 1)  # type: ignore[attr-defined]
     before = _counts(kc)
     assert_same(torch_compare(ga, d.cuda()), reference(a, d))  # on the lane: a window miss
     assert _delta(kc, before) == {"window": 1, "fallback": 1, "cuda_c": 1}
+
+
+def test_sample_tiles_one_per_stretch() -> None:
+    # the CUDA C sample's tiles (the kernel's sample_tile, mirrored on the host): one whole tile in each
+    # stretch of SAMPLE_STRIDE, the short last stretch included, not all at the same offset
+    from validator.kernels import cuda
+
+    for n_full in (1, 63, 64, 65, 1000, 4096 + 7):
+        tiles = cuda.sample_tiles(n_full, 64)
+        assert len(tiles) == -(-n_full // 64)
+        assert all(g * 64 <= t < min((g + 1) * 64, n_full) for g, t in enumerate(tiles))
+    assert len({t % 64 for t in cuda.sample_tiles(4096, 64)}) > 32
 
 
 def test_config_changes_drop_the_lanes() -> None:

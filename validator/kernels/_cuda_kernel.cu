@@ -7,8 +7,9 @@
 //   MINB    __launch_bounds__ minimum resident blocks of vk_main (caps its registers; 0: the compiler's)
 //   CUDIAG  timing diagnostics only, never exact (see step())
 //
-// vk_sample: exact histograms of the distances of a strided sample (every SAMPLE_STRIDE-th tile of
-//   TILE elements); its last block turns them into the window [lo, lo + wn) that should hold the p99
+// vk_sample: exact histograms of the distances of a sample (one tile of THREADS * VEC elements in each
+//   stretch of SAMPLE_STRIDE whole tiles, at a hashed offset: sample_tile); its last block turns them
+//   into the window [lo, lo + wn) that should hold the p99
 //   (the rule of validator.kernels._finish.p99_window, with the sample ranks computed on the host).
 // vk_main: the one full pass. Float64 sums (explicit fma; built with --fmad=false so that the
 //   tolerance test atol + rtol*|a| rounds like the reference), max |d|, pass count, max ULP, the count
@@ -353,7 +354,10 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 #define LOWC 8 /* copies of the sample's bins below SMALLS, one per (block % LOWC) */
 #define WHC 8  /* copies of vk_main's window bins below NHEAD, one per (block % WHC) */
 
-// The sample: every stride-th tile of THREADS * VEC elements, one 16-byte vector per thread.
+// The sample: one tile of THREADS * VEC elements (one 16-byte vector per thread) in each stretch of
+// `stride` whole tiles, at an offset hashed from the stretch's number. Tiles a fixed power-of-two
+// distance apart all fell on a few memory channels: the sample read at about 1 TB/s.
+// validator.kernels.cuda.sample_tiles computes the same tiles (the tests use it).
 // fine: FINE + 1 bins (the last: FINE or more; allocated to 66 * 1024), sup: fine's >> 10 totals;
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
@@ -375,8 +379,14 @@ __device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *co
     }
 }
 
+__device__ __forceinline__ u32 sample_tile(u32 g, u32 stride, u32 n_full) {
+    u32 h = g * 0x9E3779B1u;
+    h ^= h >> 16;
+    return g * stride + h % min(stride, n_full - g * stride); /* the last stretch may be short */
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
-    vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, u32 *fine, u32 *sup,
+    vk_sample(const unsigned char *a, const unsigned char *b, int n_tiles, int stride, int n_full, u32 *fine, u32 *sup,
               u32 *coarse, u32 *csup, u32 *lowc, i64 *win, u32 *done, int r_lo, int r_hi, int wmax) {
     __shared__ u32 sh[SMALLS];
     __shared__ i64 tmp[2 * THREADS / 32];
@@ -385,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const i64 v = (i64)t * stride * THREADS + threadIdx.x;
+        const i64 v = (i64)sample_tile(t, stride, n_full) * THREADS + threadIdx.x;
         const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
         const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
 #pragma unroll

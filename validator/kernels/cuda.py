@@ -117,6 +117,10 @@ CONFIG: dict[str, int] = _Config(
         "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
         # CUDA C: the H200 runs' choice (docs/results/perf-h200.md, "Kernel A/B")
         "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+        # ... and for pairs of fewer than cu_small_n elements (kernel A/B: 4 was best on 8192x7168, 12-16
+        # on 2**29; where between the two they cross was not measured closer than that)
+        "cu_small_bps": 4,
+        "cu_small_n": 1 << 27,
         "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
         "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
         "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_compare); 0 = never
@@ -803,7 +807,7 @@ class _TorchLaunch:
         self.kernel(grid=(grid, 1, 1), block=(block, 1, 1), args=args)  # on torch's current stream
 
 
-_SAMPLE_ARGS = "ppiipppppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
+_SAMPLE_ARGS = "ppiiipppppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
 _MAIN_ARGS = "ppipppppppppi"  # vk_main's
 
 
@@ -861,6 +865,17 @@ def _cu_layout(grid: int) -> list[tuple[str, torch.dtype, int]]:
     ]
 
 
+def sample_tiles(n_full: int, stride: int = SAMPLE_STRIDE) -> list[int]:
+    """The tiles the CUDA C sample reads out of ``n_full`` whole tiles: one in each stretch of
+    ``stride``, at an offset hashed from the stretch's number (``sample_tile`` in _cuda_kernel.cu)."""
+    tiles = []
+    for g in range(-(-n_full // stride)):
+        h = (g * 0x9E3779B1) & 0xFFFFFFFF
+        h ^= h >> 16
+        tiles.append(g * stride + h % min(stride, n_full - g * stride))
+    return tiles
+
+
 class _CuPlan:
     """What a CUDA C comparison of one size needs besides the tensors, worked out once: the two
     launchers, the sample's tiles and ranks, the grid and the workspace layout."""
@@ -869,7 +884,8 @@ class _CuPlan:
         self.sample, self.main = kernels
         self.n = n
         tile = _CU_THREADS * (16 // esize)  # the sample's tile: one 16-byte vector per thread
-        self.s_tiles = -(-(n // tile) // SAMPLE_STRIDE)
+        self.n_full = n // tile
+        self.s_tiles = -(-self.n_full // SAMPLE_STRIDE)
         self.ranks = window_ranks(self.s_tiles * tile)
         self.index, self.grid, self.layout = index, grid, _cu_layout(grid)
         self.ws_key = (f"cuda:{index}", tuple(self.layout))
@@ -899,7 +915,7 @@ class _CuWorkspace:
         w = self.w
         assert plan.ranks is not None
         return (
-            [a, b, plan.s_tiles, SAMPLE_STRIDE, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["slowc"],
+            [a, b, plan.s_tiles, SAMPLE_STRIDE, plan.n_full, w["sfine"], w["ssup"], w["scoarse"], w["scsup"], w["slowc"],
              w["win"], w["done"][0:1], plan.ranks[0], plan.ranks[1], WINDOW_MAX_BINS],
             [a, b, plan.n, tol, w["win"], w["part"], w["whead"], w["wbig"], w["wsup"], w["done"], out,
              w["sfine"], self.szero],
@@ -974,6 +990,11 @@ def _cu_plan(
     return plan if plan.ranks is not None else None
 
 
+def _cu_bps(n: int) -> int:
+    """Blocks per multiprocessor in the CUDA C grid for an ``n``-element pair."""
+    return CONFIG["cu_blocks_per_sm"] if n >= CONFIG.get("cu_small_n", 0) else CONFIG.get("cu_small_bps", 4)
+
+
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """``device`` made current for the call, when it is not already (entering torch's guard costs)."""
     if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
@@ -1008,9 +1029,7 @@ def _run_cu(
     ):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    plan = _cu_plan(
-        dt, int(masked), n, a.element_size(), index, _cu_macros(), CONFIG.get("LAUNCH", 1), CONFIG["cu_blocks_per_sm"]
-    )
+    plan = _cu_plan(dt, int(masked), n, a.element_size(), index, _cu_macros(), CONFIG.get("LAUNCH", 1), _cu_bps(n))
     if plan is None:
         return None
     with _WS_LOCK:  # the workspace is shared: held until the result is read

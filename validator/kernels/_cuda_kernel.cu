@@ -351,8 +351,7 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 /* ---------------------------------------------------------------- sample + window */
 
 #define SMALLS 1024
-#define LOWC 8       /* copies of the sample's bins below SMALLS, one per (block % LOWC) */
-#define SAMPLE_PER 4 /* sampled tiles per block and round (cuda.py's grid for vk_sample counts on it) */
+#define LOWC 8 /* copies of the sample's bins below SMALLS, one per (block % LOWC) */
 #define WHC 8  /* copies of vk_main's window bins below NHEAD, one per (block % WHC) */
 
 // The sample: one tile of THREADS * VEC elements (one 16-byte vector per thread) in each stretch of
@@ -394,29 +393,17 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     __shared__ bool last;
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
-    /* A block takes SAMPLE_PER neighbouring stretches (1 MB of each tensor) and loads their tiles at
-     * once: blocks striding over the whole tensor waited on a new page and a new load every tile. */
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
-    for (int g0 = blockIdx.x * SAMPLE_PER; g0 < n_tiles; g0 += gridDim.x * SAMPLE_PER) {
-        uint4 ra[SAMPLE_PER], rb[SAMPLE_PER];
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const i64 v = (i64)sample_tile(t, stride, n_full) * THREADS + threadIdx.x;
+        const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
+        const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
 #pragma unroll
-        for (int j = 0; j < SAMPLE_PER; j++)
-            if (g0 + j < n_tiles) {
-                const i64 v = (i64)sample_tile(g0 + j, stride, n_full) * THREADS + threadIdx.x;
-                ra[j] = __ldcs(va + v);
-                rb[j] = __ldcs(vb + v);
-            }
+        for (int q = 0; q < 4; q++)
 #pragma unroll
-        for (int j = 0; j < SAMPLE_PER; j++)
-            if (g0 + j < n_tiles) { /* the same for the whole block */
-                const u32 wa[4] = {ra[j].x, ra[j].y, ra[j].z, ra[j].w}, wb[4] = {rb[j].x, rb[j].y, rb[j].z, rb[j].w};
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-#pragma unroll
-                    for (int k = 0; k < PER_WORD; k++)
-                        sample_add(sh, fine, sup, coarse, csup,
-                                   ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
-            }
+            for (int k = 0; k < PER_WORD; k++)
+                sample_add(sh, fine, sup, coarse, csup,
+                           ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
     }
     __syncthreads();
     /* The block's bins below SMALLS go to one of LOWC copies: every block adding into the same few hot

@@ -886,7 +886,6 @@ class _CuPlan:
         tile = _CU_THREADS * (16 // esize)  # the sample's tile: one 16-byte vector per thread
         self.n_full = n // tile
         self.s_tiles = -(-self.n_full // SAMPLE_STRIDE)
-        self.s_grid = min(-(-self.s_tiles // 4), grid)  # vk_sample: 4 tiles per block and round (SAMPLE_PER)
         self.ranks = window_ranks(self.s_tiles * tile)
         self.index, self.grid, self.layout = index, grid, _cu_layout(grid)
         self.ws_key = (f"cuda:{index}", tuple(self.layout))
@@ -935,7 +934,7 @@ class _CuWorkspace:
         sample.slots[0].value = main.slots[0].value = pa
         sample.slots[1].value = main.slots[1].value = pb
         main.slots[3].value = tol.data_ptr()
-        sample.launch(plan.s_grid, _CU_THREADS, stream)
+        sample.launch(min(plan.s_tiles, plan.grid), _CU_THREADS, stream)
         main.launch(plan.grid, _CU_THREADS, stream)
 
     def run(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> list[float]:
@@ -943,7 +942,7 @@ class _CuWorkspace:
         if not plan.driver:  # torch's launcher, on torch's current stream (device tensors only)
             self.buf.zero_()
             sample_args, main_args = self.args(plan, a, b, tol, self.w["dout"])
-            plan.sample(plan.s_grid, _CU_THREADS, stream, sample_args)
+            plan.sample(min(plan.s_tiles, plan.grid), _CU_THREADS, stream, sample_args)
             plan.main(plan.grid, _CU_THREADS, stream, main_args)
             return list(self.w["dout"].tolist())  # (waits for the stream)
         lib = _libcuda()

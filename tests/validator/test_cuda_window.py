@@ -19,7 +19,9 @@ import torch
 
 from tests.validator.test_fastmetrics import CUDA, _name, assert_same, pair, reference  # noqa: F401
 from validator import kernels
+from validator import metrics as kernels_metrics
 from validator.kernels import _finish
+from validator.metrics import MetricInputError
 
 WINDOW_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -207,15 +209,19 @@ def test_cuda_repeated_calls_take_the_lane_and_stay_exact(reference, kc) -> None
     a, b = pair(torch.bfloat16, n, seed=32)
     ga, gb = a.cuda(), b.cuda()
     assert_same(torch_compare(ga, gb), reference(a, b))
-    lane = kc.lane_compare(ga, gb, 1e-5, 1e-3, 1 << 22)  # type: ignore[attr-defined]
-    assert lane is not None, kc._CU_ERRORS  # type: ignore[attr-defined]
-    assert_same(lane, reference(a, b))
-    assert kc.lane_compare(ga, gb, 1e-4, 1e-3, 1 << 22) is None  # type: ignore[attr-defined]  # other tolerances
+    pending = kc.lane_start(ga, gb, 1e-5, 1e-3)  # type: ignore[attr-defined]
+    assert pending is not None, kc._CU_ERRORS  # type: ignore[attr-defined]
+    assert_same(pending.finish(1 << 22), reference(a, b))
+    assert kc.lane_start(ga, gb, 1e-4, 1e-3) is None  # type: ignore[attr-defined]  # other tolerances
     big = torch.cat([ga[:8], ga])
     misaligned, strided = big[1 : n + 1], ga.view(2, -1).t()
     for x in (misaligned, strided):  # same size, but not a pair the kernels take as it is
-        assert kc.lane_compare(x, gb.view(x.shape), 1e-5, 1e-3, 1 << 22) is None  # type: ignore[attr-defined]
+        assert kc.lane_start(x, gb.view(x.shape), 1e-5, 1e-3) is None  # type: ignore[attr-defined]
         assert_same(torch_compare(x, gb.view(x.shape)), reference(x.cpu(), b.view(x.shape)))
+    assert kc.lane_start(ga, gb.view(2, -1), 1e-5, 1e-3) is None  # type: ignore[attr-defined]  # shapes differ
+    with pytest.raises(MetricInputError, match="chunk_elems"):  # launched, then refused: the lock is free again
+        kernels_metrics.compare_tensors(ga, gb, chunk_elems=0)
+    assert_same(torch_compare(ga, gb), reference(a, b))
     c = b.clone()
     c[::1000] = float("nan")
     before = _counts(kc)

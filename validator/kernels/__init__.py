@@ -28,7 +28,7 @@ import torch
 if TYPE_CHECKING:
     from ..metrics import TensorMetrics
 
-__all__ = ["compare_fast", "backend_for", "info"]
+__all__ = ["compare_fast", "backend_for", "info", "start_lane"]
 
 
 @functools.cache
@@ -69,10 +69,6 @@ def compare_fast(
     """The metrics through a one-pass kernel, or ``None`` where none applies (inputs already checked)."""
     if not _enabled():
         return None
-    if a.is_cuda:  # a pair like one the CUDA C engine ran before: the short way
-        lane: TensorMetrics | None = _cuda().lane_compare(a, b, atol, rtol, chunk_elems)
-        if lane is not None:
-            return lane
     from .. import metrics
 
     device = metrics._compute_device(a, b)
@@ -84,6 +80,14 @@ def compare_fast(
 
         return cpu.compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
     return None
+
+
+def start_lane(a: object, b: object, atol: object, rtol: object) -> Any:
+    """A comparison launched on the CUDA C engine for a pair like one it ran before (unchecked inputs:
+    ``cuda.lane_start`` checks what the kernels rely on), or ``None``. See ``metrics.compare_tensors``."""
+    if not _enabled():
+        return None
+    return _cuda().lane_start(a, b, atol, rtol)
 
 
 def info() -> dict[str, Any]:

@@ -361,11 +361,16 @@ __device__ i64 block_find(const u32 *hist, int nbins, i64 rank, i64 prior, i64 *
 // fine: FINE + 1 bins (the last: FINE or more; allocated to 66 * 1024), sup: fine's >> 10 totals;
 // coarse / csup: float32 only, distance >> 16 for distances of FINE or more, and its >> 10 totals.
 // win: [lo, wn] (int64) and done: a zeroed counter.
-__device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u32 d) {
-    /* close tensors pile their distances into a few bins: lanes with equal distances add once */
-    const u32 same = __match_any_sync(0xFFFFFFFFu, d);
-    if (d < SMALLS) {
-        if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(sh + d, (u32)__popc(same));
+/* Close tensors pile their distances into the lowest bins: distances 0..3 are counted in registers
+ * (16-bit fields of `few`, per thread), the rest with shared or global atomics. (A warp-wide match
+ * before every add, to add equal distances once, kept the memory-instruction pipe busy: Nsight
+ * Compute, docs/results/stop13/ncu.) Distances of 4 or more that many lanes share (a pair whose
+ * every element is off by the same few ULPs) serialise on one shared bin: slower, still exact. */
+__device__ __forceinline__ void sample_add(u32 *sh, u32 *fine, u32 *sup, u32 *coarse, u32 *csup, u64 &few, u32 d) {
+    if (d < 4) {
+        few += 1ull << (16 * d);
+    } else if (d < SMALLS) {
+        atomicAdd(sh + d, 1u);
     } else {
         const u32 f = d < FINE ? d : FINE;
         atomicAdd(fine + f, 1u);
@@ -394,6 +399,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     for (int i = threadIdx.x; i < SMALLS; i += THREADS) sh[i] = 0;
     __syncthreads();
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
+    /* a field counts at most VEC elements per tile: below 2**16 with 4 blocks or more (2**31 elements) */
+    u64 few = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const i64 v = (i64)sample_tile(t, stride, n_full) * THREADS + threadIdx.x;
         const uint4 ra = __ldcs(va + v), rb = __ldcs(vb + v);
@@ -402,8 +409,15 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         for (int q = 0; q < 4; q++)
 #pragma unroll
             for (int k = 0; k < PER_WORD; k++)
-                sample_add(sh, fine, sup, coarse, csup,
+                sample_add(sh, fine, sup, coarse, csup, few,
                            ulp_dist((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* the register counts: summed over the warp, one add per bin */
+        u32 c = (u32)(few >> (16 * j)) & 0xFFFFu;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) c += __shfl_down_sync(0xFFFFFFFFu, c, o);
+        if ((threadIdx.x & 31) == 0 && c) atomicAdd(sh + j, c);
     }
     __syncthreads();
     /* The block's bins below SMALLS go to one of LOWC copies: every block adding into the same few hot

@@ -65,7 +65,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _HAVE_TRITON = False
 
 
-_LANES: dict[tuple[Any, ...], _Lane] = {}  # pairs seen before on the CUDA C engine (lane_compare)
+_LANES: dict[tuple[Any, ...], _Lane] = {}  # pairs seen before on the CUDA C engine (lane_start)
 
 
 class _Config(dict[str, int]):
@@ -123,7 +123,7 @@ CONFIG: dict[str, int] = _Config(
         "cu_small_n": 1 << 27,
         "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
         "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
-        "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_compare); 0 = never
+        "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_start); 0 = never
         # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
         # 6 = no tolerance test, 7 = no max |d|, 9 = no ULP work, 10 = no float64 work, 11 = no sums of products
         "CUDIAG": 0,
@@ -945,6 +945,11 @@ class _CuWorkspace:
             plan.sample(min(plan.s_tiles, plan.grid), _CU_THREADS, stream, sample_args)
             plan.main(plan.grid, _CU_THREADS, stream, main_args)
             return list(self.w["dout"].tolist())  # (waits for the stream)
+        self.start(plan, a, b, tol, stream)
+        return self.wait(stream)
+
+    def start(self, plan: _CuPlan, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor, stream: int) -> None:
+        """The comparison queued on ``stream`` through the driver (``plan.driver``); ``wait`` reads it."""
         lib = _libcuda()
         if not _context_current(lib):
             self.buf.zero_()  # a runtime call binds the device's context to this thread (and zeroes)
@@ -956,7 +961,10 @@ class _CuWorkspace:
         except BaseException:
             lib.cuStreamSynchronize(stream)  # what was queued finishes before the lock is released
             raise
-        rc = lib.cuStreamSynchronize(stream)
+
+    def wait(self, stream: int) -> list[float]:
+        """The result row of the comparison ``start`` queued, once ``stream`` is done."""
+        rc = _libcuda().cuStreamSynchronize(stream)
         if rc:
             raise RuntimeError(f"CUDA error {rc} in the comparison kernels")
         self.dirty = False
@@ -1042,7 +1050,7 @@ def _run_cu(
         tol = _tolerances(device, float(atol), float(rtol))
         res = ws.run(plan, a, b, tol, _raw_stream(index))
     WINDOW_STATS["cuda_c"] += 1
-    if CONFIG.get("LANE", 1) and not masked and not (CONFIG.get("DIAG") or CONFIG.get("CUDIAG")):
+    if CONFIG.get("LANE", 1) and plan.driver and not masked and not (CONFIG.get("DIAG") or CONFIG.get("CUDIAG")):
         if len(_LANES) > 64:
             _LANES.clear()
         _LANES[(a.dtype, b.dtype, n, a.device, b.device, atol, rtol)] = _Lane(plan, ws, tol, index, n)
@@ -1180,7 +1188,7 @@ def _from_window(
 class _Lane:
     """A pair seen before on the CUDA C engine (same dtypes, size, devices and tolerances): its plan,
     workspace and tolerance tensor, so that a repeated call goes from ``compare_tensors`` to the
-    launches with a few checks (``lane_compare``). Made by ``_run_cu``; dropped with any CONFIG change."""
+    launches with a few checks (``lane_start``). Made by ``_run_cu``; dropped with any CONFIG change."""
 
     __slots__ = ("plan", "ws", "tol", "index", "numel")
 
@@ -1191,18 +1199,23 @@ class _Lane:
 _GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
 
 
-def lane_compare(
-    a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int
-) -> _ref.TensorMetrics | None:
-    """``compare_tensors(a, b)`` for a pair like one the CUDA C engine ran before (inputs already
-    checked), or ``None`` when there is no such lane or this pair does not fit it (then the usual
-    route decides). The same kernels and the same result as that route, with less Python: on a small
-    pair the host's share of a call is as large as the GPU's (docs/performance.md)."""
+def lane_start(a: Any, b: Any, atol: Any, rtol: Any) -> _Pending | None:
+    """The comparison of a pair like one the CUDA C engine ran before (same dtypes, size, devices and
+    tolerances: a lane), already launched; or ``None`` when there is no such lane or this pair does
+    not fit it (then ``compare_tensors`` takes its usual route). ``compare_tensors`` calls this before
+    it checks its inputs, so that the checks run while the GPU works; everything the kernels rely on
+    is checked here. The caller must ``finish`` or ``cancel`` what it gets: the workspace lock is held
+    until then."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return None
     lane = _LANES.get((a.dtype, b.dtype, a.numel(), a.device, b.device, atol, rtol))
     if (
         lane is None
         or _GET_DEVICE is None
         or _RAW_STREAM is None
+        or a.layout is not torch.strided
+        or b.layout is not torch.strided
+        or a.shape != b.shape
         or not (a.is_contiguous() and b.is_contiguous())
         or (a.data_ptr() | b.data_ptr()) & 15
         or a.is_neg()
@@ -1210,17 +1223,50 @@ def lane_compare(
         or _GET_DEVICE() != lane.index
     ):
         return None
-    with _WS_LOCK:
-        res = lane.ws.run(lane.plan, a, b, lane.tol, _RAW_STREAM(lane.index))
+    stream = _RAW_STREAM(lane.index)
+    _WS_LOCK.acquire()
+    try:
+        lane.ws.start(lane.plan, a, b, lane.tol, stream)
+    except BaseException:
+        _WS_LOCK.release()
+        raise
     WINDOW_STATS["cuda_c"] += 1
-    if not (res[12] >= 0 and _finite(res[0]) and _finite(res[1])):  # NaN/Inf, or a window miss
-        got = _from_window(a, b, a.device, atol, rtol, chunk_elems, res, False, _TORCH_TO_ULP_BITS[a.dtype])
-        return got if got is not None else _compare_on(a, b, a.device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
-    WINDOW_STATS["window"] += 1
-    n = lane.numel
-    return _ref.metrics_from_totals(
-        n, a.dtype, b.dtype, atol, rtol, res[0:5], res[5], [n, int(res[6]), 0, 0, 0], (int(res[7]), int(res[12]))
-    )
+    return _Pending(lane, a, b, atol, rtol, stream)
+
+
+class _Pending:
+    """A comparison ``lane_start`` launched, holding the workspace lock until ``finish`` or ``cancel``."""
+
+    __slots__ = ("lane", "a", "b", "atol", "rtol", "stream")
+
+    def __init__(self, lane: _Lane, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, stream: int) -> None:
+        self.lane, self.a, self.b, self.atol, self.rtol, self.stream = lane, a, b, atol, rtol, stream
+
+    def cancel(self) -> None:
+        """Wait for the launched kernels (they use the shared workspace) and let the next call go."""
+        try:
+            self.lane.ws.wait(self.stream)
+        finally:
+            _WS_LOCK.release()
+
+    def finish(self, chunk_elems: int) -> _ref.TensorMetrics:
+        """The metrics: the same kernels and the same result as the usual route, with less Python (on
+        a small pair the host's share of a call is as large as the GPU's: docs/performance.md)."""
+        try:
+            res = self.lane.ws.wait(self.stream)
+        finally:
+            _WS_LOCK.release()
+        a, b, atol, rtol = self.a, self.b, self.atol, self.rtol
+        if not (res[12] >= 0 and _finite(res[0]) and _finite(res[1])):  # NaN/Inf, or a window miss
+            got = _from_window(a, b, a.device, atol, rtol, chunk_elems, res, False, _TORCH_TO_ULP_BITS[a.dtype])
+            return (
+                got if got is not None else _compare_on(a, b, a.device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
+            )
+        WINDOW_STATS["window"] += 1
+        n = self.lane.numel
+        return _ref.metrics_from_totals(
+            n, a.dtype, b.dtype, atol, rtol, res[0:5], res[5], [n, int(res[6]), 0, 0, 0], (int(res[7]), int(res[12]))
+        )
 
 
 WINDOW_STATS = {"window": 0, "fallback": 0, "cuda_c": 0}  # how often the window path ran, and missed (tests read it)

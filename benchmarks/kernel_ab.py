@@ -31,12 +31,11 @@ from validator.kernels import _finish  # noqa: E402
 from validator.kernels import cuda as kc  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
-BASE: dict[str, Any] = {"ENGINE": 1, "cu_blocks_per_sm": 12, "cu_minb": 4, "cu_small_n": 0}  # 12 at every size
 CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
-    {},  # the defaults (4 blocks per SM below cu_small_n elements, 12 from there)
-    BASE,
-    {**BASE, "cu_blocks_per_sm": 4},
-    {**BASE, "cu_blocks_per_sm": 16},
+    {},  # the defaults
+    {"cu_minb": 5, "cu_blocks_per_sm": 15, "cu_small_bps": 5},  # registers capped at 51: 5 blocks resident
+    {"cu_minb": 5, "cu_blocks_per_sm": 10, "cu_small_bps": 5},
+    {"cu_blocks_per_sm": 16},
 ]
 
 
@@ -51,7 +50,7 @@ def use(cfg: dict[str, Any], saved: dict[str, int], delta: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--elems", type=int, nargs="*", default=[8192 * 7168, 1 << 27, 1 << 29])
+    p.add_argument("--elems", type=int, nargs="*", default=[8192 * 7168, 1 << 29])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--configs", type=Path, help="a JSON list of configurations instead of the built-in one")
     p.add_argument("--json", type=Path)

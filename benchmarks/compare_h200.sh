@@ -10,6 +10,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 VALIDATOR_KERNEL_CACHE=/tmp/vkc
 OUT=${OUT:-/tmp/compare-h200}
 mkdir -p "$OUT"
 mode=${1:-final}
+# the device tool returns at most 8 files: everything also goes into one archive, whatever happens
+trap 'tar -czf /tmp/results.tar.gz -C "$OUT" . && mv /tmp/results.tar.gz "$OUT/results.tar.gz"' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, numpy, platform; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, platform.processor())"
 echo "cpus: $(nproc)  cc: $(command -v cc)"

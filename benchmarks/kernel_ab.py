@@ -33,9 +33,9 @@ from validator.metrics import compare_tensors  # noqa: E402
 
 CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
     {},  # the defaults
-    {"cu_rareq": 1},  # the rare path through a queue per warp
-    {"cu_rareq": 1, "cu_minb": 5, "cu_blocks_per_sm": 15, "cu_small_bps": 5},
     {"cu_minb": 5, "cu_blocks_per_sm": 15, "cu_small_bps": 5},  # registers capped at 51: 5 blocks resident
+    {"cu_minb": 5, "cu_blocks_per_sm": 10, "cu_small_bps": 5},
+    {"cu_blocks_per_sm": 16},
 ]
 
 

@@ -6,7 +6,6 @@
 //   NHEAD   window bins counted in shared memory (the rest go to global memory)
 //   MINB    __launch_bounds__ minimum resident blocks of vk_main (caps its registers; 0: the compiler's)
 //   CUDIAG  timing diagnostics only, never exact (see step())
-//   RAREQ   vk_main's rare path per flagged vector at once (0) or through a queue per warp (1)
 //
 // vk_sample: exact histograms of the distances of a sample (one tile of THREADS * VEC elements in each
 //   stretch of SAMPLE_STRIDE whole tiles, at a hashed offset: sample_tile); its last block turns them
@@ -26,9 +25,6 @@
 
 #ifndef CUDIAG
 #define CUDIAG 0 /* timing diagnostics only (never exact): see step() */
-#endif
-#ifndef RAREQ
-#define RAREQ 0 /* vk_main's rare path: 0 at once, 1 through a queue per warp (main_loop) */
 #endif
 
 typedef unsigned int u32;
@@ -202,20 +198,8 @@ __device__ __forceinline__ void rare_one(u32 x, u32 y, const Win &w, u32 *sh, u3
 }
 
 /* one 16-byte vector pair: every element's step, then, when one was flagged (rare), the window adds */
-/* the rare path of one 16-byte vector pair: the window adds of its elements that lie in the window */
-__device__ __forceinline__ void rare_vec(const uint4 &ra, const uint4 &rb, const Win &w, u32 *sh, u32 *wbig,
-                                         u32 *wsup) {
-    const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
-    for (int q = 0; q < 4; q++)
-        for (int k = 0; k < PER_WORD; k++)
-            rare_one((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, w, sh, wbig, wsup);
-}
-
-/* One 16-byte vector pair: every element's step; a vector with an element in the window goes to the
- * rare path, at once (RAREQ 0: the whole warp waits on its flagged lanes) or through the warp's queue
- * (RAREQ 1: main_loop; `flag` tells it). */
 __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &rb, double atol, double rtol,
-                                         const Win &w, u32 *sh, u32 *wbig, u32 *wsup, bool &flag) {
+                                         const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const u32 wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
     bool hit = false;
 #pragma unroll
@@ -223,11 +207,10 @@ __device__ __forceinline__ void step_vec(Acc &s, const uint4 &ra, const uint4 &r
 #pragma unroll
         for (int k = 0; k < PER_WORD; k++)
             step(s, (wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, atol, rtol, w, hit);
-#if !RAREQ
-    if (__builtin_expect(hit, 0)) rare_vec(ra, rb, w, sh, wbig, wsup);
-#else
-    flag = hit;
-#endif
+    if (__builtin_expect(hit, 0))
+        for (int q = 0; q < 4; q++)
+            for (int k = 0; k < PER_WORD; k++)
+                rare_one((wa[q] >> (8 * EB * k)) & EMASK, (wb[q] >> (8 * EB * k)) & EMASK, w, sh, wbig, wsup);
 }
 
 __device__ __forceinline__ u32 load_bits(const unsigned char *p, i64 i) {
@@ -502,43 +485,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // part: gridDim.x rows of NPART doubles; whead: NHEAD window bins; wbig (window bins NHEAD and up),
 // wsup (their >> 10 totals, NSUP bins); done: a zeroed counter; out: NPART doubles.
 __device__ __forceinline__ void main_loop(Acc &s, const unsigned char *a, const unsigned char *b, int n, double atol,
-                                          double rtol, const Win &w, u32 *sh, u32 *wbig, u32 *wsup, u32 *q) {
+                                          double rtol, const Win &w, u32 *sh, u32 *wbig, u32 *wsup) {
     const uint4 *va = (const uint4 *)a, *vb = (const uint4 *)b;
     const u32 nvec = (u32)(n / VEC), stride = gridDim.x * THREADS; /* 32-bit indices: fewer instructions */
-#if !RAREQ
-    bool flag;
     for (u32 v = blockIdx.x * THREADS + threadIdx.x; v < nvec; v += stride)
-        step_vec(s, __ldcs(va + v), __ldcs(vb + v), atol, rtol, w, sh, wbig, wsup, flag);
-#else
-    /* The warp's queue (q: 2 * 32 slots of this warp): flagged vectors are queued by index, and once
-     * 32 wait, each lane takes one through the rare path, so a flag no longer holds up its warp for a
-     * whole vector's rare path. The warp walks the vectors together (the last round may be partial),
-     * so that the votes see every lane. */
-    const u32 lane = threadIdx.x & 31;
-    u32 qn = 0; /* queued, the same in every lane */
-    for (u32 base = blockIdx.x * THREADS + (threadIdx.x & ~31u); base < nvec; base += stride) {
-        const u32 v = base + lane;
-        bool flag = false;
-        if (v < nvec) step_vec(s, __ldcs(va + v), __ldcs(vb + v), atol, rtol, w, sh, wbig, wsup, flag);
-        const u32 m = __ballot_sync(0xFFFFFFFFu, flag);
-        if (m) {
-            if (flag) q[qn + __popc(m & ((1u << lane) - 1u))] = v;
-            qn += __popc(m);
-            if (qn >= 32) {
-                __syncwarp();
-                qn -= 32;
-                const u32 t = q[qn + lane];
-                __syncwarp();
-                rare_vec(__ldcg(va + t), __ldcg(vb + t), w, sh, wbig, wsup);
-            }
-        }
-    }
-    __syncwarp();
-    if (lane < qn) {
-        const u32 t = q[lane];
-        rare_vec(__ldcg(va + t), __ldcg(vb + t), w, sh, wbig, wsup);
-    }
-#endif
+        step_vec(s, __ldcs(va + v), __ldcs(vb + v), atol, rtol, w, sh, wbig, wsup);
     if (blockIdx.x == gridDim.x - 1) /* the last n % VEC elements */
         for (i64 i = (i64)nvec * VEC + threadIdx.x; i < n; i += THREADS) {
             bool hit = false;
@@ -586,13 +537,7 @@ extern "C" __global__ void MAIN_BOUNDS
     }
 #endif
     Acc s = {};
-#if RAREQ
-    __shared__ u32 queue[THREADS * 2]; /* 64 slots per warp */
-    u32 *q = queue + (threadIdx.x >> 5) * 64;
-#else
-    u32 *q = nullptr;
-#endif
-    main_loop(s, a, b, n, atol, rtol, w, sh, wbig, wsup, q);
+    main_loop(s, a, b, n, atol, rtol, w, sh, wbig, wsup);
     /* column 12: distances at or above the window's start (the p99 search wants those below) */
     double v[NPART] = {s.aa,           s.bb,          s.ab,          s.dd,           s.ad,          fabs(s.mad),
                        (double)s.pass, (double)(s.mulp >> KSH), (double)s.both, (double)s.nfa, (double)s.nfb,

@@ -122,7 +122,6 @@ CONFIG: dict[str, int] = _Config(
         "cu_small_bps": 4,
         "cu_small_n": 1 << 27,
         "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
-        "cu_rareq": 0,  # CUDA C: vk_main's rare path at once (0) or through a queue per warp (1)
         "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
         "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_start); 0 = never
         # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
@@ -814,12 +813,7 @@ _MAIN_ARGS = "ppipppppppppi"  # vk_main's
 
 def _cu_macros() -> tuple[tuple[str, int], ...]:
     """The CUDA C build's tuning macros, from CONFIG."""
-    return (
-        ("NHEAD", CONFIG["NHEAD"]),
-        ("CUDIAG", CONFIG.get("CUDIAG", 0)),
-        ("MINB", CONFIG.get("cu_minb", 0)),
-        ("RAREQ", CONFIG.get("cu_rareq", 0)),
-    )
+    return (("NHEAD", CONFIG["NHEAD"]), ("CUDIAG", CONFIG.get("CUDIAG", 0)), ("MINB", CONFIG.get("cu_minb", 0)))
 
 
 @functools.cache

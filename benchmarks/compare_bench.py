@@ -487,9 +487,10 @@ SWEEP: list[dict[str, int]] = [  # kernel configurations (validator/kernels/cuda
     {"ENGINE": 1, "cu_blocks_per_sm": 12, "cu_minb": 4},
     {"ENGINE": 1, "cu_blocks_per_sm": 16, "cu_minb": 4},
     {"ENGINE": 1, "cu_blocks_per_sm": 6, "cu_minb": 3},
+    {"ENGINE": 1, "cu_blocks_per_sm": 15, "cu_minb": 5},
 ]
 
-_DIAG_BASE = {"ENGINE": 1, "cu_blocks_per_sm": 12, "cu_minb": 4}
+_DIAG_BASE = {"ENGINE": 1, "cu_blocks_per_sm": 15, "cu_minb": 5}
 ATTRIBUTION: list[dict[str, int]] = [  # timing only, never chosen: the main pass with one part left out
     _DIAG_BASE,
     # 4 the loads alone, 6 no tolerance test, 7 no max |d|, 9 no ULP work, 10 no float64 work,

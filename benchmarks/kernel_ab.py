@@ -32,10 +32,9 @@ from validator.kernels import cuda as kc  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
 CONFIGS: list[dict[str, Any]] = [  # validator/kernels/cuda.py CONFIG keys; window_delta: _finish's floor
-    {},  # the defaults
-    {"cu_minb": 5, "cu_blocks_per_sm": 15, "cu_small_bps": 5},  # registers capped at 51: 5 blocks resident
-    {"cu_minb": 5, "cu_blocks_per_sm": 10, "cu_small_bps": 5},
-    {"cu_blocks_per_sm": 16},
+    {},  # the defaults (registers capped at 51: 5 resident blocks; 15 blocks per SM, 5 under 2**27 elements)
+    {"cu_minb": 4, "cu_blocks_per_sm": 12, "cu_small_bps": 4},  # registers capped at 64: 4 resident blocks
+    {"cu_blocks_per_sm": 20},
 ]
 
 

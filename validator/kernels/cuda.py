@@ -116,12 +116,14 @@ CONFIG: dict[str, int] = _Config(
         "window_min": 1 << 20,  # smaller pairs: the old way (the sample would be too small to help)
         "ENGINE": 1,  # 1: the CUDA C kernels (_cuda_kernel.cu, NVRTC) where they apply; 0: Triton only
         # CUDA C: the H200 runs' choice (docs/results/perf-h200.md, "Kernel A/B")
-        "cu_blocks_per_sm": 12,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
-        # ... and for pairs of fewer than cu_small_n elements (kernel A/B: 4 was best on 8192x7168, 12-16
-        # on 2**29; where between the two they cross was not measured closer than that)
-        "cu_small_bps": 4,
+        "cu_blocks_per_sm": 15,  # CUDA C: blocks of 256 threads per multiprocessor (the grid)
+        # ... and for pairs of fewer than cu_small_n elements (kernel A/B, docs/results/perf-h200.md: one
+        # wave of resident blocks was best on 8192x7168, three on 2**29; equal at 2**27)
+        "cu_small_bps": 5,
         "cu_small_n": 1 << 27,
-        "cu_minb": 4,  # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers; 0: compiler's choice)
+        # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers: 5 -> 51, which ptxas
+        # fits in 48 without spilling in the main loop; 4 -> 64; 0: the compiler's choice)
+        "cu_minb": 5,
         "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
         "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_start); 0 = never
         # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,

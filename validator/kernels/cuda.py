@@ -25,7 +25,8 @@ step is built around the integer ALU, its busiest pipe. Its host side is kept sh
 small pair the host's share of a call is as large as the GPU's: the kernels are launched through the
 driver with their arguments bound once per size (``_CuPlan``, ``_CuWorkspace``, ``_Bound``), the
 result row is written by the kernel into pinned host memory, and the kernels leave their workspace
-zeroed for the next call.
+zeroed for the next call. A pair like one compared before takes a lane (``lane_start``): the
+launches come first, and ``compare_tensors`` checks its inputs while the GPU works.
 """
 
 from __future__ import annotations

@@ -276,3 +276,15 @@ def test_cuda_torch_launcher_path_is_exact(reference, kc) -> None:  # type: igno
         before = _counts(kc)
         assert_same(torch_compare(a.cuda(), b.cuda()), reference(a, b))
         assert _delta(kc, before)["cuda_c"] == 1, kc._CU_ERRORS
+
+
+def test_grid_shape_per_format() -> None:
+    # 16- and 32-bit pairs: registers capped at 51 (5 resident blocks), one wave under cu_small_n
+    # elements and three above; float8 keeps 64 registers (its loop spills at 51): 4 and 12
+    from validator.kernels import cuda
+
+    small, large = cuda.CONFIG["cu_small_n"] - 1, cuda.CONFIG["cu_small_n"]
+    assert [cuda._cu_bps(n, 3) for n in (small, large)] == [5, 15]
+    assert [cuda._cu_bps(n, 4) for n in (small, large)] == [4, 12]
+    assert dict(cuda._cu_macros(1))["MINB"] == 5
+    assert dict(cuda._cu_macros(5))["MINB"] == 4

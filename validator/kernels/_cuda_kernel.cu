@@ -268,6 +268,22 @@ __device__ void block_reduce(double *v, double *red, u32 max_mask) {
 struct Found {
     i64 idx, total, before;
 };
+/* The thread whose bins (v, starting at bin `base`, with `run` counted before them and `inc` through
+ * them) hold rank r writes the bin and the count before it to f[0], f[1]. */
+__device__ __forceinline__ void find_walk(const u32 (&v)[FIND_PER], i64 run, i64 inc, i64 r, int base, i64 *f) {
+    if (run < r && inc >= r) {
+#pragma unroll
+        for (int k = 0; k < FIND_PER; k++) {
+            if (run + v[k] >= r) {
+                f[0] = base + k;
+                f[1] = run;
+                break;
+            }
+            run += v[k];
+        }
+    }
+}
+
 __device__ void block_find2(const u32 *h0, const u32 *h1, int nbins, i64 r0, i64 r1, i64 p0, i64 p1, i64 *tmp,
                             Found *out) {
     const int per = nbins / THREADS, base = threadIdx.x * per;
@@ -310,29 +326,8 @@ __device__ void block_find2(const u32 *h0, const u32 *h1, int nbins, i64 r0, i64
         sf[5] = inc1 - p1;
     }
     __syncthreads();
-    i64 run0 = inc0 - m0, run1 = inc1 - m1;
-    if (run0 < r0 && inc0 >= r0) {
-#pragma unroll
-        for (int k = 0; k < FIND_PER; k++) {
-            if (run0 + v0[k] >= r0) {
-                sf[0] = base + k;
-                sf[1] = run0;
-                break;
-            }
-            run0 += v0[k];
-        }
-    }
-    if (run1 < r1 && inc1 >= r1) {
-#pragma unroll
-        for (int k = 0; k < FIND_PER; k++) {
-            if (run1 + v1[k] >= r1) {
-                sf[3] = base + k;
-                sf[4] = run1;
-                break;
-            }
-            run1 += v1[k];
-        }
-    }
+    find_walk(v0, inc0 - m0, inc0, r0, base, sf);
+    find_walk(v1, inc1 - m1, inc1, r1, base, sf + 3);
     __syncthreads();
     out[0] = Found{sf[0], sf[2], sf[1]};
     out[1] = Found{sf[3], sf[5], sf[4]};

@@ -125,6 +125,11 @@ CONFIG: dict[str, int] = _Config(
         # CUDA C: __launch_bounds__ minimum resident blocks (caps the registers: 5 -> 51, which ptxas
         # fits in 48 without spilling in the main loop; 4 -> 64; 0: the compiler's choice)
         "cu_minb": 5,
+        # float8 pairs keep 64 registers (at 51 their main loop spills), so 4 resident blocks: 12 per SM,
+        # 4 under cu_small_n (not measured on float8 separately)
+        "cu_minb_8bit": 4,
+        "cu_blocks_per_sm_8bit": 12,
+        "cu_small_bps_8bit": 4,
         "LAUNCH": 1,  # CUDA C: 1 = launch through the driver with argument storage built once; 0 = torch's launcher
         "LANE": 1,  # CUDA C: 1 = a repeated pair takes the short way from compare_tensors (lane_start); 0 = never
         # CUDA C timing diagnostics only (the kernel's step() leaves a part out): 4 = the loads alone,
@@ -814,9 +819,10 @@ _SAMPLE_ARGS = "ppiiipppppppiii"  # vk_sample's parameters (see _cuda_kernel.cu)
 _MAIN_ARGS = "ppipppppppppi"  # vk_main's
 
 
-def _cu_macros() -> tuple[tuple[str, int], ...]:
-    """The CUDA C build's tuning macros, from CONFIG."""
-    return (("NHEAD", CONFIG["NHEAD"]), ("CUDIAG", CONFIG.get("CUDIAG", 0)), ("MINB", CONFIG.get("cu_minb", 0)))
+def _cu_macros(dt: int = 3) -> tuple[tuple[str, int], ...]:
+    """The CUDA C build's tuning macros for element type ``dt`` (``_CU_DT``), from CONFIG."""
+    minb = CONFIG.get("cu_minb_8bit", 4) if dt >= 4 else CONFIG.get("cu_minb", 0)
+    return (("NHEAD", CONFIG["NHEAD"]), ("CUDIAG", CONFIG.get("CUDIAG", 0)), ("MINB", minb))
 
 
 @functools.cache
@@ -1001,9 +1007,11 @@ def _cu_plan(
     return plan if plan.ranks is not None else None
 
 
-def _cu_bps(n: int) -> int:
-    """Blocks per multiprocessor in the CUDA C grid for an ``n``-element pair."""
-    return CONFIG["cu_blocks_per_sm"] if n >= CONFIG.get("cu_small_n", 0) else CONFIG.get("cu_small_bps", 4)
+def _cu_bps(n: int, dt: int = 3) -> int:
+    """Blocks per multiprocessor in the CUDA C grid for an ``n``-element pair of element type ``dt``."""
+    suffix = "_8bit" if dt >= 4 else ""
+    small = n < CONFIG.get("cu_small_n", 0)
+    return CONFIG.get(("cu_small_bps" if small else "cu_blocks_per_sm") + suffix, 4 if small else 12)
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -1040,7 +1048,9 @@ def _run_cu(
     ):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    plan = _cu_plan(dt, int(masked), n, a.element_size(), index, _cu_macros(), CONFIG.get("LAUNCH", 1), _cu_bps(n))
+    plan = _cu_plan(
+        dt, int(masked), n, a.element_size(), index, _cu_macros(dt), CONFIG.get("LAUNCH", 1), _cu_bps(n, dt)
+    )
     if plan is None:
         return None
     with _WS_LOCK:  # the workspace is shared: held until the result is read

@@ -130,8 +130,12 @@ def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     # the call as a user makes it (compare_tensors returns host numbers: nothing left to wait for), in
     # three variants measured in interleaved rounds so that drift between them cancels
     # (call_us_synced: the default followed by torch.cuda.synchronize(), as stop 12 timed every call)
-    variants = {"call_us_launch1": (1, 1, 0), "call_us_nolane": (1, 0, 0), "call_us_launch0": (0, 1, 0)}
-    variants["call_us_synced"] = (1, 1, 1)
+    variants = {
+        "call_us_launch1": (1, 1, 0),
+        "call_us_nolane": (1, 0, 0),
+        "call_us_launch0": (0, 1, 0),
+        "call_us_synced": (1, 1, 1),
+    }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(3):
         for key, (launch, lane, synced) in variants.items():

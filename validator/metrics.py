@@ -130,7 +130,7 @@ _LANE_START: Any = None
 
 
 def _start_lane(a: torch.Tensor, b: object, atol: object, rtol: object) -> Any:
-    """validator.kernels.start_lane (docs/performance.md, "The host's share"), imported at first use."""
+    """validator.kernels.start_lane (docs/performance.md, "CUDA kernels", lanes), imported at first use."""
     global _LANE_START
     if _LANE_START is None:
         from .kernels import start_lane

@@ -10,7 +10,10 @@ the same freedom the reference's own ``chunk_elems`` has).
 - CPU (``cpu.py``): a C kernel (``_cpu_kernel.c``, built at first use with the system compiler and
   cached) run by one thread per core over chunks of the flat tensors, views of memory-mapped
   safetensors included, so nothing is copied.
-- CUDA (``cuda.py``): a fused Triton reduction and a one-program finishing kernel; one host sync.
+- CUDA (``cuda.py``): large contiguous same-dtype pairs take the CUDA C engine (``_cuda_kernel.cu``,
+  built by NVRTC: a sampled p99 window, then one main pass; one host sync), the others fused Triton
+  kernels. A pair like one the CUDA C engine compared before is launched by :func:`start_lane` before
+  ``compare_tensors`` checks its inputs.
 
 Environment: ``VALIDATOR_KERNELS=0`` disables both (reference only), ``VALIDATOR_NATIVE=0`` only the
 CPU kernel, ``VALIDATOR_THREADS`` sets the CPU threads, ``VALIDATOR_KERNEL_CACHE`` the build folder.

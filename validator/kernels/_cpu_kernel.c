@@ -393,6 +393,18 @@ typedef struct {
     __m512i mx, dlo, dhi; /* per lane: max distance; the window as distances */
 } vk_vulp;
 
+/* Software prefetch VK_PF bytes ahead of the 64-byte group being read (0: none). A stream's hardware
+ * prefetch stops at each 4 KiB page; for the benchmarks (benchmarks/cpu_roofline.py) to measure. */
+#ifndef VK_PF
+#define VK_PF 0
+#endif
+static inline void prefetch2(const void *a, const void *b) {
+    if (VK_PF > 0) {
+        __builtin_prefetch((const char *)a + VK_PF, 0, 3);
+        __builtin_prefetch((const char *)b + VK_PF, 0, 3);
+    }
+}
+
 static inline vk_vsums vsums_zero(void) {
     const __m512d z = _mm512_setzero_pd();
     return (vk_vsums){z, z, z, z, z, z, 0};
@@ -517,7 +529,10 @@ static inline void fastw16(const void *pa, const void *pb, int64_t s0, int64_t m
     blk->npend = 0;
     blk->below = m;
     int64_t j = 0;
-    for (; j + 32 <= m; j += 32) fastw16_group(a + j, b + j, 32, bf16, vatol, vrtol, &s, &v, blk);
+    for (; j + 32 <= m; j += 32) {
+        prefetch2(a + j, b + j);
+        fastw16_group(a + j, b + j, 32, bf16, vatol, vrtol, &s, &v, blk);
+    }
     if (j < m) fastw16_group(a + j, b + j, (int)(m - j), bf16, vatol, vrtol, &s, &v, blk);
     vsums_to_blk(&s, blk);
     blk->mx = hmax16(v.mx);
@@ -564,7 +579,10 @@ static void fastw_f32(const void *pa, const void *pb, int64_t s0, int64_t m, dou
     blk->npend = 0;
     blk->below = m;
     int64_t j = 0;
-    for (; j + 16 <= m; j += 16) fastw32_group(a + j, b + j, 16, vatol, vrtol, &s, &v, blk);
+    for (; j + 16 <= m; j += 16) {
+        prefetch2(a + j, b + j);
+        fastw32_group(a + j, b + j, 16, vatol, vrtol, &s, &v, blk);
+    }
     if (j < m) fastw32_group(a + j, b + j, (int)(m - j), vatol, vrtol, &s, &v, blk);
     vsums_to_blk(&s, blk);
     blk->mx = _mm512_reduce_max_epu32(v.mx);

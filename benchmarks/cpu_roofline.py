@@ -1,6 +1,6 @@
 """Where the CPU kernel's time goes on this machine: its arithmetic, the memory, or neither.
 
-    python benchmarks/cpu_roofline.py [--elems N] [--threads 1,2,4,8,16] [--pf 0,1024,4096] [--json out.json]
+    python benchmarks/cpu_roofline.py [--elems N] [--threads 1,2,4,8,16] [--variants "base=;pf1k=-DVK_PF=1024"]
 
 Measured side by side in one run, for a bf16 and an fp32 pair and each thread count:
 
@@ -9,9 +9,11 @@ Measured side by side in one run, for a bf16 and an fp32 pair and each thread co
   per job) on a pair per thread small enough for its L2 cache, repeated: the kernel's speed when the
   memory is not in the way;
 - ``dram``: the same pass on disjoint slices of a large pair, a slice per thread: its speed from
-  memory. Once per software-prefetch distance in ``--pf`` (builds of ``_cpu_kernel.c`` with
-  ``-DVK_PF=bytes``), and once with the pair in transparent huge pages (``madvise``);
-- ``call``: ``compare_tensors`` on the large pair (what a caller pays: sample pass, window, Python).
+  memory. Both once per build of ``_cpu_kernel.c`` in ``--variants`` (the ``VK_*`` macros: software
+  prefetch distance, accumulator sets, vector pass count), and once with the pair in transparent
+  huge pages (``madvise``);
+- ``call``: ``compare_tensors`` on the large pair (what a caller pays: sample pass, window, Python),
+  with the milliseconds of its sample pass and main pass (``ms_sample``, ``ms_main``).
 
 All in bytes of input per second. Also what the machine says about itself: CPU model, NUMA nodes,
 transparent huge pages, which CPUs share a core.
@@ -20,6 +22,7 @@ transparent huge pages, which CPUs share a core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -29,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -71,14 +75,12 @@ def machine() -> dict[str, Any]:
     return out
 
 
-def build(pf: int) -> ctypes.CDLL:
-    """The kernel library built with -DVK_PF=pf (cached like the real one)."""
+def build(flags: list[str]) -> ctypes.CDLL:
+    """The kernel library built with these extra flags (cached like the real one)."""
     cc = os.environ.get("CC") or shutil.which("cc") or "cc"
-    flags = ["-march=native", f"-DVK_PF={pf}"]
-    path = (
-        _native._cache_dir()
-        / f"vkcpu-roofline-pf{pf}-{hashlib.sha256(_native._SOURCE.read_bytes()).hexdigest()[:16]}.so"
-    )
+    flags = ["-march=native", *flags]
+    key = hashlib.sha256("\0".join([_native._SOURCE.read_text(), *flags]).encode()).hexdigest()[:16]
+    path = _native._cache_dir() / f"vkcpu-roofline-{key}.so"
     if not path.exists():
         err = _native._compile(cc, flags, path)
         if err:
@@ -130,20 +132,48 @@ def huge_copy(t: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap]:
     return out, buf
 
 
+@contextlib.contextmanager
+def phases() -> Iterator[dict[str, float]]:
+    """Milliseconds spent in the CPU path's sample pass and main pass while the block runs (summed)."""
+    ms = {"sample": 0.0, "main": 0.0}
+    saved = cpu._sample_window, cpu._compare_windowed
+
+    def timer(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                ms[key] += 1e3 * (time.perf_counter() - t)
+
+        return run
+
+    cpu._sample_window, cpu._compare_windowed = timer(saved[0], "sample"), timer(saved[1], "main")  # type: ignore[assignment]
+    try:
+        yield ms
+    finally:
+        cpu._sample_window, cpu._compare_windowed = saved  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--elems", type=int, default=1 << 26)
-    p.add_argument("--cache-elems", type=int, default=1 << 16, help="elements of each thread's in-cache pair")
+    p.add_argument("--cache-bytes", type=int, default=1 << 20, help="bytes of each thread's in-cache pair (both)")
     p.add_argument("--threads", default="1,2,4,8,16")
-    p.add_argument("--pf", default="0,1024,4096")
+    p.add_argument(
+        "--variants",
+        default="base=;pf1k=-DVK_PF=1024;pf4k=-DVK_PF=4096",
+        help="name=compiler flags;... (builds of _cpu_kernel.c; the first is the one for cache and the huge pages)",
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     counts = [int(x) for x in args.threads.split(",")]
-    pfs = [int(x) for x in args.pf.split(",")]
+    variants = {k: v.split() for k, _, v in (x.partition("=") for x in args.variants.split(";"))}
     out: dict[str, Any] = {"machine": machine(), "rows": []}
     print(json.dumps(out["machine"]), flush=True)
-    libs = {pf: build(pf) for pf in pfs}
+    libs = {name: build(flags) for name, flags in variants.items()}
+    out["variants"] = variants
     pool = ThreadPoolExecutor(max_workers=max(counts))
     big = torch.ones(1 << 27, dtype=torch.float32)
     keep_threads = torch.get_num_threads()
@@ -153,26 +183,29 @@ def main(argv: list[str] | None = None) -> int:
         win = cpu.last_window or (0, 1, 0)  # the window the real call chose for this pair
         ha, ma = huge_copy(a)
         hb, mb = huge_copy(b)
-        small = [make_pair(args.cache_elems, dtype, seed=s) for s in range(max(counts))]
         esz, name = a.element_size(), str(dtype).removeprefix("torch.")
+        cache_elems = args.cache_bytes // (2 * esz)
+        small = [make_pair(cache_elems, dtype, seed=s) for s in range(max(counts))]
         print(f"== {name}: {args.elems} elements, window {win}", flush=True)
         for t in counts:
             torch.set_num_threads(t)
             row: dict[str, Any] = {"dtype": name, "threads": t}
             row["read"] = big.numel() * 4 / timed(lambda: big.sum(), args.reps) / 1e9
             torch.set_num_threads(keep_threads)
-            lib0 = libs[pfs[0]]
-            inner = max(1, (1 << 24) // (args.cache_elems * t))
-            s = parallel_seconds(pool, [Pass(lib0, *small[i], win) for i in range(t)], args.reps, inner)
-            row["cache"] = t * inner * 2 * esz * args.cache_elems / s / 1e9
+            inner = max(1, (1 << 24) // (cache_elems * t))
             step = -(-args.elems // t)
-            for pf in pfs:
-                passes = [Pass(libs[pf], a[i : i + step], b[i : i + step], win) for i in range(0, args.elems, step)]
-                row[f"dram_pf{pf}"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps) / 1e9
+            for vname, lib in libs.items():
+                s = parallel_seconds(pool, [Pass(lib, *small[i], win) for i in range(t)], args.reps, inner)
+                row[f"cache_{vname}"] = t * inner * 2 * esz * cache_elems / s / 1e9
+                passes = [Pass(lib, a[i : i + step], b[i : i + step], win) for i in range(0, args.elems, step)]
+                row[f"dram_{vname}"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps) / 1e9
+            lib0 = next(iter(libs.values()))
             passes = [Pass(lib0, ha[i : i + step], hb[i : i + step], win) for i in range(0, args.elems, step)]
             row["dram_thp"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps) / 1e9
             cpu.set_threads(t)
-            row["call"] = 2 * esz * args.elems / timed(lambda: compare_tensors(a, b), args.reps) / 1e9
+            with phases() as ms:
+                row["call"] = 2 * esz * args.elems / timed(lambda: compare_tensors(a, b), args.reps) / 1e9
+            row.update({f"ms_{k}": v / (args.reps + 1) for k, v in ms.items()})
             cpu.set_threads(None)
             out["rows"].append(row)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)

@@ -384,9 +384,20 @@ DEFINE_ULPW_GENERIC(ulpw8_generic, ulp8)
  * window is the block's m less the popcounts of "at or above its start", a mask that also selects the
  * lanes tested against its end; only a group with an in-window lane leaves the vector code, to the
  * block's list. */
+/* VK_VCOUNT: the pass count in 8 int64 lanes (a masked subtract per 8 elements) instead of a popcount
+ * of each compare mask (a mask move, a popcount and an add). VK_ACC2: two sets of accumulators, the
+ * groups of a block alternating between them (shorter dependency chains). For the benchmarks
+ * (benchmarks/cpu_roofline.py) to measure. */
+#ifndef VK_VCOUNT
+#define VK_VCOUNT 0
+#endif
+#ifndef VK_ACC2
+#define VK_ACC2 0
+#endif
 typedef struct {
     __m512d aa, bb, ab, dd, ad, mad;
-    int64_t pass; /* counted from the compare masks by popcount: scalar work, off the vector pipes */
+    __m512i vpass; /* VK_VCOUNT: minus the count, per lane */
+    int64_t pass;  /* counted from the compare masks by popcount: scalar work, off the vector pipes */
 } vk_vsums;
 
 typedef struct {
@@ -407,7 +418,7 @@ static inline void prefetch2(const void *a, const void *b) {
 
 static inline vk_vsums vsums_zero(void) {
     const __m512d z = _mm512_setzero_pd();
-    return (vk_vsums){z, z, z, z, z, z, 0};
+    return (vk_vsums){z, z, z, z, z, z, _mm512_setzero_si512(), 0};
 }
 
 /* FAST_LOOP's arithmetic on 8 elements; lanes outside `valid` hold 0 in both, so only the pass count
@@ -422,7 +433,22 @@ static inline void sums8(__m512d xa, __m512d xb, __mmask8 valid, __m512d atol, _
     s->mad = _mm512_max_pd(s->mad, ad);
     const __m512d tol = _mm512_add_pd(atol, _mm512_mul_pd(rtol, _mm512_abs_pd(xa)));
     const __mmask8 pass = _mm512_mask_cmp_pd_mask(valid, ad, tol, _CMP_LE_OQ);
-    s->pass += __builtin_popcount(pass);
+    if (VK_VCOUNT)
+        s->vpass = _mm512_mask_sub_epi64(s->vpass, pass, s->vpass, _mm512_set1_epi64(-1));
+    else
+        s->pass += __builtin_popcount(pass);
+}
+
+/* t += u (the second set of accumulators into the first) */
+static inline void vsums_merge(vk_vsums *t, const vk_vsums *u) {
+    t->aa = _mm512_add_pd(t->aa, u->aa);
+    t->bb = _mm512_add_pd(t->bb, u->bb);
+    t->ab = _mm512_add_pd(t->ab, u->ab);
+    t->dd = _mm512_add_pd(t->dd, u->dd);
+    t->ad = _mm512_add_pd(t->ad, u->ad);
+    t->mad = _mm512_max_pd(t->mad, u->mad);
+    t->vpass = _mm512_add_epi64(t->vpass, u->vpass);
+    t->pass += u->pass;
 }
 
 static inline __mmask8 first8(int k) { return k >= 8 ? 0xFF : k <= 0 ? 0 : (__mmask8)((1u << k) - 1); }
@@ -442,7 +468,7 @@ static inline void vsums_to_blk(const vk_vsums *s, vk_blk *blk) {
     blk->sdd = _mm512_reduce_add_pd(s->dd);
     blk->sad = _mm512_reduce_add_pd(s->ad);
     blk->mad = _mm512_reduce_max_pd(s->mad);
-    blk->npass = s->pass;
+    blk->npass = s->pass + _mm512_reduce_add_epi64(s->vpass);
 }
 
 /* the in-window lanes `in` of a group of 16- (eb = 2) or 32-bit (eb = 4) distances, to the block's list */
@@ -524,15 +550,23 @@ static inline void fastw16(const void *pa, const void *pb, int64_t s0, int64_t m
                            vk_win *w, vk_blk *blk, int bf16) {
     const int16_t *a = (const int16_t *)pa + s0, *b = (const int16_t *)pb + s0;
     const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
-    vk_vsums s = vsums_zero();
+    vk_vsums s = vsums_zero(), s2 = vsums_zero();
     vk_vulp v = vulp16(w);
     blk->npend = 0;
     blk->below = m;
     int64_t j = 0;
+    if (VK_ACC2)
+        for (; j + 64 <= m; j += 64) {
+            prefetch2(a + j, b + j);
+            fastw16_group(a + j, b + j, 32, bf16, vatol, vrtol, &s, &v, blk);
+            prefetch2(a + j + 32, b + j + 32);
+            fastw16_group(a + j + 32, b + j + 32, 32, bf16, vatol, vrtol, &s2, &v, blk);
+        }
     for (; j + 32 <= m; j += 32) {
         prefetch2(a + j, b + j);
         fastw16_group(a + j, b + j, 32, bf16, vatol, vrtol, &s, &v, blk);
     }
+    if (VK_ACC2) vsums_merge(&s, &s2);
     if (j < m) fastw16_group(a + j, b + j, (int)(m - j), bf16, vatol, vrtol, &s, &v, blk);
     vsums_to_blk(&s, blk);
     blk->mx = hmax16(v.mx);
@@ -574,15 +608,23 @@ static void fastw_f32(const void *pa, const void *pb, int64_t s0, int64_t m, dou
     const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
     uint32_t dlo, dhi;
     win_bounds(w, 0xFFFFFFFFu, &dlo, &dhi);
-    vk_vsums s = vsums_zero();
+    vk_vsums s = vsums_zero(), s2 = vsums_zero();
     vk_vulp v = {_mm512_setzero_si512(), _mm512_set1_epi32((int)dlo), _mm512_set1_epi32((int)dhi)};
     blk->npend = 0;
     blk->below = m;
     int64_t j = 0;
+    if (VK_ACC2)
+        for (; j + 32 <= m; j += 32) {
+            prefetch2(a + j, b + j);
+            fastw32_group(a + j, b + j, 16, vatol, vrtol, &s, &v, blk);
+            prefetch2(a + j + 16, b + j + 16);
+            fastw32_group(a + j + 16, b + j + 16, 16, vatol, vrtol, &s2, &v, blk);
+        }
     for (; j + 16 <= m; j += 16) {
         prefetch2(a + j, b + j);
         fastw32_group(a + j, b + j, 16, vatol, vrtol, &s, &v, blk);
     }
+    if (VK_ACC2) vsums_merge(&s, &s2);
     if (j < m) fastw32_group(a + j, b + j, (int)(m - j), vatol, vrtol, &s, &v, blk);
     vsums_to_blk(&s, blk);
     blk->mx = _mm512_reduce_max_epu32(v.mx);
@@ -701,16 +743,30 @@ static inline int64_t sample_off(int64_t r, int64_t span) {
     return (int64_t)((h >> 16) % (uint64_t)span);
 }
 
-#define DEFINE_SAMPLER(NAME, LA, ULP)                                                                     \
+/* The next run's cache lines are prefetched while a run is read: runs are far apart, so the hardware
+ * prefetchers cannot see them coming, and each would otherwise start with a full memory latency. */
+#ifndef VK_SPF
+#define VK_SPF 1
+#endif
+static inline void prefetch_run(const void *pa, const void *pb, int64_t s, int64_t m, int64_t size) {
+    for (int64_t k = 0; k < m * size; k += 64) {
+        __builtin_prefetch((const char *)pa + s * size + k, 0, 3);
+        __builtin_prefetch((const char *)pb + s * size + k, 0, 3);
+    }
+}
+
+#define DEFINE_SAMPLER(NAME, LA, ULP, SIZE)                                                               \
     static int64_t NAME(const void *pa, const void *pb, int64_t n, int64_t base, int64_t run, int64_t gap, \
                         int64_t *fine, int64_t *coarse, uint32_t *maxd) {                                 \
         uint32_t dist[BLK], sub[NSUB * SMALL], mu = *maxd;                                                \
         memset(sub, 0, sizeof sub);                                                                       \
         int64_t total = 0;                                                                                \
-        for (int64_t r0 = 0; r0 < n; r0 += gap) {                                                         \
-            const int64_t s0 = r0 + sample_off((base + r0) / gap, gap - run + 1);                         \
-            if (s0 >= n) break;                                                                           \
+        int64_t s0 = sample_off(base / gap, gap - run + 1);                                               \
+        for (int64_t r0 = 0; r0 < n && s0 < n; r0 += gap) {                                               \
             const int64_t m = n - s0 < run ? n - s0 : run;                                                \
+            const int64_t s1 = r0 + gap + sample_off((base + r0) / gap + 1, gap - run + 1);               \
+            const int64_t sp = r0 + VK_SPF * gap + sample_off((base + r0) / gap + VK_SPF, gap - run + 1); \
+            if (VK_SPF && sp < n) prefetch_run(pa, pb, sp, n - sp < run ? n - sp : run, SIZE);            \
             int64_t nboth = 0;                                                                            \
             _Pragma("omp simd reduction(+:nboth)")                                                        \
             for (int64_t j = 0; j < m; j++) {                                                             \
@@ -724,6 +780,7 @@ static inline int64_t sample_off(int64_t r, int64_t span) {
             fine[0] -= m - nboth; /* excluded positions were binned at distance 0 */                      \
             if (coarse) coarse[0] -= m - nboth;                                                           \
             total += nboth;                                                                               \
+            s0 = s1;                                                                                      \
         }                                                                                                 \
         fold_sub(sub, fine);                                                                              \
         *maxd = mu;                                                                                       \
@@ -732,11 +789,11 @@ static inline int64_t sample_off(int64_t r, int64_t span) {
 
 typedef int64_t (*sampler_fn)(const void *, const void *, int64_t, int64_t, int64_t, int64_t, int64_t *, int64_t *,
                               uint32_t *);
-DEFINE_SAMPLER(s_f32, ld_f32, ulp32)
-DEFINE_SAMPLER(s_f16, ld_f16, ulp16)
-DEFINE_SAMPLER(s_bf16, ld_bf16, ulp16)
-DEFINE_SAMPLER(s_e4m3, ld_e4m3, ulp8)
-DEFINE_SAMPLER(s_e5m2, ld_e5m2, ulp8)
+DEFINE_SAMPLER(s_f32, ld_f32, ulp32, 4)
+DEFINE_SAMPLER(s_f16, ld_f16, ulp16, 2)
+DEFINE_SAMPLER(s_bf16, ld_bf16, ulp16, 2)
+DEFINE_SAMPLER(s_e4m3, ld_e4m3, ulp8, 1)
+DEFINE_SAMPLER(s_e5m2, ld_e5m2, ulp8, 1)
 static const sampler_fn SAMPLERS[6] = {0, s_f32, s_f16, s_bf16, s_e4m3, s_e5m2};
 
 /* The first element of every sampled run of an n-element pair (ceil(n / gap) of them; a start may lie

@@ -743,10 +743,11 @@ static inline int64_t sample_off(int64_t r, int64_t span) {
     return (int64_t)((h >> 16) % (uint64_t)span);
 }
 
-/* The next run's cache lines are prefetched while a run is read: runs are far apart, so the hardware
- * prefetchers cannot see them coming, and each would otherwise start with a full memory latency. */
+/* The cache lines of the run VK_SPF runs ahead are prefetched while a run is read: runs are far apart,
+ * so the hardware prefetchers cannot see them coming, and each would otherwise start with a full
+ * memory latency (0: no prefetch). */
 #ifndef VK_SPF
-#define VK_SPF 1
+#define VK_SPF 2
 #endif
 static inline void prefetch_run(const void *pa, const void *pb, int64_t s, int64_t m, int64_t size) {
     for (int64_t k = 0; k < m * size; k += 64) {
@@ -764,7 +765,7 @@ static inline void prefetch_run(const void *pa, const void *pb, int64_t s, int64
         int64_t s0 = sample_off(base / gap, gap - run + 1);                                               \
         for (int64_t r0 = 0; r0 < n && s0 < n; r0 += gap) {                                               \
             const int64_t m = n - s0 < run ? n - s0 : run;                                                \
-            const int64_t s1 = r0 + gap + sample_off((base + r0) / gap + 1, gap - run + 1);               \
+            const int64_t s1 = r0 + gap + sample_off((base + r0) / gap + 1, gap - run + 1); /* the next */ \
             const int64_t sp = r0 + VK_SPF * gap + sample_off((base + r0) / gap + VK_SPF, gap - run + 1); \
             if (VK_SPF && sp < n) prefetch_run(pa, pb, sp, n - sp < run ? n - sp : run, SIZE);            \
             int64_t nboth = 0;                                                                            \

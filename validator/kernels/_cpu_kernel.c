@@ -307,8 +307,9 @@ typedef struct {
     double saa, sbb, sab, sdd, sad, mad;
     int64_t npass, below;
     uint32_t mx;
-    int32_t npend;
-    uint32_t pend[BLK];
+    int32_t npend, npend16;
+    uint32_t pend[BLK + 16];   /* 16 of slack: the AVX-512 code stores whole vectors */
+    uint16_t pend16[BLK + 32]; /* the 16-bit distances of the AVX-512 code for 16- and 8-bit types */
 } vk_blk;
 
 /* The window [lo, lo + width) of keys (key = distance >> shift) as distances: distance >= *dlo iff
@@ -332,11 +333,12 @@ static inline void blk_set(vk_blk *blk, double saa, double sbb, double sab, doub
     blk->npass = npass;
     blk->below = below;
     blk->mx = 0;
-    blk->npend = 0;
+    blk->npend = blk->npend16 = 0;
 }
 
 static inline void wblk_commit(const vk_blk *blk, vk_win *w) {
     for (int32_t k = 0; k < blk->npend; k++) win_one(blk->pend[k], w);
+    for (int32_t k = 0; k < blk->npend16; k++) win_one(blk->pend16[k], w);
 }
 
 /* The ULP part of a block whose sums came out finite (so every element is finite in both): the max
@@ -471,6 +473,29 @@ static inline void vsums_to_blk(const vk_vsums *s, vk_blk *blk) {
     blk->npass = s->pass + _mm512_reduce_add_epi64(s->vpass);
 }
 
+/* The in-window lanes `in` of a group of distances, to the block's list. With AVX512-VBMI2 every group
+ * does this without a branch, compressing the lanes into a vector stored whole (about 1% of lanes are
+ * in the window: a branch on "any" is taken by a third of the groups and mispredicted often); else
+ * only groups with an in-window lane, a lane at a time (defer). VK_COMPRESS=0 forces the second way. */
+#ifndef VK_COMPRESS
+#ifdef __AVX512VBMI2__
+#define VK_COMPRESS 1
+#else
+#define VK_COMPRESS 0
+#endif
+#endif
+#if VK_COMPRESS
+static inline void defer16(vk_blk *blk, __m512i u, __mmask32 in) {
+    _mm512_storeu_si512(blk->pend16 + blk->npend16, _mm512_maskz_compress_epi16(in, u));
+    blk->npend16 += __builtin_popcount(in);
+}
+
+static inline void defer32(vk_blk *blk, __m512i u, __mmask16 in) {
+    _mm512_storeu_si512(blk->pend + blk->npend, _mm512_maskz_compress_epi32(in, u));
+    blk->npend += __builtin_popcount(in);
+}
+#endif
+
 /* the in-window lanes `in` of a group of 16- (eb = 2) or 32-bit (eb = 4) distances, to the block's list */
 static inline void defer(vk_blk *blk, __m512i u, uint32_t in, int eb) {
     uint32_t t[16];
@@ -492,7 +517,11 @@ static inline void ulp_lanes16(__m512i ca, __m512i cb, __mmask32 valid, __m512i 
     const __mmask32 ge = _mm512_mask_cmpge_epu16_mask(valid, u, v->dlo);
     blk->below -= __builtin_popcount(ge); /* the block starts it at m */
     const __mmask32 in = _mm512_mask_cmplt_epu16_mask(ge, u, v->dhi);
+#if VK_COMPRESS
+    defer16(blk, u, in);
+#else
     if (__builtin_expect(in != 0, 0)) defer(blk, u, in, 2);
+#endif
 }
 
 static inline vk_vulp vulp16(const vk_win *w) {
@@ -552,7 +581,7 @@ static inline void fastw16(const void *pa, const void *pb, int64_t s0, int64_t m
     const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
     vk_vsums s = vsums_zero(), s2 = vsums_zero();
     vk_vulp v = vulp16(w);
-    blk->npend = 0;
+    blk->npend = blk->npend16 = 0;
     blk->below = m;
     int64_t j = 0;
     if (VK_ACC2)
@@ -599,7 +628,11 @@ static inline void fastw32_group(const float *a, const float *b, int t, __m512d 
     const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(valid, u, v->dlo);
     blk->below -= __builtin_popcount(ge);
     const __mmask16 in = _mm512_mask_cmplt_epu32_mask(ge, u, v->dhi);
+#if VK_COMPRESS
+    defer32(blk, u, in);
+#else
     if (__builtin_expect(in != 0, 0)) defer(blk, u, in, 4);
+#endif
 }
 
 static void fastw_f32(const void *pa, const void *pb, int64_t s0, int64_t m, double atol, double rtol, vk_win *w,
@@ -610,7 +643,7 @@ static void fastw_f32(const void *pa, const void *pb, int64_t s0, int64_t m, dou
     win_bounds(w, 0xFFFFFFFFu, &dlo, &dhi);
     vk_vsums s = vsums_zero(), s2 = vsums_zero();
     vk_vulp v = {_mm512_setzero_si512(), _mm512_set1_epi32((int)dlo), _mm512_set1_epi32((int)dhi)};
-    blk->npend = 0;
+    blk->npend = blk->npend16 = 0;
     blk->below = m;
     int64_t j = 0;
     if (VK_ACC2)

@@ -241,6 +241,21 @@ def test_sample_covers_the_whole_pair() -> None:
     assert cols.float().mean().item() > 0.9
 
 
+def test_large_pairs_sample_about_sample_max_elements() -> None:
+    assert cpu.sample_gap(N) == cpu.SAMPLE_GAP
+    for n in (1 << 24, (1 << 24) + 12345, 1 << 25, 3 << 25, 1 << 28):
+        gap = cpu.sample_gap(n)
+        assert gap % cpu.SAMPLE_GAP == 0 and (gap // cpu.SAMPLE_GAP) & (gap // cpu.SAMPLE_GAP - 1) == 0
+        runs = n // gap
+        assert runs * cpu.SAMPLE_RUN <= cpu.SAMPLE_MAX and (
+            gap == cpu.SAMPLE_GAP or 2 * runs * cpu.SAMPLE_RUN > cpu.SAMPLE_MAX
+        )
+    n = 1 << 25  # the mask follows the longer gap: one run of SAMPLE_RUN in each
+    mask = cpu.sample_mask(n)
+    per_gap = mask.view(-1, cpu.sample_gap(n)).sum(1)
+    assert (per_gap == cpu.SAMPLE_RUN).all()
+
+
 # ---------------------------------------------------------------- routes around the window
 
 

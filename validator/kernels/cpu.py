@@ -10,7 +10,9 @@ Large same-dtype pairs (ULP metrics, at least :data:`WINDOW_FROM` elements, cont
 exact p99 with the speculative window of ``_finish.p99_window`` instead of full histograms:
 
 - a sample pass reads runs of :data:`SAMPLE_RUN` elements, one in every :data:`SAMPLE_GAP` (1 element
-  in ``SAMPLE_STRIDE``, spread evenly over the whole pair) and histograms their distances;
+  in ``SAMPLE_STRIDE``, spread evenly over the whole pair; pairs of more than 2**24 elements sample
+  about :data:`SAMPLE_MAX` elements, one run in a longer gap, :func:`sample_gap`) and histograms their
+  distances;
 - ``p99_window`` turns that into a window of distances (float32 windows wider than 65536 bins, or
   too wide for the rule, become windows of 65536-wide buckets);
 - the one full pass adds the sums as before and, for the ULP metrics, the max distance, the exact
@@ -52,6 +54,8 @@ __all__ = [
     "WINDOW_FROM",
     "SAMPLE_RUN",
     "SAMPLE_GAP",
+    "SAMPLE_MAX",
+    "sample_gap",
     "sample_mask",
     "set_threads",
     "stats",
@@ -64,10 +68,14 @@ _SERIAL_BELOW = 1 << 18  # pairs smaller than this run in the calling thread
 WINDOW_FROM = 1 << 20  # pairs with ULP metrics from this many elements take the speculative p99 window
 SAMPLE_RUN = 256  # sampled elements are runs of this many, one run in every SAMPLE_GAP elements
 SAMPLE_GAP = SAMPLE_RUN * SAMPLE_STRIDE  # (the run's offset in its gap varies pseudo-randomly)
+# Larger pairs sample about this many elements, not 1 in SAMPLE_STRIDE: a run costs a memory latency
+# more than its bytes, so on a server a sample of 1 in 64 took a third of a 2**26-element call.
+SAMPLE_MAX = 1 << 18
 _SAMPLE_JOB = 8 * CHUNK  # elements per sample-pass job, at most (fewer: every thread gets several)
 _MAIN_JOB = 1 << 18  # elements per job of the windowed pass (taken in C: no Python per job)
 _KEEP_WINDOW = 1 << 16  # window histograms up to this many bins stay with their thread between pairs
 _WIDE_WINDOW = 1 << 16  # float32 windows wider than this become windows of 65536-wide buckets
+_MERGE_WIDE = 1 << 14  # sampled distances this large: the threads' histograms are added in parallel
 _LIST_MIN = 1 << 21  # float32 bucket windows list their in-window distances: at most max(this, n/32)
 
 # Which route the pairs took, since the process started (read by tests and benchmarks):
@@ -349,14 +357,24 @@ def _totals(workers: list[_Worker]) -> tuple[list[float], float, list[int], int]
 # ---------------------------------------------------------------- the speculative p99 window
 
 
+def sample_gap(n: int) -> int:
+    """The gap between the starts of sampled runs for an ``n``-element pair: :data:`SAMPLE_GAP`, or
+    that times the smallest power of two that keeps the sample at about :data:`SAMPLE_MAX` elements."""
+    gap = SAMPLE_GAP
+    while n // gap * SAMPLE_RUN > SAMPLE_MAX:
+        gap *= 2
+    return gap
+
+
 def sample_mask(n: int) -> torch.Tensor:
     """Which elements of an ``n``-element pair the sample pass reads (bool; for tests and diagnostics)."""
     mask = torch.zeros(n, dtype=torch.bool)
     lib = library()
     if lib is None or n == 0:
         return mask
-    starts = torch.empty(-(-n // SAMPLE_GAP), dtype=torch.int64)
-    lib.vk_sample_starts(n, SAMPLE_RUN, SAMPLE_GAP, starts.data_ptr())
+    gap = sample_gap(n)
+    starts = torch.empty(-(-n // gap), dtype=torch.int64)
+    lib.vk_sample_starts(n, SAMPLE_RUN, gap, starts.data_ptr())
     for s in starts.tolist():
         mask[s : s + SAMPLE_RUN] = True
     return mask
@@ -379,9 +397,11 @@ def _sample_window(
     in ``[lo, hi)``; ``list_cap`` > 0 (bucket windows only): list up to that many in-window distances
     per thread. ``None``: no window (the full histograms then)."""
     n, dt = a.numel(), _DT[a.dtype]
-    # a thread for every 2**17 sampled elements at least: fewer histograms to clear and add up
-    sampling = workers[: max(1, min(len(workers), (n // SAMPLE_STRIDE) >> 17))]
-    job = max(SAMPLE_GAP, min(_SAMPLE_JOB, n // (4 * len(sampling)) // SAMPLE_GAP * SAMPLE_GAP))
+    gap = sample_gap(n)
+    # a thread for every 2**14 sampled elements: the runs' memory latencies overlap, the histograms to
+    # clear and add up stay few
+    sampling = workers[: max(1, min(len(workers), (n // gap * SAMPLE_RUN) >> 14))]
+    job = max(gap, min(_SAMPLE_JOB, n // (4 * len(sampling)) // gap * gap))
     pa, pb, nxt = a.data_ptr(), b.data_ptr(), ctypes.c_int64(0)
 
     def body(w: _Worker) -> None:
@@ -391,7 +411,7 @@ def _sample_window(
         co = w.coarse.data_ptr() if coarse and w.coarse is not None else None
         w.maxd.value = 0
         got = lib.vk_sample(
-            pa, pb, dt, n, job, ctypes.byref(nxt), SAMPLE_RUN, SAMPLE_GAP, w.fine.data_ptr(), co, ctypes.byref(w.maxd)
+            pa, pb, dt, n, job, ctypes.byref(nxt), SAMPLE_RUN, gap, w.fine.data_ptr(), co, ctypes.byref(w.maxd)
         )
         if got < 0:
             raise RuntimeError(f"native kernel refused to sample {a.dtype}")
@@ -402,13 +422,19 @@ def _sample_window(
     n_sample = sum(w.n_sample for w in sampling)
     fine, hist_coarse = sampling[0].fine, sampling[0].coarse if coarse else None
     assert fine is not None
-    for w in sampling[1:]:  # only the bins in use
-        assert w.fine is not None
-        maxd = w.maxd.value
-        lib.vk_add_i64(fine.data_ptr(), w.fine.data_ptr(), min(maxd, FINE_BINS - 1) + 1)
-        lib.vk_add_i64(fine.data_ptr() + 8 * FINE_BINS, w.fine.data_ptr() + 8 * FINE_BINS, 1)
-        if hist_coarse is not None and w.coarse is not None:
-            lib.vk_add_i64(hist_coarse.data_ptr(), w.coarse.data_ptr(), (maxd >> 16) + 1)
+    if max(w.maxd.value for w in sampling) >= _MERGE_WIDE:
+        # a wide spread (float32): whole histograms (zero past the bins in use), added in parallel ranges
+        _summed(lib, [w.fine for w in sampling], sampling)
+        if hist_coarse is not None:
+            _summed(lib, [w.coarse for w in sampling], sampling)
+    else:
+        for w in sampling[1:]:  # only the bins in use
+            assert w.fine is not None
+            maxd = w.maxd.value
+            lib.vk_add_i64(fine.data_ptr(), w.fine.data_ptr(), min(maxd, FINE_BINS - 1) + 1)
+            lib.vk_add_i64(fine.data_ptr() + 8 * FINE_BINS, w.fine.data_ptr() + 8 * FINE_BINS, 1)
+            if hist_coarse is not None and w.coarse is not None:
+                lib.vk_add_i64(hist_coarse.data_ptr(), w.coarse.data_ptr(), (maxd >> 16) + 1)
     sampling[0].mark_sampled(max(w.maxd.value for w in sampling), coarse)
     win = p99_window(fine, hist_coarse, n_sample)
     if win is not None and (hist_coarse is None or win[1] - win[0] <= _WIDE_WINDOW):

@@ -114,8 +114,12 @@ def time_loop(run: Callable[[int], None], s: ProbeSession, iters: int, reps: int
         s.flush()
         drained.append((time.perf_counter() - t0) * 1e3 / iters)
         stream.append(start.elapsed_time(end) / iters)
-    return {"stream_ms": statistics.median(stream), "drained_ms": statistics.median(drained),
-            "stream_ms_min": min(stream), "stream_ms_max": max(stream)}
+    return {
+        "stream_ms": statistics.median(stream),
+        "drained_ms": statistics.median(drained),
+        "stream_ms_min": min(stream),
+        "stream_ms_max": max(stream),
+    }
 
 
 def eager_case(model: Model, tokens: int, mode: str, iters: int, reps: int) -> dict[str, float]:
@@ -195,14 +199,21 @@ def main(argv: list[str] | None = None) -> int:
                 r = case(model, tokens, mode, iters, args.reps)
                 base = r if label == "none" else base
                 assert base is not None
-                r.update(tokens=tokens, kind=kind, mode=label,
-                         ratio=r["stream_ms"] / base["stream_ms"],
-                         drained_ratio=r["drained_ms"] / base["stream_ms"],
-                         added_us_per_point=(r["stream_ms"] - base["stream_ms"]) * 1e3 / POINTS)
+                r.update(
+                    tokens=tokens,
+                    kind=kind,
+                    mode=label,
+                    ratio=r["stream_ms"] / base["stream_ms"],
+                    drained_ratio=r["drained_ms"] / base["stream_ms"],
+                    added_us_per_point=(r["stream_ms"] - base["stream_ms"]) * 1e3 / POINTS,
+                )
                 rows.append(r)
-                print(f"{tokens:>6} {kind:<5} {label:<10} step {r['stream_ms']:8.3f} ms  x{r['ratio']:6.3f}  "
-                      f"drained {r['drained_ms']:8.3f} ms (x{r['drained_ratio']:6.3f})  "
-                      f"+{r['added_us_per_point']:8.1f} us/point", flush=True)
+                print(
+                    f"{tokens:>6} {kind:<5} {label:<10} step {r['stream_ms']:8.3f} ms  x{r['ratio']:6.3f}  "
+                    f"drained {r['drained_ms']:8.3f} ms (x{r['drained_ratio']:6.3f})  "
+                    f"+{r['added_us_per_point']:8.1f} us/point",
+                    flush=True,
+                )
     result = {"env": env, "points_per_step": POINTS, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -10,7 +10,7 @@ Measured side by side in one run, for a bf16 and an fp32 pair and each thread co
   memory is not in the way;
 - ``dram``: the same pass on disjoint slices of a large pair, a slice per thread: its speed from
   memory. Both once per build of ``_cpu_kernel.c`` in ``--variants`` (the ``VK_*`` macros: software
-  prefetch distance, accumulator sets, vector pass count), and once with the pair in transparent
+  prefetch distance, the in-window compress), and once with the pair in transparent
   huge pages (``madvise``);
 - ``call``: ``compare_tensors`` on the large pair (what a caller pays: sample pass, window, Python),
   with the milliseconds of its sample pass and main pass (``ms_sample``, ``ms_main``).
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.compare_bench import make_pair, timed  # noqa: E402
+from benchmarks.compare_bench import llc_bytes, make_pair, timed  # noqa: E402
 from validator.kernels import _native, cpu  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     libs = {name: build(flags) for name, flags in variants.items()}
     out["variants"] = variants
     pool = ThreadPoolExecutor(max_workers=max(counts))
-    big = torch.ones(1 << 27, dtype=torch.float32)
+    big = torch.ones(max(1 << 27, llc_bytes()), dtype=torch.float32)  # 4x the last-level cache in bytes
     keep_threads = torch.get_num_threads()
     for dtype in (torch.bfloat16, torch.float32):
         a, b = make_pair(args.elems, dtype)

@@ -58,15 +58,20 @@ def _default_threads() -> Iterator[None]:
     cpu.set_threads(None)
 
 
-def numpy_ulp(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
-    """(max, p99) of the ULP distances over the positions finite in both, independently of the kernels."""
+def numpy_distances(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    """The ULP distances at the positions finite in both (int64), independently of the kernels."""
     idt, mag = ULP_INT[a.dtype]
     ia = a.view(idt).numpy().astype(np.int64)
     ib = b.view(idt).numpy().astype(np.int64)
     oa = np.where(ia < 0, -(ia & mag), ia)
     ob = np.where(ib < 0, -(ib & mag), ib)
     fin = np.isfinite(a.double().numpy()) & np.isfinite(b.double().numpy())
-    d = np.abs(oa - ob)[fin]
+    return np.abs(oa - ob)[fin]
+
+
+def numpy_ulp(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    """(max, p99) of the ULP distances over the positions finite in both, independently of the kernels."""
+    d = numpy_distances(a, b)
     if d.size == 0:
         return 0, 0
     k = (99 * d.size + 99) // 100
@@ -272,6 +277,39 @@ def test_threads_do_not_change_results() -> None:
     assert (results[0].max_ulp, results[0].p99_ulp) == numpy_ulp(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d)[6:])
+def test_sample_on_many_threads_adds_their_histograms(
+    reference: Ref, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # five sampling threads started in C, their histograms added there: float32's spread over every
+    # fine and many coarse bins (merged a range at a time), bfloat16's in a few small bins
+    monkeypatch.setattr(cpu, "_SAMPLE_PER_THREAD", 1 << 12)
+    cpu.set_threads(5)
+    a, b = noisy(dtype, rel=0.3 if dtype == torch.float32 else 0.01, seed=19)
+    m, route = check(a, b, reference)
+    assert route["window"] == 1 and route["fallback"] == 0
+    assert (m.max_ulp, m.p99_ulp) == numpy_ulp(a, b)
+    lib = cpu.library()
+    assert lib is not None
+    team = (cpu.Sampler * 5)()
+    hists = [torch.full((cpu.FINE_BINS + 1,), 7, dtype=torch.int64) for _ in range(10)]
+    for i, slot in enumerate(team):  # dirty buffers, cleared in full by the kernel
+        slot.fine, slot.coarse = (
+            hists[2 * i].data_ptr(),
+            hists[2 * i + 1].data_ptr() if dtype == torch.float32 else None,
+        )
+        slot.clear_fine, slot.clear_coarse = cpu.FINE_BINS, cpu.FINE_BINS + 1
+    n, gap = a.numel(), cpu.sample_gap(a.numel())
+    got = lib.vk_sample_par(a.data_ptr(), b.data_ptr(), cpu._DT[dtype], n, gap, cpu.SAMPLE_RUN, gap, team, 5)
+    sampled = cpu.sample_mask(n)
+    d = numpy_distances(a[sampled], b[sampled])
+    assert got == d.size == int(hists[0].sum())
+    expect = np.bincount(np.minimum(d, cpu.FINE_BINS), minlength=cpu.FINE_BINS + 1)
+    assert (hists[0].numpy() == expect).all() and team[0].maxd == d.max()
+    if dtype == torch.float32:
+        assert (hists[1].numpy() == np.bincount(d >> 16, minlength=cpu.FINE_BINS + 1)).all()
+
+
 def test_small_and_non_contiguous_pairs_keep_the_full_histograms(reference: Ref) -> None:
     a, b = noisy(torch.bfloat16, n=cpu.WINDOW_FROM - 1, seed=8)
     _, route = check(a, b, reference)
@@ -302,7 +340,7 @@ def test_sample_histograms_are_cleared_between_pairs() -> None:
         noisy(torch.bfloat16, seed=17),
         noisy(torch.float32, seed=18),
     ]
-    for t in (1, 2):
+    for t in (1, 2, 5):
         cpu.set_threads(t)
         for i, (a, b) in enumerate(pairs):
             m, route = routed(a, b)

@@ -22,10 +22,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["Acc", "Win", "library", "build_error"]
+__all__ = ["Acc", "Win", "Sampler", "library", "build_error"]
 
 _SOURCE = Path(__file__).with_name("_cpu_kernel.c")
-_BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu11"]
+_BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu11", "-pthread"]
 _ARCH_FLAGS = [["-march=native"], []]  # the portable build is the fallback
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -65,6 +65,19 @@ class Win(ctypes.Structure):
         ("cap", ctypes.c_int64),
         ("nlist", ctypes.c_int64),
         ("below", ctypes.c_int64),
+    ]
+
+
+class Sampler(ctypes.Structure):
+    """Mirror of ``vk_sampler`` in ``_cpu_kernel.c``: one sampling thread's histograms and results."""
+
+    _fields_ = [
+        ("fine", ctypes.c_void_p),
+        ("coarse", ctypes.c_void_p),
+        ("clear_fine", ctypes.c_int64),
+        ("clear_coarse", ctypes.c_int64),
+        ("maxd", ctypes.c_int64),
+        ("total", ctypes.c_int64),
     ]
 
 
@@ -113,6 +126,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.vk_compare_win.restype = c_int
     lib.vk_sample.argtypes = [p, p, c_int, i64, i64, p, i64, i64, p, p, p]
     lib.vk_sample.restype = i64
+    lib.vk_sample_par.argtypes = [p, p, c_int, i64, i64, i64, i64, ctypes.POINTER(Sampler), c_int]
+    lib.vk_sample_par.restype = i64
     lib.vk_sample_starts.argtypes = [i64, i64, i64, p]
     lib.vk_sample_starts.restype = None
     lib.vk_list_low.argtypes = [p, i64, i64, p]

@@ -46,7 +46,7 @@ from ._finish import (
     p99_in_window,
     p99_window,
 )
-from ._native import Acc, Win, library
+from ._native import Acc, Sampler, Win, library
 
 __all__ = [
     "compare_cpu",
@@ -72,10 +72,10 @@ SAMPLE_GAP = SAMPLE_RUN * SAMPLE_STRIDE  # (the run's offset in its gap varies p
 # more than its bytes, so on a server a sample of 1 in 64 took a third of a 2**26-element call.
 SAMPLE_MAX = 1 << 18
 _SAMPLE_JOB = 8 * CHUNK  # elements per sample-pass job, at most (fewer: every thread gets several)
+_SAMPLE_PER_THREAD = 1 << 15  # sampled elements per sampling thread, at least
 _MAIN_JOB = 1 << 18  # elements per job of the windowed pass (taken in C: no Python per job)
 _KEEP_WINDOW = 1 << 16  # window histograms up to this many bins stay with their thread between pairs
 _WIDE_WINDOW = 1 << 16  # float32 windows wider than this become windows of 65536-wide buckets
-_MERGE_WIDE = 1 << 14  # sampled distances this large: the threads' histograms are added in parallel
 _LIST_MIN = 1 << 21  # float32 bucket windows list their in-window distances: at most max(this, n/32)
 
 # Which route the pairs took, since the process started (read by tests and benchmarks):
@@ -161,8 +161,6 @@ class _Worker:
         self.win = Win()
         self.window: torch.Tensor | None = None  # the p99 window's histogram (grown as needed, kept)
         self.list: torch.Tensor | None = None  # in-window distances of a float32 bucket window (one pair)
-        self.n_sample = 0
-        self.maxd = ctypes.c_int64(0)  # the largest sampled distance (the bins in use)
         self.used = [FINE_BINS + 1, FINE_BINS + 1]  # leading bins of fine, coarse that may be nonzero
 
     def reset(self, ulp: bool, coarse: bool) -> None:
@@ -178,21 +176,20 @@ class _Worker:
                 ctypes.memset(buf.data_ptr(), 0, buf.numel() * buf.element_size())
         self.used = [FINE_BINS + 1, FINE_BINS + 1]  # a full pass may fill any bin
 
-    def clear_for_sample(self, coarse: bool) -> None:
-        """Zero the histograms for the sample pass: only the bins the last use may have filled (a sample's
-        distances are few; clearing 2 x 512 KiB per thread would cost more than sampling them)."""
+    def sample_buffers(self, coarse: bool) -> tuple[int, int]:
+        """The histograms for the sample pass, made if missing, and how many leading bins of each the
+        kernel must zero: only those the last use may have filled (a sample's distances are few;
+        clearing 2 x 512 KiB per thread would cost more than sampling them)."""
+        clear = [0, 0]
         for i, (name, wanted) in enumerate((("fine", True), ("coarse", coarse))):
-            buf = getattr(self, name)
             if not wanted:
                 continue
-            if buf is None:
+            if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(FINE_BINS + 1, dtype=torch.int64))
                 self.used[i] = 0
-                continue
-            ctypes.memset(buf.data_ptr(), 0, self.used[i] * 8)
+            clear[i] = min(self.used[i], FINE_BINS if i == 0 else FINE_BINS + 1)  # fine's overflow bin: always
             self.used[i] = FINE_BINS + 1  # until the sample pass says how far it went
-            if i == 0:
-                ctypes.memset(buf.data_ptr() + 8 * FINE_BINS, 0, 8)  # the overflow bin
+        return clear[0], clear[1]
 
     def mark_sampled(self, maxd: int, coarse: bool) -> None:
         """After the sample pass: its largest distance bounds the bins it filled (the coarse histogram's
@@ -398,44 +395,24 @@ def _sample_window(
     per thread. ``None``: no window (the full histograms then)."""
     n, dt = a.numel(), _DT[a.dtype]
     gap = sample_gap(n)
-    # a thread for every 2**14 sampled elements: the runs' memory latencies overlap, the histograms to
-    # clear and add up stay few
-    sampling = workers[: max(1, min(len(workers), (n // gap * SAMPLE_RUN) >> 14))]
+    # a thread for every _SAMPLE_PER_THREAD sampled elements: the runs' memory latencies overlap, the
+    # histograms to clear and add up stay few
+    sampling = workers[: max(1, min(len(workers), n // gap * SAMPLE_RUN // _SAMPLE_PER_THREAD))]
     job = max(gap, min(_SAMPLE_JOB, n // (4 * len(sampling)) // gap * gap))
-    pa, pb, nxt = a.data_ptr(), b.data_ptr(), ctypes.c_int64(0)
-
-    def body(w: _Worker) -> None:
-        ctypes.memset(ctypes.byref(w.acc), 0, ctypes.sizeof(w.acc))
-        w.clear_for_sample(coarse)
+    team = (Sampler * len(sampling))()
+    for slot, w in zip(team, sampling):
+        slot.clear_fine, slot.clear_coarse = w.sample_buffers(coarse)
         assert w.fine is not None
-        co = w.coarse.data_ptr() if coarse and w.coarse is not None else None
-        w.maxd.value = 0
-        got = lib.vk_sample(
-            pa, pb, dt, n, job, ctypes.byref(nxt), SAMPLE_RUN, gap, w.fine.data_ptr(), co, ctypes.byref(w.maxd)
-        )
-        if got < 0:
-            raise RuntimeError(f"native kernel refused to sample {a.dtype}")
-        w.n_sample = got
-        w.mark_sampled(w.maxd.value, coarse)
-
-    _each(body, sampling)
-    n_sample = sum(w.n_sample for w in sampling)
+        slot.fine = w.fine.data_ptr()
+        slot.coarse = w.coarse.data_ptr() if coarse and w.coarse is not None else None
+    # one call: the threads are started and the histograms added up in C (no Python per thread)
+    n_sample = lib.vk_sample_par(a.data_ptr(), b.data_ptr(), dt, n, job, SAMPLE_RUN, gap, team, len(sampling))
+    if n_sample < 0:
+        raise RuntimeError(f"native kernel refused to sample {a.dtype}")
+    for slot, w in zip(team, sampling):  # the bins each thread's histograms may hold (the first: the sum)
+        w.mark_sampled(slot.maxd, coarse)
     fine, hist_coarse = sampling[0].fine, sampling[0].coarse if coarse else None
     assert fine is not None
-    if max(w.maxd.value for w in sampling) >= _MERGE_WIDE:
-        # a wide spread (float32): whole histograms (zero past the bins in use), added in parallel ranges
-        _summed(lib, [w.fine for w in sampling], sampling)
-        if hist_coarse is not None:
-            _summed(lib, [w.coarse for w in sampling], sampling)
-    else:
-        for w in sampling[1:]:  # only the bins in use
-            assert w.fine is not None
-            maxd = w.maxd.value
-            lib.vk_add_i64(fine.data_ptr(), w.fine.data_ptr(), min(maxd, FINE_BINS - 1) + 1)
-            lib.vk_add_i64(fine.data_ptr() + 8 * FINE_BINS, w.fine.data_ptr() + 8 * FINE_BINS, 1)
-            if hist_coarse is not None and w.coarse is not None:
-                lib.vk_add_i64(hist_coarse.data_ptr(), w.coarse.data_ptr(), (maxd >> 16) + 1)
-    sampling[0].mark_sampled(max(w.maxd.value for w in sampling), coarse)
     win = p99_window(fine, hist_coarse, n_sample)
     if win is not None and (hist_coarse is None or win[1] - win[0] <= _WIDE_WINDOW):
         return win[0], win[1], 0, 0

@@ -13,7 +13,11 @@ Measured side by side in one run, for a bf16 and an fp32 pair and each thread co
   prefetch distance, the in-window compress), and once with the pair in transparent
   huge pages (``madvise``);
 - ``call``: ``compare_tensors`` on the large pair (what a caller pays: sample pass, window, Python),
-  with the milliseconds of its sample pass and main pass (``ms_sample``, ``ms_main``).
+  with the milliseconds of the call and of its sample pass and main pass (``ms_call``, ``ms_sample``,
+  ``ms_main``: medians).
+
+Everything but ``cache`` is timed from memory: before each timed call a large array (4x the
+last-level cache) is written, which evicts the pair.
 
 All in bytes of input per second. Also what the machine says about itself: CPU model, NUMA nodes,
 transparent huge pages, which CPUs share a core.
@@ -29,6 +33,7 @@ import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,9 +45,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.compare_bench import llc_bytes, make_pair, timed  # noqa: E402
+from benchmarks.compare_bench import llc_bytes, make_pair, timed, timed_cold  # noqa: E402
 from validator.kernels import _native, cpu  # noqa: E402
 from validator.metrics import compare_tensors  # noqa: E402
 
@@ -112,13 +118,15 @@ class Pass:
                 raise SystemExit("vk_compare_win refused its arguments")
 
 
-def parallel_seconds(pool: ThreadPoolExecutor, passes: list[Pass], reps: int, inner: int = 1) -> float:
-    """Median wall seconds of running every pass at once (each ``inner`` times)."""
+def parallel_seconds(
+    pool: ThreadPoolExecutor, passes: list[Pass], reps: int, inner: int = 1, evict: Callable[[], Any] | None = None
+) -> float:
+    """Median wall seconds of running every pass at once (each ``inner`` times), after ``evict()`` if given."""
 
     def once() -> None:
         list(pool.map(lambda p: p(inner), passes))
 
-    return timed(once, reps)
+    return timed(once, reps) if evict is None else timed_cold(once, reps, evict)
 
 
 def huge_copy(t: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap]:
@@ -133,9 +141,9 @@ def huge_copy(t: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap]:
 
 
 @contextlib.contextmanager
-def phases() -> Iterator[dict[str, float]]:
-    """Milliseconds spent in the CPU path's sample pass and main pass while the block runs (summed)."""
-    ms = {"sample": 0.0, "main": 0.0}
+def phases() -> Iterator[dict[str, list[float]]]:
+    """Milliseconds of each call's sample pass and main pass (lists, a value per call) while the block runs."""
+    ms: dict[str, list[float]] = {"sample": [], "main": []}
     saved = cpu._sample_window, cpu._compare_windowed
 
     def timer(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
@@ -144,7 +152,7 @@ def phases() -> Iterator[dict[str, float]]:
             try:
                 return fn(*args)
             finally:
-                ms[key] += 1e3 * (time.perf_counter() - t)
+                ms[key].append(1e3 * (time.perf_counter() - t))
 
         return run
 
@@ -166,9 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         help="name=compiler flags;... (builds of _cpu_kernel.c; the first is the one for cache and the huge pages)",
     )
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument(
+        "--sample-grid",
+        default="",
+        help="SAMPLE_MAX:_SAMPLE_PER_THREAD,... : the call timed with each, at the largest thread count",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     counts = [int(x) for x in args.threads.split(",")]
+    sample_grid = [tuple(int(v) for v in x.split(":")) for x in args.sample_grid.split(",") if x]
     variants = {k: v.split() for k, _, v in (x.partition("=") for x in args.variants.split(";"))}
     out: dict[str, Any] = {"machine": machine(), "rows": []}
     print(json.dumps(out["machine"]), flush=True)
@@ -176,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     out["variants"] = variants
     pool = ThreadPoolExecutor(max_workers=max(counts))
     big = torch.ones(max(1 << 27, llc_bytes()), dtype=torch.float32)  # 4x the last-level cache in bytes
+    bign = big.numpy()
+
+    def evict() -> None:  # NumPy, in this thread: torch's intra-op threads would still be spinning
+        np.add(bign, 1.0, out=bign)
+
     keep_threads = torch.get_num_threads()
     for dtype in (torch.bfloat16, torch.float32):
         a, b = make_pair(args.elems, dtype)
@@ -198,14 +217,29 @@ def main(argv: list[str] | None = None) -> int:
                 s = parallel_seconds(pool, [Pass(lib, *small[i], win) for i in range(t)], args.reps, inner)
                 row[f"cache_{vname}"] = t * inner * 2 * esz * cache_elems / s / 1e9
                 passes = [Pass(lib, a[i : i + step], b[i : i + step], win) for i in range(0, args.elems, step)]
-                row[f"dram_{vname}"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps) / 1e9
+                row[f"dram_{vname}"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps, 1, evict) / 1e9
             lib0 = next(iter(libs.values()))
             passes = [Pass(lib0, ha[i : i + step], hb[i : i + step], win) for i in range(0, args.elems, step)]
-            row["dram_thp"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps) / 1e9
+            row["dram_thp"] = 2 * esz * args.elems / parallel_seconds(pool, passes, args.reps, 1, evict) / 1e9
             cpu.set_threads(t)
+            compare_tensors(a, b)  # the threads and their buffers made
             with phases() as ms:
-                row["call"] = 2 * esz * args.elems / timed(lambda: compare_tensors(a, b), args.reps) / 1e9
-            row.update({f"ms_{k}": v / (args.reps + 1) for k, v in ms.items()})
+                t_call = timed_cold(lambda: compare_tensors(a, b), args.reps, evict)
+            row["call"] = 2 * esz * args.elems / t_call / 1e9
+            row["ms_call"] = 1e3 * t_call
+            row.update({f"ms_{k}": statistics.median(v) for k, v in ms.items()})
+            for smax, per in sample_grid if t == max(counts) else []:
+                saved = cpu.SAMPLE_MAX, cpu._SAMPLE_PER_THREAD
+                cpu.SAMPLE_MAX, cpu._SAMPLE_PER_THREAD = smax, per
+                try:
+                    compare_tensors(a, b)
+                    with phases() as ms:
+                        t_call = timed_cold(lambda: compare_tensors(a, b), args.reps, evict)
+                finally:
+                    cpu.SAMPLE_MAX, cpu._SAMPLE_PER_THREAD = saved
+                key = f"smax{smax}_per{per}"
+                row[f"ms_call_{key}"] = 1e3 * t_call
+                row.update({f"ms_{k}_{key}": statistics.median(v) for k, v in ms.items()})
             cpu.set_threads(None)
             out["rows"].append(row)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)

@@ -86,12 +86,16 @@ def window_ranks(n_sample: int) -> tuple[int, int] | None:
     return r_lo, r_hi
 
 
-def p99_window(fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int) -> tuple[int, int] | None:
+def p99_window(
+    fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int, bins: int | None = None
+) -> tuple[int, int] | None:
     """The window ``[lo, hi)`` of ULP distances that should hold the p99, from a sample's histograms.
 
     ``fine``: int64 counts of distances 0..FINE_BINS-1 and, in its last bin, of every larger one;
     ``coarse``: int64 counts of ``distance >> 16`` (float32), else ``None``; ``n_sample``: the number
-    of sampled distances. The window spans the sample's quantiles ``0.99 -+ delta``, with ``delta``
+    of sampled distances; ``bins``: how many leading bins of ``fine`` may be nonzero (all the others, its
+    overflow bin included, are zero), so that only those are summed; default: all. The window spans
+    the sample's quantiles ``0.99 -+ delta``, with ``delta``
     the larger of 2e-4 and six standard errors of a sample quantile, ``sqrt(0.99 * 0.01 / n)``: ``lo``
     is the sampled distance of rank ``floor((0.99 - delta) n)`` and ``hi - 1`` that of rank
     ``ceil((0.99 + delta) n)``; beyond the fine range, the edges of their ``>> 16`` buckets.
@@ -102,15 +106,15 @@ def p99_window(fine: torch.Tensor, coarse: torch.Tensor | None, n_sample: int) -
     if ranks is None:
         return None
     r_lo, r_hi = ranks
-    cum = fine.to(torch.int64).cumsum(0)
+    cum = (fine if bins is None else fine[:bins]).to(torch.int64).cumsum(0)
 
     def value_at(rank: int, upper: bool) -> int | None:
         if rank < 1:
             return 0
         idx = int(torch.searchsorted(cum, torch.tensor([rank], dtype=torch.int64)).item())
-        if idx < FINE_BINS:
+        if idx < min(FINE_BINS, cum.numel()):
             return idx
-        if coarse is None:  # narrow dtypes never reach the overflow bin
+        if coarse is None or cum.numel() <= FINE_BINS:  # narrow dtypes never reach the overflow bin
             return None
         rank_beyond = rank - int(cum[FINE_BINS - 1])
         bucket = first_reaching(coarse.to(torch.int64)[1:], rank_beyond) + 1  # bucket 0 lies below 2**16

@@ -413,7 +413,8 @@ def _sample_window(
         w.mark_sampled(slot.maxd, coarse)
     fine, hist_coarse = sampling[0].fine, sampling[0].coarse if coarse else None
     assert fine is not None
-    win = p99_window(fine, hist_coarse, n_sample)
+    top = team[0].maxd  # below the fine range's end: the bins past it are zero, the overflow bin too
+    win = p99_window(fine, hist_coarse, n_sample, top + 1 if top < FINE_BINS else None)
     if win is not None and (hist_coarse is None or win[1] - win[0] <= _WIDE_WINDOW):
         return win[0], win[1], 0, 0
     if hist_coarse is None:

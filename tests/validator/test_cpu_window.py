@@ -9,10 +9,12 @@ pair took; ``cpu.stats`` says which route that was.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -308,6 +310,38 @@ def test_sample_on_many_threads_adds_their_histograms(
     assert (hists[0].numpy() == expect).all() and team[0].maxd == d.max()
     if dtype == torch.float32:
         assert (hists[1].numpy() == np.bincount(d >> 16, minlength=cpu.FINE_BINS + 1)).all()
+
+
+def test_callers_on_several_threads_share_the_pool() -> None:
+    # both passes run on the C kernel's pool of threads, one round at a time: callers from several
+    # Python threads queue for it and each gets its own pair's exact result
+    pairs = [noisy(dt, seed=20 + i) for i, dt in enumerate([torch.bfloat16, torch.float32, torch.float16] * 2)]
+    cpu.set_threads(3)
+    alone = [compare_tensors(a, b) for a, b in pairs]
+    with ThreadPoolExecutor(max_workers=len(pairs)) as ex:
+        together = list(ex.map(lambda ab: compare_tensors(*ab), pairs))
+    for x, y, (a, b) in zip(alone, together, pairs):
+        assert_same(y, x)
+        assert (y.max_ulp, y.p99_ulp) == numpy_ulp(a, b)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_gets_a_pool_of_its_own() -> None:
+    # the parent's pool threads do not exist in a child made by fork(): its first comparison starts new
+    # ones instead of waiting for the parent's forever
+    a, b = noisy(torch.bfloat16, seed=30)
+    cpu.set_threads(3)
+    parent = compare_tensors(a, b)  # the pool exists now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(_p99_in_child, (a, b)).get(timeout=120)
+    assert child == (parent.max_ulp, parent.p99_ulp)
+
+
+def _p99_in_child(a: torch.Tensor, b: torch.Tensor) -> tuple[int | None, int | None]:
+    cpu.set_threads(3)
+    m = compare_tensors(a, b)
+    return m.max_ulp, m.p99_ulp
 
 
 def test_small_and_non_contiguous_pairs_keep_the_full_histograms(reference: Ref) -> None:

@@ -13,7 +13,7 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
+#include <time.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
@@ -815,13 +815,130 @@ int64_t vk_sample(const void *a, const void *b, int dt, int64_t n, int64_t job, 
     return total;
 }
 
-/* ---------------------------------------------------------------- the sample pass on several threads
+/* ---------------------------------------------------------------- a pool of threads kept between calls
  *
- * vk_sample_par runs the sample pass on threads of its own (POSIX threads, started and joined in one
- * call) and adds their histograms together, all without returning to Python: a sample is a few
- * milliseconds of work or less, and on a many-core virtual machine the Python workers' wake-ups and
- * GIL hand-offs around short kernel calls cost more than the sampling (16 threads: 6.7 ms for a
- * 2**18-element sample that one thread reads in 1.1 ms). */
+ * Both passes of the windowed method run on these threads, each started by one call from Python
+ * (vk_sample_par, vk_compare_win_par), which releases the GIL once. On the H200's host (16 vCPUs of a
+ * KVM guest) waking 15 Python workers took 627 us, creating and joining 15 POSIX threads 925 us,
+ * waking 15 threads asleep on a condition variable 159 us and 15 spinning ones 4 us
+ * (benchmarks/thread_costs.py); a 2**26-element bf16 pair takes about 5 ms. So the threads are kept,
+ * and after a round each spins for VK_SPIN_US before it sleeps: the sample pass and the main pass of
+ * one comparison follow each other closely.
+ *
+ * A round runs fn(arg, t) for t = 0 .. n-1, t = 0 in the caller. Tasks take their work from shared
+ * counters and never wait for each other, so a round is correct whatever ran it; one round runs at a
+ * time (callers queue on a mutex). A child process after fork() starts a pool of its own. */
+#ifndef VK_SPIN_US
+#define VK_SPIN_US 2000
+#endif
+#define MAX_POOL 256
+
+typedef void (*vk_task)(void *arg, int t);
+
+static struct {
+    pthread_mutex_t run;   /* one round at a time */
+    pthread_mutex_t mu;    /* with wake: the sleeping workers */
+    pthread_cond_t wake;
+    int started;           /* workers 1 .. started exist */
+    int64_t gen;           /* rounds begun */
+    int want;              /* workers 1 .. want take part in the current round */
+    int32_t pending;       /* of those, not yet done */
+    vk_task fn;
+    void *arg;
+    int64_t born[MAX_POOL]; /* rounds begun when worker t was started: it takes part in the later ones */
+} POOL = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, {0}};
+
+static int64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *pool_worker(void *p) {
+    const int t = (int)(intptr_t)p;
+    int64_t seen = POOL.born[t]; /* not the current count: the round it was started for may have begun */
+    for (;;) {
+        int64_t g = __atomic_load_n(&POOL.gen, __ATOMIC_ACQUIRE);
+        if (g == seen) { /* spin a while, then sleep until the next round */
+            const int64_t until = now_us() + VK_SPIN_US;
+            for (int k = 0; (g = __atomic_load_n(&POOL.gen, __ATOMIC_ACQUIRE)) == seen; k++) {
+                cpu_relax();
+                if ((k & 1023) == 1023 && now_us() > until) {
+                    pthread_mutex_lock(&POOL.mu);
+                    while ((g = __atomic_load_n(&POOL.gen, __ATOMIC_ACQUIRE)) == seen)
+                        pthread_cond_wait(&POOL.wake, &POOL.mu);
+                    pthread_mutex_unlock(&POOL.mu);
+                    break;
+                }
+            }
+        }
+        seen = g;
+        if (t <= __atomic_load_n(&POOL.want, __ATOMIC_ACQUIRE)) {
+            POOL.fn(POOL.arg, t);
+            __atomic_sub_fetch(&POOL.pending, 1, __ATOMIC_ACQ_REL);
+        }
+    }
+    return NULL;
+}
+
+/* in a child after fork(): no worker exists there; locks may have been held by threads that did not
+ * come along */
+static void pool_after_fork(void) {
+    pthread_mutex_init(&POOL.run, NULL);
+    pthread_mutex_init(&POOL.mu, NULL);
+    pthread_cond_init(&POOL.wake, NULL);
+    POOL.started = 0;
+    POOL.want = 0;
+    POOL.pending = 0;
+}
+
+/* Runs fn(arg, t) for t = 0 .. n-1 on the pool (t = 0 here); returns when all are done. Workers that
+ * cannot be started leave their t to the caller. */
+static void pool_run(vk_task fn, void *arg, int n) {
+    if (n > MAX_POOL) n = MAX_POOL;
+    pthread_mutex_lock(&POOL.run);
+    static int registered = 0;
+    if (!registered) {
+        pthread_atfork(NULL, NULL, pool_after_fork);
+        registered = 1;
+    }
+    while (POOL.started < n - 1) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 1 << 20);
+        POOL.born[POOL.started + 1] = POOL.gen;
+        const int ok = pthread_create(&th, &attr, pool_worker, (void *)(intptr_t)(POOL.started + 1)) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        POOL.started++;
+    }
+    const int helpers = POOL.started < n - 1 ? POOL.started : n - 1;
+    POOL.fn = fn;
+    POOL.arg = arg;
+    __atomic_store_n(&POOL.want, helpers, __ATOMIC_RELEASE);
+    __atomic_store_n(&POOL.pending, helpers, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&POOL.mu);
+    __atomic_add_fetch(&POOL.gen, 1, __ATOMIC_ACQ_REL);
+    pthread_cond_broadcast(&POOL.wake);
+    pthread_mutex_unlock(&POOL.mu);
+    fn(arg, 0);
+    for (int t = helpers + 1; t < n; t++) fn(arg, t); /* workers that could not be started */
+    while (__atomic_load_n(&POOL.pending, __ATOMIC_ACQUIRE) > 0) cpu_relax();
+    pthread_mutex_unlock(&POOL.run);
+}
+
+/* ---------------------------------------------------------------- the sample pass on the pool
+ *
+ * vk_sample_par: the sample pass on n threads of the pool, then their histograms added together, all
+ * in one call. A sample is a few milliseconds of work or less. */
 
 /* One sampling thread's histograms, what to zero in them first, and its results. */
 typedef struct {
@@ -830,29 +947,31 @@ typedef struct {
     int64_t maxd, total;               /* out: the largest distance, the distances added */
 } vk_sampler;
 
-#define MAX_SAMPLERS 256
 #define MERGE_RANGE 4096 /* bins per merge job */
 
 typedef struct {
     const void *a, *b;
     int dt, nthreads;
     int64_t n, job, run, gap;
-    int64_t next, mnext, rc;  /* job counters; a refused argument */
-    int32_t done, parts;      /* threads done sampling; threads taking part (-1 until known) */
+    int64_t next, mnext, rc, bins; /* job counters; a refused argument; bins to merge */
     vk_sampler *s;
-    const int8_t *skip;       /* threads that never started: their buffers are not read */
 } vk_sample_team;
 
-typedef struct {
-    vk_sample_team *team;
-    int t;
-} vk_sample_arg;
+static void sample_task(void *p, int t) {
+    vk_sample_team *m = (vk_sample_team *)p;
+    vk_sampler *s = &m->s[t];
+    memset(s->fine, 0, (size_t)s->clear_fine * 8);
+    s->fine[FINE] = 0;
+    if (s->coarse) memset(s->coarse, 0, (size_t)s->clear_coarse * 8);
+    s->maxd = 0;
+    s->total = vk_sample(m->a, m->b, m->dt, m->n, m->job, &m->next, m->run, m->gap, s->fine, s->coarse, &s->maxd);
+    if (s->total < 0) __atomic_store_n(&m->rc, -1, __ATOMIC_RELAXED);
+}
 
 /* bins [lo, hi) of every other sampler's histograms into sampler 0's, each only up to its bins in use
  * (coarse bins, distance >> 16, never pass the fine range's end: distances are below 2**32) */
 static void merge_bins(vk_sample_team *m, int64_t lo, int64_t hi) {
     for (int t = 1; t < m->nthreads; t++) {
-        if (m->skip[t]) continue;
         const vk_sampler *u = &m->s[t];
         const int64_t fe = (u->maxd < FINE - 1 ? u->maxd : FINE - 1) + 1, ce = (u->maxd >> 16) + 1;
         for (int64_t i = lo; i < hi && i < fe; i++) m->s[0].fine[i] += u->fine[i];
@@ -861,72 +980,68 @@ static void merge_bins(vk_sample_team *m, int64_t lo, int64_t hi) {
     }
 }
 
-static void *sample_thread(void *p) {
-    const vk_sample_arg *x = (const vk_sample_arg *)p;
-    vk_sample_team *m = x->team;
-    vk_sampler *s = &m->s[x->t];
-    memset(s->fine, 0, (size_t)s->clear_fine * 8);
-    s->fine[FINE] = 0;
-    if (s->coarse) memset(s->coarse, 0, (size_t)s->clear_coarse * 8);
-    s->maxd = 0;
-    s->total = vk_sample(m->a, m->b, m->dt, m->n, m->job, &m->next, m->run, m->gap, s->fine, s->coarse, &s->maxd);
-    if (s->total < 0) __atomic_store_n(&m->rc, -1, __ATOMIC_RELAXED);
-    /* every taking part done sampling, then the bins in use added up, a range at a time */
-    __atomic_add_fetch(&m->done, 1, __ATOMIC_ACQ_REL);
-    for (int32_t parts; (parts = __atomic_load_n(&m->parts, __ATOMIC_ACQUIRE)) < 0 ||
-                        __atomic_load_n(&m->done, __ATOMIC_ACQUIRE) < parts;)
-        sched_yield();
-    int64_t top = 0;
-    for (int t = 0; t < m->nthreads; t++)
-        if (!m->skip[t] && m->s[t].maxd > top) top = m->s[t].maxd;
-    const int64_t bins = (top < FINE - 1 ? top : FINE - 1) + 1;
-    for (int64_t lo; (lo = __atomic_fetch_add(&m->mnext, MERGE_RANGE, __ATOMIC_RELAXED)) < bins;)
+static void merge_task(void *p, int t) {
+    vk_sample_team *m = (vk_sample_team *)p;
+    (void)t;
+    for (int64_t lo; (lo = __atomic_fetch_add(&m->mnext, MERGE_RANGE, __ATOMIC_RELAXED)) < m->bins;)
         merge_bins(m, lo, lo + MERGE_RANGE);
-    return NULL;
 }
 
-/* The sample pass (vk_sample's arguments) on nthreads threads, the caller's one of them. Afterwards
- * s[0] holds the sum of every thread's histograms, s[0].maxd the largest distance and s[0].total the
- * number of sampled distances, which is also returned (-1: bad arguments). A thread that cannot be
- * started leaves its share to the others (the jobs come from one counter). */
+/* The sample pass (vk_sample's arguments) on nthreads threads of the pool. Afterwards s[0] holds the
+ * sum of every thread's histograms, s[0].maxd the largest distance and s[0].total the number of
+ * sampled distances, which is also returned (-1: bad arguments). */
 int64_t vk_sample_par(const void *a, const void *b, int dt, int64_t n, int64_t job, int64_t run, int64_t gap,
                       vk_sampler *s, int nthreads) {
-    if (nthreads < 1 || nthreads > MAX_SAMPLERS) return -1;
-    int8_t skip[MAX_SAMPLERS] = {0};
-    vk_sample_team m = {a, b, dt, nthreads, n, job, run, gap, 0, 0, 0, 0, -1, s, skip};
-    vk_sample_arg args[MAX_SAMPLERS];
-    pthread_t th[MAX_SAMPLERS];
-    int32_t parts = 1;
-    for (int t = 0; t < nthreads; t++) args[t] = (vk_sample_arg){&m, t};
-    for (int t = 1; t < nthreads; t++) {
-        if (pthread_create(&th[t], NULL, sample_thread, &args[t]) == 0)
-            parts++;
-        else
-            skip[t] = 1;
-    }
-    __atomic_store_n(&m.parts, parts, __ATOMIC_RELEASE);
-    sample_thread(&args[0]);
-    for (int t = 1; t < nthreads; t++) {
-        if (!skip[t]) {
-            pthread_join(th[t], NULL);
-        } else { /* never started: its histograms zeroed here, so that the caller's record of them holds */
-            memset(s[t].fine, 0, (size_t)s[t].clear_fine * 8);
-            s[t].fine[FINE] = 0;
-            if (s[t].coarse) memset(s[t].coarse, 0, (size_t)s[t].clear_coarse * 8);
-            s[t].maxd = s[t].total = 0;
-        }
-    }
+    if (nthreads < 1 || nthreads > MAX_POOL) return -1;
+    vk_sample_team m = {a, b, dt, nthreads, n, job, run, gap, 0, 0, 0, 0, s};
+    pool_run(sample_task, &m, nthreads);
     if (m.rc < 0) return -1;
     int64_t top = 0, total = 0;
     for (int t = 0; t < nthreads; t++) {
-        if (skip[t]) continue;
         top = s[t].maxd > top ? s[t].maxd : top;
         total += s[t].total;
         if (t > 0) s[0].fine[FINE] += s[t].fine[FINE];
     }
+    m.bins = (top < FINE - 1 ? top : FINE - 1) + 1;
+    if (nthreads > 1) { /* a few bins (close pairs): added here; float32's spread: by the pool, a range each */
+        if (m.bins * (nthreads - 1) < 4 * MERGE_RANGE)
+            merge_bins(&m, 0, m.bins);
+        else
+            pool_run(merge_task, &m, nthreads);
+    }
     s[0].maxd = top;
     s[0].total = total;
     return total;
+}
+
+/* ---------------------------------------------------------------- the windowed main pass on the pool */
+
+typedef struct {
+    const void *a, *b;
+    int dt, force_masked;
+    int64_t n, job, next, rc;
+    double atol, rtol;
+    vk_acc *acc;
+    vk_win *win;
+} vk_win_team;
+
+static void win_task(void *p, int t) {
+    vk_win_team *m = (vk_win_team *)p;
+    if (m->win[t].window) memset(m->win[t].window, 0, (size_t)m->win[t].width * 8);
+    if (vk_compare_win(m->a, m->b, m->dt, m->n, m->job, &m->next, m->atol, m->rtol, &m->acc[t], &m->win[t],
+                       m->force_masked) != 0)
+        __atomic_store_n(&m->rc, -1, __ATOMIC_RELAXED);
+}
+
+/* vk_compare_win on nthreads threads of the pool, thread t adding into acc[t] and win[t] (acc zeroed,
+ * win set up by the caller; its window histogram is zeroed here, by its thread). Returns 0, or -1 for
+ * bad arguments. */
+int vk_compare_win_par(const void *a, const void *b, int dt, int64_t n, int64_t job, double atol, double rtol,
+                       vk_acc *acc, vk_win *win, int nthreads, int force_masked) {
+    if (nthreads < 1 || nthreads > MAX_POOL) return -1;
+    vk_win_team m = {a, b, dt, force_masked, n, job, 0, 0, atol, rtol, acc, win};
+    pool_run(win_task, &m, nthreads);
+    return (int)m.rc;
 }
 
 /* float32 second pass: bins the low 16 bits of the distances (finite in both) whose high bits equal

@@ -126,6 +126,20 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.vk_compare_win.restype = c_int
     lib.vk_sample.argtypes = [p, p, c_int, i64, i64, p, i64, i64, p, p, p]
     lib.vk_sample.restype = i64
+    lib.vk_compare_win_par.argtypes = [
+        p,
+        p,
+        c_int,
+        i64,
+        i64,
+        dbl,
+        dbl,
+        ctypes.POINTER(Acc),
+        ctypes.POINTER(Win),
+        c_int,
+        c_int,
+    ]
+    lib.vk_compare_win_par.restype = c_int
     lib.vk_sample_par.argtypes = [p, p, c_int, i64, i64, i64, i64, ctypes.POINTER(Sampler), c_int]
     lib.vk_sample_par.restype = i64
     lib.vk_sample_starts.argtypes = [i64, i64, i64, p]

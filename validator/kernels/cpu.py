@@ -454,29 +454,25 @@ def _compare_windowed(
     dt = _DT[a.dtype]
     atol, rtol = float(atol), float(rtol)
 
-    n, pa, pb, nxt = a.numel(), a.data_ptr(), b.data_ptr(), ctypes.c_int64(0)
-
-    def body(w: _Worker) -> None:
-        ctypes.memset(ctypes.byref(w.acc), 0, ctypes.sizeof(w.acc))
-        if w.window is None or w.window.numel() < width:
-            w.window = torch.zeros(max(width, 1 << 12), dtype=torch.int64)
-        else:
-            ctypes.memset(w.window.data_ptr(), 0, width * 8)
+    n = a.numel()
+    accs, wins = (Acc * len(workers))(), (Win * len(workers))()  # zeroed
+    for w, acc, win in zip(workers, accs, wins):
+        if w.window is None or w.window.numel() < width:  # (its first width bins are zeroed by its thread)
+            w.window = torch.empty(max(width, 1 << 12), dtype=torch.int64)
         w.list = torch.empty(cap, dtype=torch.int32) if cap else None  # pages fault in only when written
-        ctypes.memset(ctypes.byref(w.win), 0, ctypes.sizeof(w.win))
-        w.win.lo, w.win.width, w.win.shift = lo, width, shift
-        w.win.window = w.window.data_ptr()
-        w.win.list = w.list.data_ptr() if w.list is not None else None
-        w.win.cap = cap
-        rc = lib.vk_compare_win(
-            pa, pb, dt, n, _MAIN_JOB, ctypes.byref(nxt), atol, rtol, ctypes.byref(w.acc), ctypes.byref(w.win),
-            int(force_masked),
-        )  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"native kernel refused the window for {a.dtype}")
+        win.lo, win.width, win.shift = lo, width, shift
+        win.window = w.window.data_ptr()
+        win.list = w.list.data_ptr() if w.list is not None else None
+        win.cap = cap
+        w.acc, w.win = acc, win
 
     try:
-        _each(body, workers)
+        # one call: the pool's threads, no Python per thread (vk_compare_win_par in _cpu_kernel.c)
+        rc = lib.vk_compare_win_par(
+            a.data_ptr(), b.data_ptr(), dt, n, _MAIN_JOB, atol, rtol, accs, wins, len(workers), int(force_masked)
+        )
+        if rc != 0:
+            raise RuntimeError(f"native kernel refused the window for {a.dtype}")
         n_both = sum(w.acc.n_both for w in workers)
         below = sum(w.win.below for w in workers)
         window = torch.zeros(width, dtype=torch.int64)

@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <stdint.h>
 #include <string.h>
@@ -823,7 +824,8 @@ int64_t vk_sample(const void *a, const void *b, int dt, int64_t n, int64_t job, 
  * waking 15 threads asleep on a condition variable 159 us and 15 spinning ones 4 us
  * (benchmarks/thread_costs.py); a 2**26-element bf16 pair takes about 5 ms. So the threads are kept,
  * and after a round each spins for VK_SPIN_US before it sleeps: the sample pass and the main pass of
- * one comparison follow each other closely.
+ * one comparison follow each other closely. A spinning worker yields its core every few dozen
+ * checks, so that other runnable threads (torch's intra-op threads, the caller) are not held up.
  *
  * A round runs fn(arg, t) for t = 0 .. n-1, t = 0 in the caller. Tasks take their work from shared
  * counters and never wait for each other, so a round is correct whatever ran it; one round runs at a
@@ -869,6 +871,7 @@ static void *pool_worker(void *p) {
             const int64_t until = now_us() + VK_SPIN_US;
             for (int k = 0; (g = __atomic_load_n(&POOL.gen, __ATOMIC_ACQUIRE)) == seen; k++) {
                 cpu_relax();
+                if ((k & 63) == 63) sched_yield(); /* a runnable thread (torch's, the caller's) gets the core */
                 if ((k & 1023) == 1023 && now_us() > until) {
                     pthread_mutex_lock(&POOL.mu);
                     while ((g = __atomic_load_n(&POOL.gen, __ATOMIC_ACQUIRE)) == seen)

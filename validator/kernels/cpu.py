@@ -88,6 +88,14 @@ last_window: tuple[int, int, int] | None = None  # (lo, hi, shift) of the latest
 _stats_lock = threading.Lock()
 
 
+def _zeros(n: int) -> torch.Tensor:
+    """int64 zeros, filled in this thread: ``torch.zeros`` of this size wakes torch's intra-op threads,
+    which then compete for the cores with the kernel's pool."""
+    t = torch.empty(n, dtype=torch.int64)
+    ctypes.memset(t.data_ptr(), 0, 8 * n)
+    return t
+
+
 def _count(*keys: str) -> None:
     with _stats_lock:
         for k in keys:
@@ -475,7 +483,7 @@ def _compare_windowed(
             raise RuntimeError(f"native kernel refused the window for {a.dtype}")
         n_both = sum(w.acc.n_both for w in workers)
         below = sum(w.win.below for w in workers)
-        window = torch.zeros(width, dtype=torch.int64)
+        window = _zeros(width)
         for w in workers:
             assert w.window is not None
             lib.vk_add_i64(window.data_ptr(), w.window.data_ptr(), width)
@@ -487,7 +495,7 @@ def _compare_windowed(
         # a bucket window: the p99's bucket is `found`; its exact distance from the bucket's low 16 bits
         bucket = found
         rank_in_bucket = nearest_rank(n_both) - below - int(window[: bucket - lo].sum())
-        low = torch.zeros(FINE_BINS, dtype=torch.int64)
+        low = _zeros(FINE_BINS)
         if cap and all(w.win.nlist <= cap for w in workers):
             for w in workers:
                 assert w.list is not None

@@ -827,9 +827,10 @@ int64_t vk_sample(const void *a, const void *b, int dt, int64_t n, int64_t job, 
  * one comparison follow each other closely. A spinning worker yields its core every few dozen
  * checks, so that other runnable threads (torch's intra-op threads, the caller) are not held up.
  *
- * A round runs fn(arg, t) for t = 0 .. n-1, t = 0 in the caller. Tasks take their work from shared
- * counters and never wait for each other, so a round is correct whatever ran it; one round runs at a
- * time (callers queue on a mutex). A child process after fork() starts a pool of its own. */
+ * A round runs fn(arg, t) for t = 0 .. n-1, t = 0 in the caller (and any t past MAX_POOL). Tasks take
+ * their work from shared counters and never wait for each other, so a round is correct whatever ran
+ * it; one round runs at a time (callers queue on a mutex). A child process after fork() starts a pool
+ * of its own. */
 #ifndef VK_SPIN_US
 #define VK_SPIN_US 2000
 #endif
@@ -842,13 +843,13 @@ static struct {
     pthread_mutex_t mu;    /* with wake: the sleeping workers */
     pthread_cond_t wake;
     int started;           /* workers 1 .. started exist */
-    int64_t gen;           /* rounds begun */
-    int want;              /* workers 1 .. want take part in the current round */
-    int32_t pending;       /* of those, not yet done */
+    int64_t gen;           /* (rounds begun << 16) | the workers 1 .. that take part in the latest round:
+                            * one word, so that a worker never pairs a round with another's count */
+    int32_t pending;       /* workers of the current round not yet done */
     vk_task fn;
     void *arg;
-    int64_t born[MAX_POOL]; /* rounds begun when worker t was started: it takes part in the later ones */
-} POOL = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, {0}};
+    int64_t born[MAX_POOL]; /* gen when worker t was started: it takes part in the later rounds only */
+} POOL = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, {0}};
 
 static int64_t now_us(void) {
     struct timespec ts;
@@ -882,7 +883,7 @@ static void *pool_worker(void *p) {
             }
         }
         seen = g;
-        if (t <= __atomic_load_n(&POOL.want, __ATOMIC_ACQUIRE)) {
+        if (t <= (g & 0xFFFF)) { /* it takes part: the round cannot end, nor fn and arg change, before it is done */
             POOL.fn(POOL.arg, t);
             __atomic_sub_fetch(&POOL.pending, 1, __ATOMIC_ACQ_REL);
         }
@@ -897,21 +898,23 @@ static void pool_after_fork(void) {
     pthread_mutex_init(&POOL.mu, NULL);
     pthread_cond_init(&POOL.wake, NULL);
     POOL.started = 0;
-    POOL.want = 0;
     POOL.pending = 0;
 }
 
 /* Runs fn(arg, t) for t = 0 .. n-1 on the pool (t = 0 here); returns when all are done. Workers that
  * cannot be started leave their t to the caller. */
 static void pool_run(vk_task fn, void *arg, int n) {
-    if (n > MAX_POOL) n = MAX_POOL;
+    if (n <= 1) { /* nothing to share: the sleeping workers are left asleep */
+        if (n == 1) fn(arg, 0);
+        return;
+    }
     pthread_mutex_lock(&POOL.run);
     static int registered = 0;
     if (!registered) {
         pthread_atfork(NULL, NULL, pool_after_fork);
         registered = 1;
     }
-    while (POOL.started < n - 1) {
+    while (POOL.started < n - 1 && POOL.started < MAX_POOL - 1) {
         pthread_t th;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -926,15 +929,17 @@ static void pool_run(vk_task fn, void *arg, int n) {
     const int helpers = POOL.started < n - 1 ? POOL.started : n - 1;
     POOL.fn = fn;
     POOL.arg = arg;
-    __atomic_store_n(&POOL.want, helpers, __ATOMIC_RELEASE);
     __atomic_store_n(&POOL.pending, helpers, __ATOMIC_RELEASE);
     pthread_mutex_lock(&POOL.mu);
-    __atomic_add_fetch(&POOL.gen, 1, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&POOL.gen, ((POOL.gen >> 16) + 1) << 16 | helpers, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&POOL.wake);
     pthread_mutex_unlock(&POOL.mu);
     fn(arg, 0);
-    for (int t = helpers + 1; t < n; t++) fn(arg, t); /* workers that could not be started */
-    while (__atomic_load_n(&POOL.pending, __ATOMIC_ACQUIRE) > 0) cpu_relax();
+    for (int t = helpers + 1; t < n; t++) fn(arg, t); /* workers that could not be started, or past MAX_POOL */
+    for (int k = 0; __atomic_load_n(&POOL.pending, __ATOMIC_ACQUIRE) > 0; k++) {
+        cpu_relax();
+        if ((k & 63) == 63) sched_yield(); /* a worker that was preempted may need this core */
+    }
     pthread_mutex_unlock(&POOL.run);
 }
 
@@ -995,7 +1000,7 @@ static void merge_task(void *p, int t) {
  * sampled distances, which is also returned (-1: bad arguments). */
 int64_t vk_sample_par(const void *a, const void *b, int dt, int64_t n, int64_t job, int64_t run, int64_t gap,
                       vk_sampler *s, int nthreads) {
-    if (nthreads < 1 || nthreads > MAX_POOL) return -1;
+    if (nthreads < 1) return -1;
     vk_sample_team m = {a, b, dt, nthreads, n, job, run, gap, 0, 0, 0, 0, s};
     pool_run(sample_task, &m, nthreads);
     if (m.rc < 0) return -1;
@@ -1041,7 +1046,7 @@ static void win_task(void *p, int t) {
  * bad arguments. */
 int vk_compare_win_par(const void *a, const void *b, int dt, int64_t n, int64_t job, double atol, double rtol,
                        vk_acc *acc, vk_win *win, int nthreads, int force_masked) {
-    if (nthreads < 1 || nthreads > MAX_POOL) return -1;
+    if (nthreads < 1) return -1;
     vk_win_team m = {a, b, dt, force_masked, n, job, 0, 0, atol, rtol, acc, win};
     pool_run(win_task, &m, nthreads);
     return (int)m.rc;

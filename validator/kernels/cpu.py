@@ -17,10 +17,14 @@ exact p99 with the speculative window of ``_finish.p99_window`` instead of full 
   too wide for the rule, become windows of 65536-wide buckets);
 - the one full pass adds the sums as before and, for the ULP metrics, the max distance, the exact
   count below the window and an exact histogram of the window (for a bucket window also the list of
-  its exact distances), all but the rare in-window elements in vector code. Each thread makes one
-  kernel call and takes its jobs from a counter in C, so Python costs nothing per job;
+  its exact distances), all but the rare in-window elements in vector code;
 - ``p99_in_window`` gives the exact p99. When the p99 is outside the window, a second pass with the
   full histograms gives it, so the result is exact in every case.
+
+Both passes of the window run on the C library's own pool of threads (``pool_run`` in
+``_cpu_kernel.c``): one ctypes call per pass, each thread taking its jobs from a counter in C, so Python
+costs nothing per thread or per job (waking Python workers cost more than a small pass on a many-core
+virtual machine; docs/performance.md, "CPU kernel").
 
 ``stats`` counts which route each pair took (for tests and benchmarks).
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -383,16 +387,6 @@ def sample_mask(n: int) -> torch.Tensor:
     for s in starts.tolist():
         mask[s : s + SAMPLE_RUN] = True
     return mask
-
-
-def _each(fn: Callable[[_Worker], None], workers: list[_Worker]) -> None:
-    """``fn(w)`` for every worker at once: the first in the calling thread, the others in the pool."""
-    futures = [_executor().submit(fn, w) for w in workers[1:]]
-    try:
-        fn(workers[0])
-    finally:
-        for f in futures:
-            f.result()
 
 
 def _sample_window(

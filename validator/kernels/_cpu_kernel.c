@@ -845,11 +845,12 @@ static struct {
     int started;           /* workers 1 .. started exist */
     int64_t gen;           /* (rounds begun << 16) | the workers 1 .. that take part in the latest round:
                             * one word, so that a worker never pairs a round with another's count */
-    int32_t pending;       /* workers of the current round not yet done */
     vk_task fn;
     void *arg;
-    int64_t born[MAX_POOL]; /* gen when worker t was started: it takes part in the later rounds only */
-} POOL = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, {0}};
+    int64_t born[MAX_POOL];  /* gen when worker t was started: it takes part in the later rounds only */
+    int64_t claim[MAX_POOL]; /* task t of round R: 4R open, 4R+1 taken by worker t, 4R+2 taken by the
+                              * caller, 4R+3 done by worker t */
+} POOL = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, {0}, {0}};
 
 static int64_t now_us(void) {
     struct timespec ts;
@@ -883,9 +884,13 @@ static void *pool_worker(void *p) {
             }
         }
         seen = g;
-        if (t <= (g & 0xFFFF)) { /* it takes part: the round cannot end, nor fn and arg change, before it is done */
+        int64_t open = 4 * (g >> 16);
+        /* its task, unless the caller took it first: then the round cannot end, nor fn and arg change,
+         * before it is done */
+        if (t <= (g & 0xFFFF) &&
+            __atomic_compare_exchange_n(&POOL.claim[t], &open, open + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             POOL.fn(POOL.arg, t);
-            __atomic_sub_fetch(&POOL.pending, 1, __ATOMIC_ACQ_REL);
+            __atomic_store_n(&POOL.claim[t], open + 3, __ATOMIC_RELEASE);
         }
     }
     return NULL;
@@ -898,7 +903,6 @@ static void pool_after_fork(void) {
     pthread_mutex_init(&POOL.mu, NULL);
     pthread_cond_init(&POOL.wake, NULL);
     POOL.started = 0;
-    POOL.pending = 0;
 }
 
 /* Runs fn(arg, t) for t = 0 .. n-1 on the pool (t = 0 here); returns when all are done. Workers that
@@ -927,19 +931,29 @@ static void pool_run(vk_task fn, void *arg, int n) {
         POOL.started++;
     }
     const int helpers = POOL.started < n - 1 ? POOL.started : n - 1;
+    const int64_t round = (POOL.gen >> 16) + 1, open = 4 * round;
     POOL.fn = fn;
     POOL.arg = arg;
-    __atomic_store_n(&POOL.pending, helpers, __ATOMIC_RELEASE);
+    for (int t = 1; t <= helpers; t++) __atomic_store_n(&POOL.claim[t], open, __ATOMIC_RELAXED);
     pthread_mutex_lock(&POOL.mu);
-    __atomic_store_n(&POOL.gen, ((POOL.gen >> 16) + 1) << 16 | helpers, __ATOMIC_RELEASE);
+    __atomic_store_n(&POOL.gen, round << 16 | helpers, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&POOL.wake);
     pthread_mutex_unlock(&POOL.mu);
     fn(arg, 0);
     for (int t = helpers + 1; t < n; t++) fn(arg, t); /* workers that could not be started, or past MAX_POOL */
-    for (int k = 0; __atomic_load_n(&POOL.pending, __ATOMIC_ACQUIRE) > 0; k++) {
-        cpu_relax();
-        if ((k & 63) == 63) sched_yield(); /* a worker that was preempted may need this core */
+    /* The work is done (tasks drain shared counters). A worker still waking up is not waited for: the
+     * caller takes its task, which then only zeroes that task's outputs (on a virtual machine a wake-up
+     * took milliseconds now and then). Then the tasks workers took are waited for. */
+    for (int t = 1; t <= helpers; t++) {
+        int64_t expect = open;
+        if (__atomic_compare_exchange_n(&POOL.claim[t], &expect, open + 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            fn(arg, t);
     }
+    for (int t = 1; t <= helpers; t++)
+        for (int k = 0; __atomic_load_n(&POOL.claim[t], __ATOMIC_ACQUIRE) == open + 1; k++) {
+            cpu_relax();
+            if ((k & 63) == 63) sched_yield(); /* a worker that was preempted may need this core */
+        }
     pthread_mutex_unlock(&POOL.run);
 }
 

@@ -124,8 +124,6 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.vk_compare.restype = c_int
     lib.vk_compare_win.argtypes = [p, p, c_int, i64, i64, p, dbl, dbl, ctypes.POINTER(Acc), ctypes.POINTER(Win), c_int]
     lib.vk_compare_win.restype = c_int
-    lib.vk_sample.argtypes = [p, p, c_int, i64, i64, p, i64, i64, p, p, p]
-    lib.vk_sample.restype = i64
     lib.vk_compare_win_par.argtypes = [
         p,
         p,

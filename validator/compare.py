@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
+from .floors import BlockSums, block_sums, more_precise, rounding_sums
 from .metrics import MetricInputError, TensorMetrics, compare_tensors
-from .policy import Decision, Policy
+from .policy import Decision, Floor, Policy
 from .shards import LogicalKey, LogicalTensor, group_logical
 from .sources import RunView
 
@@ -31,10 +32,14 @@ class PairResult:
     status: str  # pass | fail | inconclusive | error
     metrics: TensorMetrics | None
     decision: Decision | None
-    floor_rel_l2: float | None = None
     shape_a: tuple[int, ...] = ()
     shape_b: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @property
+    def floor_rel_l2(self) -> float | None:
+        """The rel_l2 of the floor this pair was judged against (measured or rounding)."""
+        return self.decision.floor_rel_l2 if self.decision else None
 
     @property
     def ratio(self) -> float | None:
@@ -54,6 +59,7 @@ class PairResult:
 
     def to_dict(self) -> dict[str, Any]:
         m = self.metrics.to_dict() if self.metrics else None
+        d = self.decision
         return {
             "name": self.name,
             "coords": self.coords,
@@ -66,8 +72,14 @@ class PairResult:
             "floor_rel_l2": self.floor_rel_l2,
             "floor_ratio": self.floor_ratio,
             "limit_ratio": self.ratio,
-            "reasons": list(self.decision.reasons) if self.decision else [],
-            "notes": list(self.notes),
+            "floor_kind": d.floor_kind if d else None,
+            "judged": d.judged if d else None,
+            "value": d.value if d else None,
+            "interval": list(d.interval) if d and d.interval else None,
+            "limit": d.limit if d else None,
+            "borderline": d.borderline if d else False,
+            "reasons": list(d.reasons) if d else [],
+            "notes": list(self.notes) + (list(d.notes) if d else []),
             "shape_a": list(self.shape_a),
             "shape_b": list(self.shape_b),
             "metrics": m,
@@ -86,6 +98,7 @@ class Comparison:
     floor: tuple[str, str] | None = None
     policy: str = "defaults"
     sections: dict[str, Any] = field(default_factory=dict)  # e.g. "acceptance"
+    headline: str = ""  # the deciding reason of the verdict, one line
 
     def __bool__(self) -> bool:
         return self.verdict == "pass"
@@ -103,6 +116,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "headline": self.headline,
             "reasons": self.reasons,
             "a": self.a,
             "b": self.b,
@@ -116,31 +130,55 @@ class Comparison:
         }
 
 
-def _measure(la: LogicalTensor, lb: LogicalTensor) -> tuple[TensorMetrics | None, str | None, list[str]]:
+@dataclass
+class _Measured:
+    metrics: TensorMetrics | None
+    error: str | None
+    notes: list[str]
+    blocks: BlockSums | None = None
+    rounding: BlockSums | None = None  # the reference rounded to B's captured dtype, when asked for
+
+
+def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> _Measured:
     notes: list[str] = []
     ta, tb = la.materialize(), lb.materialize()
     notes += [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
     if tuple(ta.shape) != tuple(tb.shape):
-        return None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}", notes
+        return _Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}", notes)
     try:
-        return compare_tensors(ta, tb), None, notes
+        m = compare_tensors(ta, tb)
     except MetricInputError as exc:
-        return None, str(exc), notes
+        return _Measured(None, str(exc), notes)
+    if not (ta.is_floating_point() and tb.is_floating_point()):
+        return _Measured(m, None, notes)
+    blocks = block_sums(ta, tb)
+    wants_rounding = rounding and more_precise(la.dtype, lb.dtype)
+    return _Measured(m, None, notes, blocks, rounding_sums(ta, lb.dtype) if wants_rounding else None)
 
 
-def _floor_metrics(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, TensorMetrics]:
+def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, _Measured]:
     if floor is None:
         return {}
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
-    out = {}
     keys = sorted(fa.keys() & fb.keys(), key=lambda k: (k[0], repr(k[1])))
-    for key, (m, _err, _) in zip(keys, _measure_all([(fa[k], fb[k]) for k in keys])):
-        if m is not None:
-            out[key] = m
-    return out
+    measured = _measure_all([(fa[k], fb[k], False) for k in keys])
+    return {key: got for key, got in zip(keys, measured) if got.metrics is not None}
 
 
-def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor]]) -> Iterator[tuple[TensorMetrics | None, str | None, list[str]]]:
+def _floor_for(key: LogicalKey, floor_m: dict[LogicalKey, _Measured], got: _Measured, have_floor: bool) -> Floor:
+    """The measured floor when the floor pair has this tensor, else the rounding floor, else a reason."""
+    fm = floor_m.get(key)
+    if fm is not None and fm.metrics is not None:
+        return Floor("measured", fm.metrics.rel_l2, fm.blocks)
+    if got.rounding is not None and got.rounding.rel_l2 > 0:
+        return Floor("rounding", got.rounding.rel_l2, got.rounding)
+    why = "not in the floor pair" if have_floor else "no floor pair given"
+    if got.rounding is not None:
+        return Floor("none", reason=f"{why}; the reference is exact in the candidate's dtype")
+    return Floor("none", reason=f"{why}; the reference is not more precise than the candidate")
+
+
+def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor, bool]]) -> Iterator[_Measured]:
     """``_measure`` of each pair, in order, several pairs at a time (the kernels release the GIL).
 
     At most ``workers`` pairs are loaded at once, so memory stays bounded by the largest pairs, not by
@@ -148,7 +186,7 @@ def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor]]) -> Iterator[t
     """
     workers = _pair_workers(len(pairs))
     if workers <= 1:
-        yield from (_measure(la, lb) for la, lb in pairs)
+        yield from (_measure(*p) for p in pairs)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
         yield from ex.map(lambda p: _measure(*p), pairs)
@@ -170,17 +208,26 @@ def compare_runs(
 ) -> Comparison:
     policy = policy or Policy()
     ga, gb = group_logical(a.tensors), group_logical(b.tensors)
-    floor_m = _floor_metrics(floor)
+    floor_m = _floor_pairs(floor)
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
     pairs: list[PairResult] = []
-    measured = _measure_all([(ga[k], gb[k]) for k in keys])
-    for i, (key, (m, err, notes)) in enumerate(zip(keys, measured)):
+    have = floor is not None
+    rounding = [k not in floor_m and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
+    measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)])
+    for i, (key, got) in enumerate(zip(keys, measured)):
         la, lb = ga[key], gb[key]
-        fm = floor_m.get(key)
+        m = got.metrics
         if m is None:
-            status, d = "error", Decision("fail", None, (err or "",))
+            status, d = "error", Decision("fail", None, (got.error or "",))
         else:
-            d = policy.decide(la.name, m, fm, have_floor=floor is not None, dtypes=(la.dtype, lb.dtype))
+            d = policy.decide(
+                la.name,
+                m,
+                _floor_for(key, floor_m, got, floor is not None),
+                have_floor=floor is not None,
+                dtypes=(la.dtype, lb.dtype),
+                blocks=got.blocks,
+            )
             status = d.status
         pairs.append(
             PairResult(
@@ -190,10 +237,9 @@ def compare_runs(
                 status=status,
                 metrics=m,
                 decision=d,
-                floor_rel_l2=fm.rel_l2 if fm else None,
                 shape_a=la.shape(),
                 shape_b=lb.shape(),
-                notes=tuple(notes),
+                notes=tuple(got.notes),
             )
         )
         if progress:
@@ -204,15 +250,18 @@ def compare_runs(
     sections: dict[str, Any] = {}
     verdicts: list[str] = []
     reasons: list[str] = []
+    deciding: list[tuple[str, str]] = []  # (a section's verdict, its deciding reason)
     if ga or gb:
         v, r = _verdict(pairs, only_a, only_b, policy)
         verdicts.append(v)
         reasons += r
+        deciding.append((v, r[0] if r else v))
     if a.has_acceptance and b.has_acceptance:
         acc = _acceptance_section(a, b, policy)
         sections["acceptance"] = acc
         verdicts.append(acc["verdict"])
         reasons += [f"acceptance: {r}" for r in acc["reasons"]]
+        deciding.append((acc["verdict"], "acceptance: " + (acc["reasons"] or [acc["verdict"]])[0]))
     elif a.has_acceptance or b.has_acceptance:
         reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
     if a.engine_metrics_file is not None and b.engine_metrics_file is not None:
@@ -224,23 +273,30 @@ def compare_runs(
         sections["engine_metrics"] = eng
         verdicts.append(eng["verdict"])
         reasons += [f"engine metrics: {r}" for r in eng["reasons"]]
+        deciding.append((eng["verdict"], "engine metrics: " + (eng["reasons"] or [eng["verdict"]])[0]))
     if a.gsm8k_file is not None and b.gsm8k_file is not None:
         gsm = _gsm8k_section(a, b)
         sections["gsm8k"] = gsm
         verdicts.append(gsm["verdict"])
         reasons += [f"gsm8k: {r}" for r in gsm["reasons"]]
+        deciding.append((gsm["verdict"], "gsm8k: " + (gsm["reasons"] or [gsm["verdict"]])[0]))
     for side, view in (("A", a), ("B", b)):
         cov = view.manifest.get("coverage")
         if isinstance(cov, dict) and not cov.get("ok", True):
             verdicts.append("fail")
-            reasons += [f"{side}: capture coverage: {p}" for p in cov.get("problems", [])] or [f"{side}: capture coverage incomplete"]
+            cov_reasons = [f"{side}: capture coverage: {p}" for p in cov.get("problems", [])] or [f"{side}: capture coverage incomplete"]
+            reasons += cov_reasons
+            deciding.append(("fail", cov_reasons[0]))
     if not verdicts:
         verdicts.append("inconclusive")
         reasons.append("nothing to compare: neither tensors nor acceptance records in both runs")
+        deciding.append(("inconclusive", reasons[-1]))
+    verdict = merge_verdicts(*verdicts)
     return Comparison(
         a=a.name,
         b=b.name,
-        verdict=merge_verdicts(*verdicts),
+        verdict=verdict,
+        headline=next((r for v, r in deciding if v == verdict), verdict),
         reasons=reasons,
         pairs=pairs,
         only_a=only_a,
@@ -292,24 +348,64 @@ def _acceptance_section(a: RunView, b: RunView, policy: Policy) -> dict[str, Any
     return {**result.to_dict(), "table": result.format_table()}
 
 
+def _pair_reason(p: PairResult) -> str:
+    return f"{p.label}: {'; '.join(p.decision.reasons) if p.decision and p.decision.reasons else p.status}"
+
+
 def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy) -> tuple[str, list[str]]:
+    """The tensor verdict and its reasons, the deciding one first."""
     reasons: list[str] = []
     failed = [p for p in pairs if p.status in ("fail", "error")]
-    for p in failed[:20]:
-        reasons.append(f"{p.label}: {'; '.join(p.decision.reasons) if p.decision else p.status}")
-    if len(failed) > 20:
-        reasons.append(f"... and {len(failed) - 20} more failing pairs")
-    missing = len(only_a) + len(only_b)
-    if missing:
-        reasons.append(f"{len(only_a)} tensor(s) only in A, {len(only_b)} only in B")
+    missing = []
+    if only_a:
+        missing.append(f"{len(only_a)} tensor(s) only in A")
+    if only_b:
+        missing.append(f"{len(only_b)} tensor(s) only in B")
+    if failed:
+        more = f" (and {len(failed) - 1} more failing pair(s))" if len(failed) > 1 else ""
+        reasons.append(_pair_reason(failed[0]) + more)
+        reasons += [_pair_reason(p) for p in failed[1:20]]
+        if len(failed) > 20:
+            reasons.append(f"... and {len(failed) - 20} more failing pairs")
+    if missing and policy.missing == "fail":
+        reasons.insert(0 if not failed else 1, ", ".join(missing) + " (missing = fail)")
+    elif missing:
+        reasons.append(", ".join(missing) + " (missing = warn)")
     if failed or (missing and policy.missing == "fail"):
         return "fail", reasons
     undecided = [p for p in pairs if p.status == "inconclusive"]
     if not pairs:
         return "inconclusive", reasons + ["no tensors in common to compare"]
     if undecided:
-        return "inconclusive", reasons + [f"{len(undecided)} pair(s) could not be judged (no noise floor)"]
-    return "pass", reasons or [f"all {len(pairs)} pairs within thresholds"]
+        border = [p for p in undecided if p.decision and p.decision.borderline]
+        nofloor = [p for p in undecided if p not in border]
+        head = []
+        if border:
+            head.append(f"{len(border)} pair(s) borderline, e.g. {_pair_reason(border[0])}")
+        if nofloor:
+            head.append(f"{len(nofloor)} pair(s) without a floor, e.g. {_pair_reason(nofloor[0])}")
+        return "inconclusive", ["; ".join(head)] + [_pair_reason(p) for p in undecided[:20]] + reasons
+    judged = [p for p in pairs if p.decision and p.decision.value is not None]
+    worst = max(judged, key=lambda p: (p.decision.value or 0.0) / (p.decision.limit or 1.0), default=None) if judged else None
+    summary = f"all {len(pairs)} pairs within their limits"
+    if worst is not None and worst.decision is not None:
+        summary += f" (closest: {worst.label}, {_describe(worst.decision)})"
+    return "pass", [summary] + reasons
+
+
+def _describe(d: Decision) -> str:
+    """'1.99x measured floor [1.97, 2.01], limit 1.5x' or 'rel_l2 0.0123 [0.011, 0.013], limit 0.03'."""
+    if d.value is None:
+        return ""
+    if d.judged == "x floor":
+        text = f"{d.value:.3g}x {d.floor_kind} floor"
+        if d.interval:
+            text += f" [{d.interval[0]:.3g}, {d.interval[1]:.3g}]"
+        return text + (f", limit {d.limit:g}x" if d.limit is not None else "")
+    text = f"rel_l2 {d.value:.3g}"
+    if d.interval:
+        text += f" [{d.interval[0]:.3g}, {d.interval[1]:.3g}]"
+    return text + (f", limit {d.limit:.3g}" if d.limit is not None else "")
 
 
 def merge_verdicts(*verdicts: str) -> str:

@@ -17,14 +17,11 @@ from typing import Any
 from probes.projection import ProjectionConfig
 
 from .projection import format_table, run_projection_report
-from .report import format_comparison
+from .report import format_comparison, headline
 from .service import Service
 
 __all__ = ["run_demo", "DEMO_CONFIG"]
 
-# Stage-level tensors (per-stage partials, running sums) exist only on the PP paths, so they have no
-# single-GEMM floor: judge them by the bf16 bound; everything else by 2x the floor.
-DEMO_POLICY = {"rule": [{"match": "ctx.partial", "rel_l2_max": 0.03}, {"match": "ctx.running", "rel_l2_max": 0.03}]}
 DEMO_CONFIG = ProjectionConfig(hidden=512, draft_layers=2, head_dim=64, tokens=256, dtype="bf16", seed=0)
 
 
@@ -43,27 +40,28 @@ def run_demo(svc: Service, *, out: str | None = None, json_out: bool = False) ->
         say(f"   {run.name}: {run.n_tensors} tensors")
     floor = (names["ref"], names["concat"])
     docs: dict[str, Any] = {}
-    verdicts = []
+    verdicts: list[str] = []
+    commands: list[str] = []
     for cand in ("partial-fp32", "partial-bf16"):
         say(f"\n3. compare {cand} against the FP64 reference, floor = concat vs FP64")
         # stored as a cached comparison, so the dashboard shows this very result at /comparisons/{id}
-        rec = svc.cached_comparison(names["ref"], names[cand], floor=floor, policy=DEMO_POLICY, background=False)
+        # The default policy, as `validator compare` uses it; stored as a cached comparison, so the
+        # dashboard shows this very result at /comparisons/{id}.
+        rec = svc.cached_comparison(names["ref"], names[cand], floor=floor, background=False)
         doc = rec["result"]
         docs[cand] = doc
         say(format_comparison(doc, limit=12))
-        ratios = [p for p in doc["pairs"] if isinstance(p.get("floor_ratio"), (int, float))]
-        worst = max(ratios, key=lambda p: p["floor_ratio"], default=None)
-        if worst is not None:
-            verdicts.append(
-                f"{cand}: {doc['verdict'].upper()}, worst {worst['label']} at {worst['floor_ratio']:.2f}x the "
-                f"single-GEMM error  ->  http://127.0.0.1:8765/comparisons/{rec['id']}"
-            )
+        commands.append(f"validator compare {names['ref']} {names[cand]} --floor {names['ref']} {names['concat']}")
+        verdicts.append(f"{cand}: {headline(doc)}  ->  http://127.0.0.1:8765/comparisons/{rec['id']}")
     if json_out:
         print(json.dumps({"bundles": str(work), "runs": names, "probe": report.to_dict(), "comparisons": docs}, indent=1))
     else:
         print("\nsummary (x floor = rel_l2 vs FP64 divided by the single-GEMM path's rel_l2 vs FP64):")
         for v in verdicts:
             print(f"  {v}")
+        print("The same verdicts from the shell (default policy; same VALIDATOR_HOME):")
+        for c in commands:
+            print(f"  {c}")
         print(
             "To look: `validator serve` (same VALIDATOR_HOME), then open the links above, or "
             f"http://127.0.0.1:8765/runs?label=demo={tag}. From the shell: `validator runs --label demo={tag}`."

@@ -9,13 +9,16 @@ TOML form (``--policy FILE``)::
     rel_l2_max = 0.02           # absolute bound on rel_l2 (optional)
     cosine_min = 0.9995         # optional
     max_abs_max = 0.5           # optional
-    floor_multiple = 2.0        # rel_l2 <= floor_multiple * rel_l2 of the noise-floor pair (needs --floor)
-    floor_min_rel_l2 = 0.0      # lower bound for the floor-derived threshold (0: a bitwise floor demands bitwise)
-    nonfinite = "fail"          # "fail" when NaN/Inf patterns differ, or "ignore"
+    floor_multiple = 1.5        # rel_l2 <= floor_multiple x the tensor's floor (measured, else rounding)
+    rounding_multiple = 4.0     # the multiple when the floor is the rounding floor (default: by dtype)
+    floor_min_rel_l2 = 0.0      # never demand less than this rel_l2 (0: a bitwise floor demands bitwise)
+    nonfinite = "fail"          # "fail": any NaN, or differing NaN/Inf; "match": differing only; "ignore"
 
-Without a matching rule, the default depends on the dtypes: rel_l2 <= 8 units of roundoff of the
-less precise of the two (bf16 0.03, fp16 0.004, fp8 0.25), 1e-4 for fp32 and 1e-9 for fp64; when a
-floor pair is given, the default is ``floor_multiple = 2``. See docs/policy.md.
+Without a matching rule: with a floor pair (``--floor``), ``floor_multiple = FLOOR_MULTIPLE``; otherwise
+``rel_l2 <= default_rel_l2(dtypes)``. Every judged ratio carries a bootstrap interval
+(:mod:`validator.floors`): a pair passes when the whole interval is within its limit, fails when the whole
+interval is beyond it, and is ``inconclusive (borderline)`` otherwise. The defaults were chosen by
+``benchmarks/calibration.py``; docs/policy.md gives its false-alarm and detection rates.
 """
 
 from __future__ import annotations
@@ -25,12 +28,28 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .metrics import TensorMetrics
+from .floors import BlockSums, bootstrap_interval
 
-__all__ = ["Rule", "Policy", "Decision", "default_rel_l2"]
+if TYPE_CHECKING:
+    from .metrics import TensorMetrics
+
+__all__ = [
+    "Rule",
+    "Policy",
+    "Decision",
+    "Floor",
+    "default_rel_l2",
+    "default_rounding_multiple",
+    "FLOOR_MULTIPLE",
+]
+
+# Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
+FLOOR_MULTIPLE = 1.5
+_ROUNDING_MULTIPLE_NARROW = 4.0  # results stored in <= 16 bits: a short chain of roundings
+_ROUNDING_MULTIPLE_WIDE = 64.0  # float32/float64 results: fp32 accumulation error dwarfs one rounding
 
 _DTYPE_REL_L2 = {
     "float64": 1e-9,
@@ -41,6 +60,7 @@ _DTYPE_REL_L2 = {
     "float8_e5m2": 0.25,
 }
 _PRECISION_ORDER = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+_NONFINITE = ("fail", "match", "ignore")
 
 
 def default_rel_l2(dtype_a: str, dtype_b: str) -> float:
@@ -53,6 +73,22 @@ def default_rel_l2(dtype_a: str, dtype_b: str) -> float:
     return 0.0 if worst is None else _DTYPE_REL_L2[worst]
 
 
+def default_rounding_multiple(dtype: str) -> float:
+    """How many rounding floors a valid result stored in ``dtype`` may be from the exact value."""
+    return _ROUNDING_MULTIPLE_WIDE if dtype in ("float32", "float64") else _ROUNDING_MULTIPLE_NARROW
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The floor a pair is judged against: ``kind`` is "measured", "rounding" or "none" (then ``reason``
+    says why). ``blocks``: the floor pair's block sums, for the interval."""
+
+    kind: str
+    rel_l2: float | None = None
+    blocks: BlockSums | None = None
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class Rule:
     match: str = "*"
@@ -60,6 +96,7 @@ class Rule:
     cosine_min: float | None = None
     max_abs_max: float | None = None
     floor_multiple: float | None = None
+    rounding_multiple: float | None = None
     floor_min_rel_l2: float = 0.0
     nonfinite: str = "fail"
 
@@ -75,17 +112,43 @@ class Rule:
                     raise InputError(f"{where}: {k} must be a string")
             elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InputError(f"{where}: {k} must be a non-negative number, got {v!r}")
-        if d.get("nonfinite", "fail") not in ("fail", "ignore"):
-            raise InputError(f"{where}: nonfinite must be 'fail' or 'ignore'")
+        if d.get("nonfinite", "fail") not in _NONFINITE:
+            raise InputError(f"{where}: nonfinite must be one of {list(_NONFINITE)}")
         kw: dict[str, Any] = {k: (v if k in ("match", "nonfinite") else float(v)) for k, v in d.items()}
         return cls(**kw)
 
 
 @dataclass(frozen=True)
 class Decision:
+    """How one pair was judged. ``threshold``: the rel_l2 bound applied; ``judged``: what the interval is
+    of ("x floor" or "rel_l2"); ``limit``: the bound that quantity was held to."""
+
     status: str  # "pass" | "fail" | "inconclusive"
     threshold: float | None  # the rel_l2 bound applied, if any
     reasons: tuple[str, ...] = ()
+    floor_kind: str | None = None  # "measured" | "rounding" | "none"; None: the rule needs no floor
+    floor_rel_l2: float | None = None
+    judged: str | None = None
+    value: float | None = None
+    interval: tuple[float, float] | None = None
+    limit: float | None = None
+    notes: tuple[str, ...] = ()
+    borderline: bool = False
+
+
+@dataclass
+class _Verdicts:
+    fails: list[str] = field(default_factory=list)
+    borderline: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def judge(self, shown: str, value: float, ci: tuple[float, float], limit: float, limit_text: str) -> None:
+        """Interval entirely within the limit: fine; entirely beyond: fail; across it: borderline."""
+        if ci[0] > limit or (value > limit and ci[0] == ci[1]):
+            self.fails.append(f"{shown} > {limit_text}")
+        elif ci[1] > limit or value > limit:
+            self.borderline.append(f"borderline: {shown} straddles {limit_text}")
 
 
 @dataclass(frozen=True)
@@ -126,39 +189,110 @@ class Policy:
     def rule_for(self, name: str) -> Rule | None:
         return next((r for r in self.rules if fnmatch.fnmatchcase(name, r.match)), None)
 
+    def effective_rule(self, name: str, dtypes: tuple[str, str], *, have_floor: bool) -> Rule:
+        """The matching rule, or the default one for these (captured) dtypes."""
+        rule = self.rule_for(name)
+        if rule is not None:
+            return rule
+        return Rule(floor_multiple=FLOOR_MULTIPLE) if have_floor else Rule(rel_l2_max=default_rel_l2(*dtypes))
+
     def decide(
         self,
         name: str,
         m: TensorMetrics,
-        floor: TensorMetrics | None,
+        floor: Floor | None,
         *,
         have_floor: bool,
         dtypes: tuple[str, str] | None = None,
+        blocks: BlockSums | None = None,
     ) -> Decision:
-        """Judge one pair. ``floor``: the same tensor's metrics in the noise-floor comparison, if any.
-        ``dtypes``: the captured dtypes (default: the compared tensors' dtypes)."""
-        rule = self.rule_for(name)
-        if rule is None:
-            da, db = dtypes or (m.dtype_a, m.dtype_b)
-            rule = Rule(floor_multiple=2.0) if have_floor else Rule(rel_l2_max=default_rel_l2(da, db))
-        fails: list[str] = []
-        threshold: float | None = None
-        if rule.nonfinite == "fail" and m.nonfinite_mismatch:
-            fails.append(f"{m.nonfinite_mismatch} element(s) differ in NaN/Inf")
+        """Judge one pair. ``floor``: the floor found for this tensor (``None``: none looked for);
+        ``dtypes``: the captured dtypes (default: the compared tensors'); ``blocks``: the pair's block
+        sums, for intervals and NaN counts (without them the interval is the point value)."""
+        da, db = dtypes or (m.dtype_a, m.dtype_b)
+        rule = self.effective_rule(name, (da, db), have_floor=have_floor)
+        v = _Verdicts()
+        _nonfinite(rule.nonfinite, m, blocks, v)
+        out: dict[str, Any] = {}
         if rule.floor_multiple is not None:
-            if floor is None:
-                return Decision("inconclusive", None, ("no noise-floor measurement for this tensor",))
-            threshold = max(rule.floor_multiple * floor.rel_l2, rule.floor_min_rel_l2)
-            if not m.rel_l2 <= threshold:
-                fails.append(
-                    f"rel_l2 {m.rel_l2:.3g} > {rule.floor_multiple:g} x floor {floor.rel_l2:.3g}"
-                )
+            _against_floor(rule, m, floor or Floor("none", reason="no floor pair given"), db, blocks, v, out)
         if rule.rel_l2_max is not None:
-            threshold = rule.rel_l2_max if threshold is None else min(threshold, rule.rel_l2_max)
-            if not m.rel_l2 <= rule.rel_l2_max:
-                fails.append(f"rel_l2 {m.rel_l2:.3g} > {rule.rel_l2_max:.3g}")
+            bound = rule.rel_l2_max
+            out["threshold"] = bound if out.get("threshold") is None else min(out["threshold"], bound)
+            if m.rel_l2 > 0:
+                ci = bootstrap_interval(blocks) if blocks is not None else (m.rel_l2, m.rel_l2)
+                v.judge(f"rel_l2 {m.rel_l2:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]", m.rel_l2, ci, bound, f"{bound:.3g}")
+                if "judged" not in out:
+                    out.update(judged="rel_l2", value=m.rel_l2, interval=ci, limit=bound)
         if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
-            fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
+            v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
         if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
-            fails.append(f"max_abs {m.max_abs:.3g} > {rule.max_abs_max:.3g}")
-        return Decision("fail" if fails else "pass", threshold, tuple(fails))
+            v.fails.append(f"max_abs {m.max_abs:.3g} > {rule.max_abs_max:.3g}")
+        status = "fail" if v.fails else "inconclusive" if (v.borderline or v.undecided) else "pass"
+        return Decision(
+            status,
+            out.get("threshold"),
+            tuple(v.fails + v.borderline + v.undecided),
+            floor_kind=out.get("floor_kind"),
+            floor_rel_l2=out.get("floor_rel_l2"),
+            judged=out.get("judged"),
+            value=out.get("value"),
+            interval=out.get("interval"),
+            limit=out.get("limit"),
+            notes=tuple(v.notes),
+            borderline=bool(v.borderline) and not v.fails,
+        )
+
+
+def _nonfinite(mode: str, m: TensorMetrics, blocks: BlockSums | None, v: _Verdicts) -> None:
+    if mode == "ignore":
+        return
+    nan_a = blocks.nan_a if blocks is not None else m.nonfinite_a
+    nan_b = blocks.nan_b if blocks is not None else m.nonfinite_b
+    if mode == "fail" and (nan_a or nan_b):
+        v.fails.append(f"NaN: {nan_a} in A, {nan_b} in B")
+    if m.nonfinite_mismatch:
+        v.fails.append(f"{m.nonfinite_mismatch} element(s) differ in NaN/Inf")
+    if blocks is not None and blocks.inf_matched:
+        v.notes.append(f"{blocks.inf_matched} matching ±Inf element(s), counted and not compared")
+
+
+def _against_floor(
+    rule: Rule, m: TensorMetrics, floor: Floor, dtype_b: str, blocks: BlockSums | None, v: _Verdicts, out: dict[str, Any]
+) -> None:
+    out["floor_kind"] = floor.kind
+    if floor.kind == "none" or floor.rel_l2 is None or not math.isfinite(floor.rel_l2):
+        out["floor_kind"] = "none"
+        if m.rel_l2 == 0:
+            return  # identical on every compared element: no floor needed
+        if rule.rel_l2_max is None:
+            v.undecided.append(f"no floor: {floor.reason or 'none available'}")
+        else:
+            v.notes.append(f"no floor ({floor.reason or 'none available'}): judged by rel_l2_max alone")
+        return
+    multiple = rule.floor_multiple if floor.kind == "measured" else rule.rounding_multiple
+    if multiple is None:
+        multiple = default_rounding_multiple(dtype_b)
+    threshold = max(multiple * floor.rel_l2, rule.floor_min_rel_l2)
+    out.update(floor_rel_l2=floor.rel_l2, threshold=threshold, limit=multiple)
+    if m.rel_l2 <= rule.floor_min_rel_l2 or m.rel_l2 == 0:
+        out.update(judged="x floor", value=_ratio(m.rel_l2, floor.rel_l2))
+        return
+    if floor.rel_l2 == 0:
+        v.fails.append(f"rel_l2 {m.rel_l2:.3g} > 0: the {floor.kind} floor is exact for this tensor")
+        out.update(judged="x floor", value=math.inf)
+        return
+    ratio = m.rel_l2 / floor.rel_l2
+    if blocks is not None and floor.blocks is not None:
+        ci = bootstrap_interval(blocks, floor.blocks)
+    else:
+        ci = (ratio, ratio)
+    out.update(judged="x floor", value=ratio, interval=ci)
+    shown = f"{ratio:.3g}x {floor.kind} floor [{ci[0]:.3g}, {ci[1]:.3g}]"
+    v.judge(shown, ratio, ci, multiple, f"{multiple:g}x")
+
+
+def _ratio(x: float, floor: float) -> float:
+    if floor == 0:
+        return 1.0 if x == 0 else math.inf
+    return x / floor

@@ -22,6 +22,9 @@ __all__ = [
     "write_junit",
     "fmt_num",
     "format_rows",
+    "headline",
+    "counts_line",
+    "judged_cell",
     "EXIT_CODES",
 ]
 
@@ -87,18 +90,17 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
         cos = p.get("cosine")
         rows.append(
             [
-                "ok" if p["status"] == "pass" else p["status"].upper(),
+                _status(p),
                 p["label"],
                 fmt_num(p.get("rel_l2")),
                 f"{cos:.6f}" if isinstance(cos, float) else fmt_num(cos),
                 fmt_num(p.get("max_abs")),
-                fmt_num(p.get("threshold")),
-                fmt_num(p.get("floor_rel_l2")),
-                fmt_num(p.get("floor_ratio"), 2),
-                fmt_num(p.get("limit_ratio"), 2),
+                _floor_cell(p),
+                judged_cell(p),
+                _limit_cell(p),
             ]
         )
-    header = ["status", "tensor", "rel_l2", "cosine", "max_abs", "threshold", "floor", "x floor", "of limit"]
+    header = ["status", "tensor", "rel_l2", "cosine", "max_abs", "floor", "judged [95% interval]", "limit"]
     lines.append(format_rows(header, rows))
     if limit is not None and len(pairs) > limit:
         lines.append(f"... {len(pairs) - limit} more pairs (use --json for all)")
@@ -113,29 +115,78 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
             lines.append(f"only in {side.upper()} ({len(names)}): " + ", ".join(names[:20]) + more)
     for name, text in (tables or {}).items():
         lines += ["", f"[{name}]", text]
-    c = doc.get("counts", {})
-    lines += [
-        "",
-        f"verdict: {doc['verdict'].upper()}  ({len(pairs)} pairs: {c.get('pass', 0)} ok, {c.get('fail', 0)} fail, "
-        f"{c.get('error', 0)} error, {c.get('inconclusive', 0)} inconclusive)",
-    ]
-    lines += [f"  - {r}" for r in doc.get("reasons", [])[:25]]
+    lines += ["", f"verdict: {headline(doc)}", f"  {counts_line(doc)}"]
+    lines += [f"  - {r}" for r in doc.get("reasons", [])[1:25]]
     return "\n".join(lines)
+
+
+def headline(doc: dict[str, Any]) -> str:
+    """'FAIL: ctx.pre_norm [tok=0:4096]: x measured floor 2.03 [2.01, 2.05] > 1.5', the deciding reason."""
+    reason = doc.get("headline") or (doc.get("reasons") or [""])[0]
+    return f"{doc['verdict'].upper()}: {reason}" if reason else doc["verdict"].upper()
+
+
+def counts_line(doc: dict[str, Any]) -> str:
+    c = doc.get("counts", {})
+    out = (
+        f"{len(doc['pairs'])} pairs: {c.get('pass', 0)} ok, {c.get('fail', 0)} fail, {c.get('error', 0)} error, "
+        f"{c.get('inconclusive', 0)} inconclusive"
+    )
+    only = [f"{len(doc.get(f'only_{s}', []))} only in {s.upper()}" for s in ("a", "b") if doc.get(f"only_{s}")]
+    return out + ("; " + ", ".join(only) if only else "")
+
+
+def _status(p: dict[str, Any]) -> str:
+    if p["status"] == "pass":
+        return "ok"
+    if p["status"] == "inconclusive" and p.get("borderline"):
+        return "BORDERLINE"
+    return str(p["status"]).upper()
+
+
+def _floor_cell(p: dict[str, Any]) -> str:
+    kind = p.get("floor_kind")
+    if kind is None:
+        return "-"
+    if kind == "none":
+        return "none"
+    return f"{kind} {fmt_num(p.get('floor_rel_l2'))}"
+
+
+def judged_cell(p: dict[str, Any]) -> str:
+    """'1.99x [1.97, 2.01]' for a floor ratio, 'rel_l2 0.0123 [0.011, 0.013]' for an absolute bound."""
+    value = p.get("value")
+    if value is None:
+        return "-"
+    ci = p.get("interval")
+    unit = "x" if p.get("judged") == "x floor" else ""
+    text = f"{fmt_num(value)}{unit}"
+    if ci:
+        text += f" [{fmt_num(ci[0])}, {fmt_num(ci[1])}]"
+    return text
+
+
+def _limit_cell(p: dict[str, Any]) -> str:
+    lim = p.get("limit")
+    if lim is None:
+        return "-"
+    return f"{fmt_num(lim)}x" if p.get("judged") == "x floor" else fmt_num(lim)
 
 
 def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None = None) -> str:
     """A short Markdown report for a CI step summary."""
     icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(doc["verdict"], "")
     out = [f"### validator: {icon} {doc['verdict'].upper()} — `{doc['b']}` vs reference `{doc['a']}`", ""]
+    out += [f"**{headline(doc)}**", "", counts_line(doc), ""]
     if doc.get("floor"):
         out.append(f"Noise floor: `{doc['floor'][0]}` vs `{doc['floor'][1]}`\n")
-    out += [f"- {r}" for r in doc.get("reasons", [])[:10]]
-    out += ["", "| status | tensor | rel_l2 | cosine | threshold | x floor |", "|---|---|---|---|---|---|"]
+    out += [f"- {r}" for r in doc.get("reasons", [])[1:10]]
+    out += ["", "| status | tensor | rel_l2 | cosine | floor | judged [95% interval] | limit |", "|---|---|---|---|---|---|---|"]
     for p in doc["pairs"][:limit]:
         cos = p.get("cosine")
         out.append(
             f"| {p['status']} | `{p['label']}` | {fmt_num(p.get('rel_l2'))} | "
-            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {fmt_num(p.get('threshold'))} | {fmt_num(p.get('floor_ratio'), 2)} |"
+            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {_floor_cell(p)} | {judged_cell(p)} | {_limit_cell(p)} |"
         )
     if len(doc["pairs"]) > limit:
         out.append(f"\n{len(doc['pairs']) - limit} more pairs not shown.")

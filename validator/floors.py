@@ -1,0 +1,170 @@
+"""Noise floors and the uncertainty of a judged ratio (pure math, no I/O).
+
+A verdict compares a pair's relative L2 error with a *floor*: the error that a valid computation of the
+same tensor has. Three kinds exist (docs/policy.md):
+
+- ``measured``: the same tensor in a second comparison that is known to be fine (``--floor A B``);
+- ``rounding``: the reference rounded to the candidate's dtype, against the unrounded reference. Any
+  result stored in that dtype carries at least this error, so it exists whenever the reference is more
+  precise than the candidate (an FP64 reference, say);
+- ``none``: neither is available; a rule that needs a floor is then inconclusive, with that reason.
+
+Uncertainty: a tensor's rows (tokens, by the capture convention) are cut into at most ``BLOCKS`` contiguous
+blocks, and for each block the sums ``Σ d²`` and ``Σ a²`` over elements finite in both are kept
+(:class:`BlockSums`). A percentile bootstrap that resamples blocks with replacement, the candidate's and
+the floor's blocks *jointly* when they cover the same rows, gives the interval of ``rel_l2`` and of
+``rel_l2 / floor``. Blocks of rows, not single elements, are resampled because errors are correlated
+within a token (one norm scale, the same outlier channels). The resampling is seeded, so an interval is
+the same on every run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BLOCKS",
+    "LEVEL",
+    "RESAMPLES",
+    "BlockSums",
+    "block_sums",
+    "rounding_sums",
+    "more_precise",
+    "bootstrap_interval",
+]
+
+BLOCKS = 64  # row blocks per tensor (fewer when the tensor has fewer rows)
+RESAMPLES = 1000  # bootstrap resamples per interval
+LEVEL = 0.95  # two-sided interval level
+_SEED = 20261201  # fixed: an interval never changes between runs
+_PIECE = 1 << 20  # elements upcast at once
+
+# Floating dtypes from most to least precise (by significand bits).
+_PRECISION = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+
+
+def more_precise(dtype_a: str, dtype_b: str) -> bool:
+    """True when ``dtype_a`` carries more significand bits than ``dtype_b`` (both floating)."""
+    if dtype_a not in _PRECISION or dtype_b not in _PRECISION:
+        return False
+    return _PRECISION.index(dtype_a) < _PRECISION.index(dtype_b)
+
+
+@dataclass(frozen=True)
+class BlockSums:
+    """Per-row-block ``Σ d²`` and ``Σ a²`` (float64) of one pair, and its NaN and infinity counts.
+
+    ``nan_a`` / ``nan_b``: NaN elements in each side; ``inf_matched``: positions where both sides hold
+    the same infinity (masked logits, say)."""
+
+    d2: np.ndarray
+    a2: np.ndarray
+    rows: int
+    nan_a: int = 0
+    nan_b: int = 0
+    inf_matched: int = 0
+
+    @property
+    def rel_l2(self) -> float:
+        num, den = float(self.d2.sum()), float(self.a2.sum())
+        return _rel(num, den)
+
+
+def _rel(num: float, den: float) -> float:
+    if den > 0:
+        return math.sqrt(num / den)
+    return 0.0 if num == 0 else math.inf
+
+
+def _row_view(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as ``[rows, cols]``: rows along the first dimension (tokens), 1-D tensors one per element."""
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    if t.dim() == 1:
+        return t.reshape(-1, 1)
+    rows = t.shape[0]
+    return t.reshape(rows, t.numel() // rows if rows else 0)
+
+
+def _bounds(rows: int) -> list[tuple[int, int]]:
+    n = min(BLOCKS, rows)
+    return [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
+
+
+def _pieces(rows: torch.Tensor, lo: int, hi: int) -> list[tuple[int, int]]:
+    step = max(1, _PIECE // max(1, rows.shape[1]))
+    return [(s, min(hi, s + step)) for s in range(lo, hi, step)]
+
+
+def block_sums(a: torch.Tensor, b: torch.Tensor) -> BlockSums:
+    """Block sums of ``d = b - a`` and ``a`` for a pair of equal shape, in float64."""
+    import torch
+
+    ra, rb = _row_view(a.detach()), _row_view(b.detach())
+    bounds = _bounds(ra.shape[0])
+    d2, a2 = np.zeros(len(bounds)), np.zeros(len(bounds))
+    nan_a = nan_b = inf_matched = 0
+    with torch.no_grad():
+        for j, (lo, hi) in enumerate(bounds):
+            for s, e in _pieces(ra, lo, hi):
+                xa, xb = ra[s:e].to(torch.float64), rb[s:e].to(torch.float64)
+                both = torch.isfinite(xa) & torch.isfinite(xb)
+                d = torch.where(both, xb - xa, 0.0)
+                za = torch.where(both, xa, 0.0)
+                d2[j] += float((d * d).sum())
+                a2[j] += float((za * za).sum())
+                nan_a += int(torch.isnan(xa).sum())
+                nan_b += int(torch.isnan(xb).sum())
+                inf_matched += int((torch.isinf(xa) & (xa == xb)).sum())
+    return BlockSums(d2, a2, ra.shape[0], nan_a, nan_b, inf_matched)
+
+
+def rounding_sums(a: torch.Tensor, dtype: str) -> BlockSums:
+    """Block sums of the reference ``a`` rounded to ``dtype`` against ``a`` itself: the rounding floor.
+
+    Values beyond ``dtype``'s range round to infinity and drop out of the sums, as they do in a pair."""
+    import torch
+
+    target = getattr(torch, dtype)
+    return block_sums(a, a.detach().to(target))
+
+
+def bootstrap_interval(
+    cand: BlockSums, floor: BlockSums | None = None, *, level: float = LEVEL, resamples: int = RESAMPLES
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``rel_l2`` (no floor) or of ``rel_l2 / floor_rel_l2``.
+
+    Blocks are resampled with replacement; when the floor covers the same number of blocks (the same rows)
+    both are resampled with the same indices, otherwise independently. Nearest-rank percentiles, so an
+    infinite resample (a floor block set summing to zero) never turns the interval into NaN."""
+    rng = np.random.default_rng(_SEED)
+    n = len(cand.d2)
+    if n == 0:
+        return (0.0, 0.0)
+    idx = rng.integers(0, n, size=(resamples, n))
+    values = _resampled_rel(cand, idx)
+    if floor is not None:
+        m = len(floor.d2)
+        fidx = idx if m == n else rng.integers(0, max(m, 1), size=(resamples, max(m, 1)))
+        fvalues = _resampled_rel(floor, fidx) if m else np.zeros(resamples)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = np.where(values == 0, 0.0, values / fvalues)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(values, [tail, 1.0 - tail], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+def _resampled_rel(s: BlockSums, idx: np.ndarray) -> np.ndarray:
+    num, den = s.d2[idx].sum(axis=1), s.a2[idx].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.sqrt(num / den)
+    out[(den == 0) & (num == 0)] = 0.0
+    out[(den == 0) & (num > 0)] = np.inf
+    return out

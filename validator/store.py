@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, delete, event, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from ._data import migrations_dir
 from .errors import ConflictError, InputError
 from .models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
 
@@ -23,7 +23,6 @@ __all__ = [
     "make_sessionmaker",
     "migrate",
     "downgrade",
-    "MIGRATIONS_DIR",
     "get_run",
     "check_labels",
     "check_tensor_record",
@@ -42,7 +41,6 @@ __all__ = [
     "delete_blob_rows",
 ]
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _MAX_ID = 2**31 - 1  # ids are INTEGER columns: a larger number names no row (and would overflow)
 
 
@@ -66,32 +64,26 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def _alembic_config(engine: Engine) -> Any:
+def _alembic(engine: Engine, action: str, revision: str) -> None:
+    """Run ``alembic upgrade|downgrade revision`` on ``engine``, with the migrations the package carries."""
+    from alembic import command
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
-    return cfg
+    with migrations_dir() as scripts, engine.begin() as conn:
+        cfg.set_main_option("script_location", str(scripts))
+        cfg.attributes["connection"] = conn
+        getattr(command, action)(cfg, revision)
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Upgrade the schema (creates it on an empty database)."""
-    from alembic import command
-
-    cfg = _alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    _alembic(engine, "upgrade", revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    from alembic import command
-
-    cfg = _alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    _alembic(engine, "downgrade", revision)
 
 
 # -- runs ---------------------------------------------------------------------------------------

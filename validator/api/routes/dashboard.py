@@ -31,15 +31,15 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jinja2.utils import htmlsafe_json_dumps
 from markupsafe import Markup
 
+from ..._data import dashboards_dir
 from ...dashboard import pages
 from ...dashboard.views import json_safe
 from ...errors import InputError, NotFoundError, ValidatorError
 from ...report import fmt_num
 from ..deps import ReadAuth, ServiceDep
 
-__all__ = ["router", "DASHBOARD_DIR"]
+__all__ = ["router"]
 
-DASHBOARD_DIR = Path(__file__).resolve().parents[3] / "dashboards"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
     "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -54,7 +54,7 @@ router = APIRouter(tags=["dashboard"], include_in_schema=False)  # pages take Re
 
 @functools.cache
 def _assets() -> dict[str, Path]:
-    out = {p.name: p for p in (DASHBOARD_DIR / "static").glob("*") if p.suffix in (".css", ".js")}
+    out = {p.name: p for p in (dashboards_dir() / "static").glob("*") if p.suffix in (".css", ".js")}
     spec = importlib.util.find_spec("plotly")  # locates the package without importing it
     if spec is not None and spec.origin:
         js = Path(spec.origin).parent / "package_data" / "plotly.min.js"
@@ -121,7 +121,7 @@ def _bytes(n: int) -> str:
 @functools.cache
 def _env() -> Environment:
     env = Environment(
-        loader=FileSystemLoader(DASHBOARD_DIR / "templates"),
+        loader=FileSystemLoader(dashboards_dir() / "templates"),
         autoescape=select_autoescape(["html"], default=True),
         trim_blocks=True,
         lstrip_blocks=True,

@@ -1,0 +1,127 @@
+"""A built wheel runs like the checkout: it carries the migrations and the dashboard (setup.py maps the top-level
+dashboards/ and migrations/ into the package) and finds them through importlib.resources.
+
+The wheel is built offline from a copy of the sources and installed, not editable, into a fresh virtualenv whose
+only way to its dependencies (torch, SQLAlchemy, FastAPI...) is a .pth line naming this environment's
+site-packages: nothing is downloaded, and the checkout is on no path (a .pth file in a directory named that way
+is not run, so this environment's editable-install hook stays off). Then, from a directory outside the checkout,
+`validator demo` stores and compares runs and `validator serve` answers a dashboard page and a static file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("validator", "probes", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
+
+
+def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> tuple[int, str, bytes]:
+    """GET ``url``, waiting for the server to listen (it has ``timeout`` seconds, and must not exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, r.headers.get("content-type", ""), r.read()
+        except (ConnectionError, urllib.error.URLError):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"validator serve: exit {server.poll()}\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with the wheel installed in it; returns its bin/ folder."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in SOURCES:
+        p = ROOT / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(p, src / name)
+    pip = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+    _run(*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src, cwd=tmp)
+    (wheel,) = (tmp / "dist").glob("validator-*.whl")
+
+    venv = tmp / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
+    python = venv / "bin" / "python"
+    purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp).strip()
+    Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp)
+    return venv / "bin"
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VALIDATOR_") and k != "PYTHONPATH"}
+    return {**env, "VALIDATOR_HOME": str(home)}
+
+
+def test_wheel_runs_demo_and_dashboard_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path / "home")
+    where = json.loads(
+        _run(
+            installed / "python",
+            "-c",
+            "import json, validator, validator._data as d\n"
+            "with d.migrations_dir() as m: print(json.dumps([validator.__file__, str(d.dashboards_dir()), str(m)]))",
+            cwd=tmp_path,
+            env=env,
+        )
+    )
+    venv = str(installed.parent)
+    assert all(p.startswith(venv) for p in where), where  # the wheel's copy, not the checkout's
+
+    demo = json.loads(_run(installed / "validator", "demo", "--json", "--out", tmp_path / "bundles", cwd=tmp_path, env=env))
+    names = list(demo["runs"].values())
+    assert len(names) == 4, demo["runs"]
+
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [str(installed / "validator"), "serve", "--port", str(port)], cwd=tmp_path, env=env, stdout=out, stderr=out
+        )
+    try:
+        status, ctype, body = _get(f"http://127.0.0.1:{port}/runs", server, log)
+        assert status == 200 and ctype.startswith("text/html"), (status, ctype)
+        page = body.decode()
+        assert "<html" in page.lower()
+        assert all(n in page for n in names), names
+        status, ctype, css = _get(f"http://127.0.0.1:{port}/static/dashboard.css", server, log)
+        assert status == 200 and css == (ROOT / "dashboards" / "static" / "dashboard.css").read_bytes()
+        status, _, listing = _get(f"http://127.0.0.1:{port}/api/v1/runs", server, log)
+        assert status == 200 and {r["name"] for r in json.loads(listing)["data"]} == set(names)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

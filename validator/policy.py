@@ -49,7 +49,7 @@ __all__ = [
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5
 _ROUNDING_MULTIPLE_NARROW = 4.0  # results stored in <= 16 bits: a short chain of roundings
-_ROUNDING_MULTIPLE_WIDE = 64.0  # float32/float64 results: fp32 accumulation error dwarfs one rounding
+_ROUNDING_MULTIPLE_WIDE = 16.0  # float32/float64 results: fp32 accumulation error dwarfs one rounding
 
 _DTYPE_REL_L2 = {
     "float64": 1e-9,

@@ -1,0 +1,165 @@
+"""Verdicts: floors of every kind, intervals, borderlines, non-finite rules and the deciding reason."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from validator.cli import main
+from validator.floors import BLOCKS, block_sums, bootstrap_interval, more_precise, rounding_sums
+
+EXAMPLE_POLICY = Path(__file__).resolve().parents[2] / "examples" / "policies" / "k3-dflash-pp-pd.toml"
+
+
+def _cli(capsys, tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+    code = main(["--home", str(tmp_path / "home"), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _save(path: Path, **tensors: torch.Tensor) -> str:
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return str(path)
+
+
+# -- block sums and intervals against float64 NumPy ------------------------------------------------
+
+
+def _np_blocks(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows = a.reshape(a.shape[0], a.size // max(a.shape[0], 1)) if a.ndim > 1 else a.reshape(-1, 1)
+    rb = b.reshape(rows.shape)
+    n = min(BLOCKS, rows.shape[0])
+    d2, a2 = np.zeros(n), np.zeros(n)
+    for j in range(n):
+        lo, hi = j * rows.shape[0] // n, (j + 1) * rows.shape[0] // n
+        x, y = rows[lo:hi].astype(np.float64), rb[lo:hi].astype(np.float64)
+        ok = np.isfinite(x) & np.isfinite(y)
+        d2[j] = np.sum((np.where(ok, y, 0.0) - np.where(ok, x, 0.0)) ** 2)
+        a2[j] = np.sum(np.where(ok, x, 0.0) ** 2)
+    return d2, a2
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("shape", [(300, 17), (5,), (0, 4), (3, 2, 7), ()])
+def test_block_sums_match_float64_numpy(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(shape, generator=g, dtype=torch.float64)
+    b = a + 0.01 * torch.randn(shape, generator=g, dtype=torch.float64)
+    if a.numel() > 4:
+        a.view(-1)[1], b.view(-1)[2], a.view(-1)[3], b.view(-1)[3] = math.nan, math.inf, -math.inf, -math.inf
+    a, b = a.to(dtype), b.to(dtype)
+    got = block_sums(a, b)
+    na, nb = a.double().numpy(), b.double().numpy()
+    d2, a2 = _np_blocks(na, nb)
+    assert np.allclose(got.d2, d2, rtol=1e-12, atol=0) and np.allclose(got.a2, a2, rtol=1e-12, atol=0)
+    assert got.nan_a == int(np.isnan(na).sum()) and got.nan_b == int(np.isnan(nb).sum())
+    assert got.inf_matched == int((np.isinf(na) & (na == nb)).sum())
+
+
+def test_rounding_floor_is_the_reference_rounded() -> None:
+    a = torch.randn(200, 30, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = rounding_sums(a, "float16")
+    x = a.numpy()
+    expect = np.linalg.norm(x.astype(np.float16).astype(np.float64) - x) / np.linalg.norm(x)
+    assert got.rel_l2 == pytest.approx(expect, rel=1e-12)
+    assert 1e-4 < got.rel_l2 < 1e-3  # about a third of float16's unit roundoff
+    assert more_precise("float64", "bfloat16") and not more_precise("bfloat16", "bfloat16")
+    assert not more_precise("int64", "float32")
+
+
+def test_interval_brackets_the_ratio_and_is_deterministic() -> None:
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(512, 64, generator=g, dtype=torch.float64)
+    floor = block_sums(a, a + 1e-3 * torch.randn(512, 64, generator=g, dtype=torch.float64))
+    cand = block_sums(a, a + 2e-3 * torch.randn(512, 64, generator=g, dtype=torch.float64))
+    lo, hi = bootstrap_interval(cand, floor)
+    ratio = cand.rel_l2 / floor.rel_l2
+    assert lo < ratio < hi and 1.8 < lo and hi < 2.2
+    assert bootstrap_interval(cand, floor) == (lo, hi)
+    assert bootstrap_interval(cand, cand) == (1.0, 1.0)  # paired: the same errors give exactly 1
+
+
+# -- the bugs of issue 16 --------------------------------------------------------------------------
+
+
+def test_all_nan_fails_by_default(tmp_path: Path, capsys) -> None:
+    nan = _save(tmp_path / "nan.safetensors", x=torch.full((64, 64), math.nan))
+    code, out, _ = _cli(capsys, tmp_path, "compare", nan, nan)
+    assert code == 1 and "FAIL: x: NaN: 4096 in A, 4096 in B" in out
+    # a rule can accept NaN where both runs have it
+    (tmp_path / "p.toml").write_text('[[rule]]\nmatch = "*"\nnonfinite = "match"\nrel_l2_max = 0.01\n')
+    code, out, _ = _cli(capsys, tmp_path, "compare", nan, nan, "--policy", str(tmp_path / "p.toml"))
+    assert code == 0, out
+
+
+def test_matching_infinities_pass_and_are_counted(tmp_path: Path, capsys) -> None:
+    x = torch.randn(32, 8, dtype=torch.float64)
+    x[0, :3] = -math.inf
+    a = _save(tmp_path / "a.safetensors", logits=x)
+    b = _save(tmp_path / "b.safetensors", logits=x.clone())
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, b, "--json")
+    pair = json.loads(out)["pairs"][0]
+    assert code == 0 and any("3 matching ±Inf" in n for n in pair["notes"])
+    y = x.clone()
+    y[0, 0] = 0.0
+    b2 = _save(tmp_path / "b2.safetensors", logits=y)
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, b2)
+    assert code == 1 and "differ in NaN/Inf" in out
+
+
+def test_borderline_pair_is_inconclusive_with_its_interval(tmp_path: Path, capsys) -> None:
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(40, 4, generator=g, dtype=torch.float64)
+    e1, e2 = torch.randn(40, 4, generator=g, dtype=torch.float64), torch.randn(40, 4, generator=g, dtype=torch.float64)
+    e2 *= 1.5 * e1.norm() / e2.norm()  # exactly the 1.5x limit, from independent errors on 40 rows
+    files = [_save(tmp_path / f"{n}.safetensors", x=ref + 1e-3 * e) for n, e in (("ref", 0 * e1), ("fl", e1), ("c", e2))]
+    code, out, _ = _cli(capsys, tmp_path, "compare", files[0], files[2], "--floor", files[0], files[1], "--json")
+    doc = json.loads(out)
+    pair = doc["pairs"][0]
+    assert code == 3 and pair["status"] == "inconclusive" and pair["borderline"]
+    lo, hi = pair["interval"]
+    assert lo < 1.5 < hi and "borderline" in doc["headline"] and "straddles 1.5x" in doc["headline"]
+
+
+def test_stage_level_tensors_get_a_rounding_floor(tmp_path: Path, capsys) -> None:
+    g = torch.Generator().manual_seed(6)
+    ref = torch.randn(256, 32, generator=g, dtype=torch.float64)
+    a = _save(tmp_path / "a.safetensors", y=ref, stage=ref * 2)
+    fl = _save(tmp_path / "f.safetensors", y=ref.bfloat16())  # the floor pair has no `stage`
+    ok = _save(tmp_path / "ok.safetensors", y=ref.bfloat16(), stage=(ref * 2).bfloat16())
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, ok, "--floor", a, fl, "--json")
+    by = {p["name"]: p for p in json.loads(out)["pairs"]}
+    assert code == 0 and by["stage"]["floor_kind"] == "rounding" and by["y"]["floor_kind"] == "measured"
+    assert by["stage"]["value"] == pytest.approx(1.0)
+    # ten bf16 roundings' worth of error fails against the rounding floor
+    bad = _save(tmp_path / "bad.safetensors", y=ref.bfloat16(), stage=(ref * 2 * (1 + 0.02 * torch.randn(256, 32, generator=g, dtype=torch.float64))).bfloat16())
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, bad, "--floor", a, fl)
+    assert code == 1 and "FAIL: stage:" in out and "rounding floor" in out
+    # no floor of any kind (same dtype, not in the floor pair): inconclusive, and the reason says so
+    same = _save(tmp_path / "same.safetensors", y=ref, stage=ref * 2 + 1e-3)
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, same, "--floor", a, fl)
+    assert code == 3 and "without a floor" in out and "not in the floor pair" in out
+
+
+def test_headline_names_tensors_missing_on_one_side(tmp_path: Path, capsys) -> None:
+    x = torch.ones(4, dtype=torch.float64)
+    a = _save(tmp_path / "a.safetensors", x=x)
+    b = _save(tmp_path / "b.safetensors", x=x, **{f"extra{i}": x.clone() for i in range(9)})
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, b)
+    assert code == 1 and "verdict: FAIL: 9 tensor(s) only in B" in out and "9 only in B" in out
+
+
+def test_example_policy_fails_a_bad_pair_without_a_floor(tmp_path: Path, capsys) -> None:
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randn(512, 64, generator=g)
+    cand = ref + 0.185 * torch.randn(512, 64, generator=g)  # rel_l2 ~0.185: 6x the bf16 bound
+    a = _save(tmp_path / "a.safetensors", **{"ctx.pre_norm": ref.bfloat16()})
+    b = _save(tmp_path / "b.safetensors", **{"ctx.pre_norm": cand.bfloat16()})
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, b, "--policy", str(EXAMPLE_POLICY))
+    assert code == 1 and "rel_l2 0.18" in out and "> 0.03" in out

@@ -17,6 +17,7 @@ from probes.shards import ShardSpecError
 
 from .config import Settings, parse_labels
 from .errors import InputError, ValidatorError
+from .text import format_rows
 
 __all__ = ["main", "build_parser"]
 
@@ -82,8 +83,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .report import format_rows
-
     runs = _service(args).list_runs(labels=parse_labels(args.label), limit=args.limit, offset=args.offset)
     if args.json:
         _print_json({"runs": [r.to_dict() for r in runs]})
@@ -98,8 +97,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .report import format_rows
-
     doc = _service(args).show_run(args.run)
     if args.json:
         _print_json(doc)
@@ -142,11 +139,11 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
             client.close()
     from .policy import Policy
     from .report import comparison_doc
+    from .service import compare_refs
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
-    svc = _service(args)
-    with _progress("compare", not args.json) as prog:
-        c = svc.compare(a, b, policy=pol, floor=floor, progress=prog)
+    with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
+        c = compare_refs(a, b, store=lambda: _service(args), policy=pol, floor=floor, progress=prog)
     tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
     return comparison_doc(c), tables
 

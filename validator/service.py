@@ -26,13 +26,15 @@ from .errors import ConflictError, InputError, NotFoundError, StorageError
 from .models import ComparisonRecord, Run
 from .shards import group_logical
 from .sources import RunView, TensorRef, open_path
-from .tensorfile import file_byte_chunks, torch_dtype
+from .tensorfile import check_dtype, file_byte_chunks, torch_dtype
 
 if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
+    import torch
+
     from .compare import Comparison
     from .policy import Policy
 
-__all__ = ["Service", "RunSummary", "Progress"]
+__all__ = ["Service", "RunSummary", "Progress", "compare_refs"]
 
 Progress = Callable[[int, int], None]
 BACKGROUND_BYTES = 256 << 20  # comparisons of more input bytes than this run in the background
@@ -329,7 +331,8 @@ class Service:
             rows = store.run_tensors(s, run_id=run.id)
         refs = []
         for r in rows:
-            dtype, shape = torch_dtype(r.dtype), tuple(r.shape)
+            shape = tuple(r.shape)
+            check_dtype(r.dtype, where=f"run {run.name!r} tensor {r.name!r}: ")
             refs.append(
                 TensorRef(
                     name=r.name,
@@ -340,7 +343,7 @@ class Service:
                     sha256=r.sha256,
                     nbytes=r.nbytes,
                     origin=f"run {run.name!r} blob {r.sha256[:12]}",
-                    loader=functools.partial(self.blobs.open_tensor, r.sha256, dtype, shape, r.nbytes),
+                    loader=functools.partial(self._open_blob, r.sha256, r.dtype, shape, r.nbytes),
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
@@ -358,6 +361,10 @@ class Service:
             engine_metrics_file=self.blobs.path(eng.sha256) if eng else None,
             run_id=run.id,
         )
+
+    def _open_blob(self, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
+        """A stored tensor. Torch is imported here, when bytes are read: listing or showing runs never loads it."""
+        return self.blobs.open_tensor(sha256, torch_dtype(dtype), shape, nbytes)
 
     def resolve(self, ref: str, *, allow_paths: bool = True) -> RunView:
         """A run named in the store, or (locally only) a path: bundle, safetensors file or directory."""
@@ -381,11 +388,8 @@ class Service:
         progress: Progress | None = None,
         allow_paths: bool = True,
     ) -> Comparison:
-        from .compare import compare_runs
-
-        va, vb = self.resolve(a, allow_paths=allow_paths), self.resolve(b, allow_paths=allow_paths)
-        fl = (self.resolve(floor[0], allow_paths=allow_paths), self.resolve(floor[1], allow_paths=allow_paths)) if floor else None
-        return compare_runs(va, vb, policy=policy, floor=fl, progress=progress)
+        resolve = functools.partial(self.resolve, allow_paths=allow_paths)
+        return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress)
 
     def cached_comparison(
         self,
@@ -454,3 +458,35 @@ class Service:
             if rec is None:
                 raise NotFoundError(f"no comparison {id}")
             return _comparison_dict(rec)
+
+
+def compare_refs(
+    a: str,
+    b: str,
+    *,
+    store: Callable[[], Service],
+    policy: Policy | None = None,
+    floor: tuple[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Comparison:
+    """:meth:`Service.compare` for a local caller. When every reference is an existing path (bundles,
+    ``.safetensors`` files, folders of them) the store is never opened: no database, no migrations. Otherwise
+    ``store()`` opens it, and references resolve as in :meth:`Service.resolve` (a path first, then a run)."""
+    if all(Path(r).exists() for r in (a, b, *(floor or ()))):
+        return _compare(open_path, a, b, policy=policy, floor=floor, progress=progress)
+    return store().compare(a, b, policy=policy, floor=floor, progress=progress)
+
+
+def _compare(
+    resolve: Callable[[str], RunView],
+    a: str,
+    b: str,
+    *,
+    policy: Policy | None,
+    floor: tuple[str, str] | None,
+    progress: Progress | None,
+) -> Comparison:
+    from .compare import compare_runs
+
+    fl = (resolve(floor[0]), resolve(floor[1])) if floor else None
+    return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress)

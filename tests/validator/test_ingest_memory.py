@@ -7,11 +7,6 @@ process's high-water mark across fork+exec.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,58 +16,35 @@ from safetensors.torch import save_file
 
 from probes import BundleWriter
 from tests.factories import tensors, write_tp_bundle
+from tests.fresh_interpreter import run_child, torch_stack
 
-ROOT = Path(__file__).resolve().parents[2]
+CHILD = """
+from pathlib import Path
 
-CHILD = textwrap.dedent(
-    """
-    import json, sys, traceback
-    from pathlib import Path
+face, home, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+runs = []
+if face == "cli":
+    from validator.cli import main
 
-    first_torch = []
+    for p in paths:
+        rc = main(["--home", home, "ingest", p, "--json"])
+        if rc != 0:
+            raise SystemExit(f"validator ingest {p}: exit {rc}")
+else:
+    from validator.config import Settings
+    from validator.service import Service
 
-    class Watch:  # where torch was first imported from, for the failure message
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" and not first_torch:
-                first_torch.append("".join(traceback.format_stack(limit=30)))
-            return None
-
-    sys.meta_path.insert(0, Watch())
-    face, home, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
-    runs = []
-    if face == "cli":
-        from validator.cli import main
-
-        for p in paths:
-            rc = main(["--home", home, "ingest", p, "--json"])
-            if rc != 0:
-                raise SystemExit(f"validator ingest {p}: exit {rc}")
-    else:
-        from validator.config import Settings
-        from validator.service import Service
-
-        svc = Service(Settings(home=Path(home)))
-        runs = [svc.ingest(p).to_dict() for p in paths]
-        svc.close()
-    hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    print(json.dumps({"torch": "torch" in sys.modules, "where": first_torch[:1], "runs": runs, "peak_mb": hwm_kb / 1024}))
-    """
-)
+    svc = Service(Settings(home=Path(home)))
+    runs = [svc.ingest(p).to_dict() for p in paths]
+    svc.close()
+hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+report(runs=runs, peak_mb=hwm_kb / 1024)
+"""
 
 
 def _ingest_in_child(face: str, home: Path, *paths: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VALIDATOR_")}  # the store is the home's
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, face, str(home), *map(str, paths)],
-        cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert not out["torch"], "ingest imported torch:\n" + "".join(out["where"])
+    out = run_child(CHILD, face, str(home), *map(str, paths))
+    assert not out["torch"], "ingest " + torch_stack(out)
     return out
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ErrorProfile", "AxisProfile", "WorstElement", "error_profile", "HIST_EDGES"]
 
@@ -81,6 +82,8 @@ def _ratio(num2: float, den2: float) -> float:
 
 
 def _axis(d2: torch.Tensor, a2: torch.Tensor, axis: int, max_points: int) -> AxisProfile:
+    import torch  # here, not at the top: the dashboard's other pages never load torch
+
     n = int(d2.numel())
     bucket = max(1, -(-n // max_points))
     pad = (-n) % bucket
@@ -102,6 +105,8 @@ def error_profile(
     a: torch.Tensor, b: torch.Tensor, *, top_k: int = 20, max_points: int = 2048, chunk_elems: int = CHUNK_ELEMS
 ) -> ErrorProfile:
     """Profile ``b - a`` (``a`` is the reference). Shapes must match; dtypes may differ."""
+    import torch
+
     if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"shape mismatch: {list(a.shape)} vs {list(b.shape)}")
     if top_k < 0 or max_points < 1 or chunk_elems < 1:

@@ -35,7 +35,7 @@ from ..._data import dashboards_dir
 from ...dashboard import pages
 from ...dashboard.views import json_safe
 from ...errors import InputError, NotFoundError, ValidatorError
-from ...report import fmt_num
+from ...text import fmt_num
 from ..deps import ReadAuth, ServiceDep
 
 __all__ = ["router"]
@@ -99,7 +99,7 @@ def _script_json(v: Any) -> Markup:
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
-    """Numbers as the CLI prints them (``report.fmt_num``), with ``digits`` significant digits."""
+    """Numbers as the CLI prints them (``text.fmt_num``), with ``digits`` significant digits."""
     return str(v) if isinstance(v, bool) else fmt_num(v, digits - 1)
 
 

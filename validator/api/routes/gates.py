@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from ...report import markdown_summary
 from ..deps import ServiceDep, WriteAuth
 from ..schemas import GateCreate, GatePublic
 
@@ -13,6 +12,8 @@ router = APIRouter(prefix="/gates", tags=["gates"])
 
 @router.post("", dependencies=[WriteAuth])
 def create_gate(body: GateCreate, svc: ServiceDep) -> GatePublic:
+    from ...report import markdown_summary  # the report imports the comparison engine (torch): only when judging
+
     rec = svc.cached_comparison(
         body.baseline, body.candidate, floor=(body.floor[0], body.floor[1]) if body.floor else None, policy=body.policy, background=False
     )

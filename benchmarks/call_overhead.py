@@ -7,7 +7,7 @@ For a bf16 pair of 8192x7168 (and any ``--elems``), measured side by side in one
 - ``call``: the median time of ``compare_tensors(a, b)``, as a user sees it (host work + GPU + read back);
   the default (``call_us_launch1``), without the short way for repeated pairs (``CONFIG["LANE"] = 0``:
   ``call_us_nolane``), with torch's launcher (``CONFIG["LAUNCH"] = 0``: ``call_us_launch0``) and
-  followed by a redundant ``torch.cuda.synchronize()`` (``call_us_synced``: how stop 12 timed calls),
+  followed by a redundant ``torch.cuda.synchronize()`` (``call_us_synced``),
   interleaved in three rounds;
 - ``gpu``: the same kernels (``vk_sample``, ``vk_main``) launched back to back 50 times with no
   read back, so the host runs ahead and the time per call is the GPU's alone;
@@ -129,7 +129,7 @@ def measure(n: int, reps: int, profile: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"elements": n, "bytes": 4 * n}
     # the call as a user makes it (compare_tensors returns host numbers: nothing left to wait for), in
     # three variants measured in interleaved rounds so that drift between them cancels
-    # (call_us_synced: the default followed by torch.cuda.synchronize(), as stop 12 timed every call)
+    # (call_us_synced: the default followed by torch.cuda.synchronize())
     variants = {
         "call_us_launch1": (1, 1, 0),
         "call_us_nolane": (1, 0, 0),

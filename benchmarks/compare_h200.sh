@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comparison-engine runs on the lent H200 (docs/results/perf-h200.md). Run from the repo root:
+# The comparison-engine runs on the lent H200 (docs/performance.md). Run from the repo root:
 #   bash benchmarks/compare_h200.sh final   # CUDA tests, then (if they pass) the GPU numbers with the
 #                                           # default configuration, the call-overhead breakdown, the
 #                                           # interleaved kernel A/B and the CPU section on the host

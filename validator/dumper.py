@@ -1,7 +1,7 @@
 """Reading the output of SGLang's own dumper (``sglang.srt.debug_utils.dumper``) as a run.
 
-Two file-naming generations (FACTS §7), both one ``torch.save`` of ``{"value": ..., "meta": {...}}`` per
-dump, in one folder per experiment:
+Two file-naming generations (docs/sglang.md, section 4), both one ``torch.save`` of
+``{"value": ..., "meta": {...}}`` per dump, in one folder per experiment:
 
 - sglang 0.5.9: ``SGLANG_DUMPER_DIR/sglang_dump_<time>/forward_pass_id=3___rank=0___dump_index=7___name=x[___layer_id=5].pt``
 - sglang >= 0.5.10: ``DUMPER_DIR/<exp_name>/step=3___rank=0___dump_index=7___name=x[___layer_id=5...].pt``

@@ -13,7 +13,7 @@ and reports every wrong entry, every missing byte range and every byte written t
 be matched (different head counts, head_dim, dtype, page size or layers; TP sizes that do not divide the
 heads) are refused by :func:`check_compatible` before anything is planned.
 
-Worked case (FACTS §3): D buffer base 2000000, destination page 2. The right destination is
+Worked case (the one docs/sglang.md, section 6, walks through): D buffer base 2000000, destination page 2. The right destination is
 2000000 + 2*16384 = 2032768 and the page receives 16384 bytes; a flat plan that reuses the source item
 length for offsets and length writes 32768 bytes at 2065536.
 """

@@ -6,7 +6,7 @@ Runs of engines without our probes (or without any plugin at all) can still be c
 in ``part.json``'s ``extra.metrics`` and, summarised, in the manifest's ``run.acceptance_metrics``, so a
 plain ``validator ingest`` keeps it with the run).
 
-Engines and what is derived (FACTS §4):
+Engines and what is derived:
 
 - vLLM counters ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
   ``..._num_accepted_tokens_per_pos{position=i}`` (``_total`` suffix or not): verify steps = drafts;

@@ -1,7 +1,7 @@
 """The CUDA path's sampled p99 window (validator/kernels/cuda.py, docs/performance.md "The exact p99"):
 results identical to the streamed float64 reference whether the window holds the p99 or misses it.
 
-The CUDA tests run on a GPU (they ran on the H200: docs/results/perf-h200.md). The interpreter test
+The CUDA tests run on a GPU (they ran on the H200). The interpreter test
 runs the same kernels on the CPU through Triton's interpreter; it is opt-in
 (``VALIDATOR_TEST_TRITON_INTERPRET=1 TRITON_INTERPRET=1``, Triton 3.6 needs NumPy < 2.3 there) because
 the interpreter takes seconds per case.

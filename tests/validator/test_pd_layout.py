@@ -1,4 +1,4 @@
-"""The PD draft-KV transfer plan and its checker (FACTS §3 worked case)."""
+"""The PD draft-KV transfer plan and its checker (the worked case of docs/sglang.md, section 6)."""
 
 from __future__ import annotations
 

@@ -14,13 +14,14 @@ Null candidates (valid computations, must pass):
   split at two different random points of K: two valid kernels whose errors are independent and of the
   same size (here the floor pair is the reference against the first split).
 
-Drift candidates: ``ref + s * c * (handoff - ref)`` for s in 1.25, 1.5, 2, 3, where ``c`` scales the
+Drift candidates: ``ref + s * c * (handoff - ref)`` for s in 1.25, 1.5, 1.75, 2, 3, where ``c`` scales the
 second hand-off's error to its floor's rel_l2 (kept in float32), so the true ratio is exactly s; judged
 per tensor size against the first hand-off's floor.
 
 Rounding floors: the ratio of valid results to the rounding floor of their dtype (what the
 ``rounding_multiple`` defaults must admit): a bf16 GEMM, a bf16 chain GEMM -> RMSNorm -> GEMM -> RMSNorm
--> RoPE, and fp32 GEMMs at K = 512, 7168 and 43008 (the Kimi-K3 concat width).
+-> RoPE, and fp32 GEMMs at K = 512, 7168 and 43008 (the Kimi-K3 concat width); and one row that must be
+caught (DETECT): an fp32 result that went through bf16.
 
     python benchmarks/calibration.py                 # the committed results (benchmarks/calibration.md)
     python benchmarks/calibration.py --replicates 20 # a quick look
@@ -41,7 +42,7 @@ from validator.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_mul
 
 SIZES = [(64, 256), (256, 512), (1024, 1024)]  # tokens x hidden: 16 Ki, 128 Ki, 1 Mi elements
 K = 1024
-DRIFTS = [1.25, 1.5, 2.0, 3.0]
+DRIFTS = [1.25, 1.5, 1.75, 2.0, 3.0]
 POLICY = Policy()
 
 
@@ -139,6 +140,8 @@ def rounding_floor(replicates: int) -> dict[str, list[float]]:
                 continue  # the widest GEMM is slow on a CPU: fewer replicates
             xk, wk = _inputs(7000 + r, 64, 256, k)
             rows[f"fp32 GEMM (K {k})"] = (xk.double() @ wk.double().T, xk.float() @ wk.float().T, "float32")
+            if k == 7168:  # what the wide multiple exists to catch: an fp32 hand-off that went through bf16
+                rows["DETECT: fp32 GEMM (K 7168) passed through bf16"] = (rows[f"fp32 GEMM (K {k})"][0], (xk.float() @ wk.float().T).bfloat16().float(), "float32")
         for name, (ref_t, cand, dt) in rows.items():
             rs = rounding_sums(ref_t, dt)
             out.setdefault(name, []).append(compare_tensors(ref_t, cand).rel_l2 / rs.rel_l2)
@@ -174,7 +177,7 @@ def main() -> None:
     print("| computation | replicates | min | median | max | default rounding_multiple |\n|---|---|---|---|---|---|")
     for name, vals in rf.items():
         vals.sort()
-        dt = "float32" if name.startswith("fp32") else "bfloat16"
+        dt = "float32" if "fp32" in name else "bfloat16"
         print(f"| {name} | {len(vals)} | {vals[0]:.2f} | {vals[len(vals) // 2]:.2f} | {vals[-1]:.2f} | "
               f"{default_rounding_multiple(dt):g} |")
     print(f"\n({time.time() - t0:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} threads)")

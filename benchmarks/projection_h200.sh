@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run behind docs/results/projection-h200.{md,json}: the projection probe at Kimi-K3 shapes
+# The H200 run behind benchmarks/projection_h200.md: the projection probe at Kimi-K3 shapes
 # (hidden 7168, 93 layers, capture 19,37,54,66,78,90, PP8 even split, 6 draft layers x 8 KV heads x 128,
 # one 8192-token chunk, BF16), paths concat / partial-bf16 / partial-fp32 / ref (float64).
 #

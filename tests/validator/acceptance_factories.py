@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from validator.acceptance import records_to_frame
+from validator.acceptance_stats import StepArrays
 
 
 def make_records(
@@ -70,3 +71,31 @@ def make_frame(n_steps: int, rates: Sequence[float], **kwargs: Any) -> pd.DataFr
 def step(request_id: str, step: int, proposed: Sequence[int], accepted: int, **extra: Any) -> dict[str, Any]:
     """One hand-written record."""
     return {"request_id": request_id, "step": step, "proposed": list(proposed), "accepted": accepted, **extra}
+
+
+def make_steps(
+    rng: np.random.Generator, rates: Sequence[float], requests: int, steps_per_request: int, prefix: str = "r"
+) -> StepArrays:
+    """A run as :class:`StepArrays` directly (fast, for many replicates): every step proposes
+    ``len(rates)`` drafts, position k accepted with probability ``rates[k]`` once reached."""
+    n = requests * steps_per_request
+    ok = rng.random((n, len(rates))) < np.asarray(rates)[None, :]
+    return steps_from_accepted(np.cumprod(ok, axis=1).sum(axis=1), len(rates), requests, prefix)
+
+
+def steps_from_accepted(accepted: Sequence[int] | np.ndarray, proposed: int, requests: int, prefix: str = "r") -> StepArrays:
+    """Steps with the given accepted counts (``proposed`` drafts each), dealt round-robin to ``requests``
+    requests, so every request gets the same mix."""
+    acc = np.asarray(accepted, dtype=np.int64)
+    request = np.arange(len(acc)) % requests
+    order = np.argsort(request, kind="stable")
+    step = np.arange(len(acc)) // requests
+    return StepArrays(
+        request_ids=tuple(f"{prefix}{r}" for r in range(requests)),
+        prompt_hashes=(None,) * requests,
+        request=request[order].astype(np.int64),
+        step=step[order].astype(np.int64),
+        num_proposed=np.full(len(acc), proposed, dtype=np.int64),
+        accepted=acc[order],
+        bonus=np.ones(len(acc), dtype=bool),
+    )

@@ -17,6 +17,7 @@ from validator.acceptance_stats import (
     StepArrays,
     chi2_homogeneity,
     compare_acceptance,
+    holm_adjust,
     js_distance,
     mcnemar_test,
     needed_trials,
@@ -26,9 +27,15 @@ from validator.acceptance_stats import (
 )
 
 try:
-    from tests.validator.acceptance_factories import make_frame, make_records, step
+    from tests.validator.acceptance_factories import make_frame, make_records, make_steps, step, steps_from_accepted
 except ImportError:  # tests/ is not a package: pytest puts this folder on sys.path
-    from acceptance_factories import make_frame, make_records, step  # type: ignore[no-redef]
+    from acceptance_factories import (  # type: ignore[no-redef]
+        make_frame,
+        make_records,
+        make_steps,
+        step,
+        steps_from_accepted,
+    )
 
 RATES = [0.9, 0.85, 0.8, 0.75]
 FAST = {"resamples": 200}
@@ -71,6 +78,15 @@ def test_tost_and_needed_trials_formulas() -> None:
     assert n == math.ceil(z**2 * 2 * 0.8 * 0.2 / 0.02**2)
     assert 6500 <= n <= 7000  # FACTS: about 6,500 trials per run for 0.02 near 0.8
     assert needed_trials(0.8, 0.8, 0.02, design_effect=2.0) == math.ceil(2 * z**2 * 0.32 / 0.0004)
+
+
+def test_holm_adjustment_by_hand() -> None:
+    # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> running max 0.06)
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    out = holm_adjust([0.01, math.nan, 0.04])  # NaN is outside the family: m = 2
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
+    assert holm_adjust([0.5, 0.6]).tolist() == [1.0, 1.0]  # capped at 1
+    assert holm_adjust([0.02]).tolist() == [0.02] and len(holm_adjust([])) == 0
 
 
 def test_js_distance_direct_formula() -> None:
@@ -327,3 +343,71 @@ def test_identical_runs_pass_with_paired_analyses() -> None:
     assert all(p.mcnemar is not None and p.mcnemar.a_only == p.mcnemar.b_only == 0 for p in c.positions)
     assert c.divergence is not None and c.divergence.diverged == 0 and bool(c.divergence)
     assert c.histogram.statistic == 0 and c.histogram.js_distance == 0
+
+
+# -- multiplicity: the run-level fail over several positions ------------------------------------------
+
+
+def _hand_run(counts: Sequence[int], steps: int, prefix: str) -> StepArrays:
+    """``counts[k]`` steps accept more than k drafts (of 4), dealt evenly over 200 requests."""
+    edges = [steps, *counts, 0]
+    accepted = np.repeat(np.arange(5), [edges[j] - edges[j + 1] for j in range(5)])
+    return steps_from_accepted(accepted, 4, 200, prefix)
+
+
+def test_one_position_significant_alone_is_not_a_fail_over_four() -> None:
+    # position 0: 1600/2000 vs 1540/2000 (B-A = -0.03, p ~ 0.021 alone); positions 1-3 at 0.8 in both runs.
+    a = _hand_run([1600, 1280, 1024, 819], 2000, "a")
+    b = _hand_run([1540, 1232, 986, 789], 2000, "b")
+    c = compare_acceptance(a, b, **FAST)
+    p0 = c.positions[0]
+    assert p0.diff == pytest.approx(-0.03) and p0.se == pytest.approx(p0.se_binomial)
+    ta, tb = 1601 / 2002, 1541 / 2002
+    z = 0.03 / math.sqrt(ta * (1 - ta) / 2000 + tb * (1 - tb) / 2000)
+    assert p0.p_difference == pytest.approx(2 * stats.t.sf(z, 199)) and 0.0125 < p0.p_difference < 0.05
+    assert p0.diff_ci[1] == pytest.approx(-0.03 + stats.t.ppf(0.975, 199) * p0.se)  # t with requests - 1 df
+    raw = [p.p_difference for p in c.positions]
+    assert [p.p_difference_adjusted for p in c.positions] == pytest.approx(holm_adjust(raw).tolist())
+    assert p0.verdict == "inconclusive" and c.verdict != "fail"  # before the Holm adjustment: different, fail
+    assert any("Holm" in n and n.startswith("position 0") for n in c.notes)
+    assert c.multiplicity is not None and c.multiplicity.method == "holm" and c.multiplicity.size == 4
+    assert "Holm over 4 tests" in c.format_table() and "Holm p" in c.format_table()
+    d = c.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["positions"][0]["p_difference"] == p0.p_difference  # the raw p keeps its key
+    assert d["positions"][0]["p_difference_adjusted"] == pytest.approx(min(1.0, 4 * p0.p_difference))
+    assert d["multiplicity"]["family"] == [f"position {k}" for k in range(4)]
+
+    # gated on two positions, the family is two tests: p0 * 2 < 0.05 fails the run
+    two = compare_acceptance(a, b, positions=[0, 1], **FAST)
+    assert two.multiplicity is not None and two.multiplicity.family == ("position 0", "position 1")
+    assert two.positions[0].p_difference_adjusted == pytest.approx(2 * p0.p_difference)
+    assert two.positions[0].verdict == "different" and two.verdict == "fail"
+    assert "Holm-adjusted p = 0.04" in two.reasons[0]
+    assert math.isnan(two.positions[2].p_difference_adjusted) and d["positions"][2]["p_difference"] is not None
+    assert two.to_dict()["positions"][3]["p_difference_adjusted"] is None  # not in the family
+
+
+def test_equal_runs_fail_at_most_alpha_overall() -> None:
+    """Issue 16 bug 3: 100 requests x 20 steps, 0.8 at 4 positions, both runs from one distribution.
+    Each position alone at alpha 0.05 failed about 15% of such pairs; the verdict must stay near 5%."""
+    rng = np.random.default_rng(16)
+    reps, fails, uncorrected = 300, 0, 0
+    for _ in range(reps):
+        a, b = make_steps(rng, [0.8] * 4, 100, 20, "a"), make_steps(rng, [0.8] * 4, 100, 20, "b")
+        c = compare_acceptance(a, b, resamples=500)
+        fails += c.verdict == "fail"
+        uncorrected += any(p.p_difference < 0.05 and abs(p.diff) > 0.02 for p in c.positions)
+    assert uncorrected >= 36, uncorrected  # the old rule on the same draws: ~15% (the test can tell them apart)
+    assert fails <= 24, fails  # <= 8% of 300: expected ~5%; 15% would be ~46
+
+
+def test_shift_of_005_at_2000_trials_is_found() -> None:
+    rng = np.random.default_rng(17)
+    reps, found = 60, 0
+    for _ in range(reps):
+        a = make_steps(rng, [0.8] * 4, 100, 20, "a")
+        b = make_steps(rng, [0.75, 0.8, 0.8, 0.8], 100, 20, "b")
+        c = compare_acceptance(a, b)
+        found += c.verdict == "fail" and c.positions[0].verdict == "different"
+    assert found >= 0.7 * reps, found  # expected ~89% (benchmarks/acceptance_calibration.md)

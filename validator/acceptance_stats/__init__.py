@@ -10,7 +10,7 @@ Inputs are :class:`StepArrays` (build one from an acceptance DataFrame with :met
 or pass the DataFrame directly to :func:`compare_acceptance`). Results are frozen dataclasses with
 ``to_dict()`` (JSON-safe) and ``__bool__`` (the item passed its check).
 
-Modules: ``primitives`` (intervals, TOST, trials needed, chi-square, JS distance, McNemar), ``steps``
+Modules: ``primitives`` (intervals, TOST, Holm, trials needed, chi-square, JS distance, McNemar), ``steps``
 (:class:`StepArrays`, :func:`summarize_run`, the request-level bootstrap), ``results`` (the result types
 and the text table), ``pairing`` (requests and steps matched across runs, McNemar, greedy divergence,
 draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
@@ -20,6 +20,7 @@ from .compare import acceptance_verdict, compare_acceptance
 from .primitives import (
     chi2_homogeneity,
     equivalence_verdict,
+    holm_adjust,
     js_distance,
     mcnemar_test,
     needed_trials,
@@ -36,6 +37,7 @@ from .results import (
     LogprobComparison,
     McNemarResult,
     MeanComparison,
+    Multiplicity,
     PositionComparison,
     RequestDivergence,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "LogprobComparison",
     "McNemarResult",
     "MeanComparison",
+    "Multiplicity",
     "PositionComparison",
     "RequestDivergence",
     "StepArrays",
@@ -57,6 +60,7 @@ __all__ = [
     "chi2_homogeneity",
     "compare_acceptance",
     "equivalence_verdict",
+    "holm_adjust",
     "js_distance",
     "mcnemar_test",
     "needed_trials",

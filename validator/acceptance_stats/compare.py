@@ -3,6 +3,10 @@
 Rates are ratios of counts summed over steps; standard errors come from the request-level bootstrap
 (:mod:`.steps`), floored by the independent-trials ones when there are too few requests to trust
 the bootstrap alone. Run A is the reference, B the candidate; differences are B - A.
+
+Several positions are tested at once, and any one of them can fail the run, so the difference tests
+that can fail it are Holm-adjusted together (:func:`.primitives.holm_adjust`): equal runs fail with
+probability at most ``alpha`` overall, not ``alpha`` per position.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .primitives import (
     FloatArray,
     chi2_homogeneity,
     equivalence_verdict,
+    holm_adjust,
     js_distance,
     needed_trials,
     tost_p_value,
@@ -35,6 +40,7 @@ from .results import (
     LogprobComparison,
     McNemarResult,
     MeanComparison,
+    Multiplicity,
     Overall,
     PairBy,
     PositionComparison,
@@ -87,6 +93,8 @@ class _Context:
     settings: ComparisonSettings
     positions: int  # K; statistic columns: [conditional 0..K-1, unconditional 0..K-1, accepted/step, length]
     z: float  # two-sided (1 - alpha) normal quantile
+    df: float  # degrees of freedom of a rate difference's standard error: requests bootstrapped - 1
+    t: float  # two-sided (1 - alpha) quantile of Student's t with df: the interval that matches p_diff
     z_tost: float  # one-sided (1 - alpha) quantile: the (1 - 2 alpha) interval that matches the TOST
     se_a: FloatArray  # bootstrap standard error of each statistic column, run A
     se_b: FloatArray
@@ -98,28 +106,72 @@ class _Context:
 # -- per position and per step ------------------------------------------------------------------------
 
 
+def _selected(s: ComparisonSettings, k: int) -> bool:
+    return s.positions is None or k in s.positions
+
+
+def _difference(
+    ctx: _Context, k: int, sum_a: AcceptanceSummary, sum_b: AcceptanceSummary
+) -> tuple[float, float, float]:
+    """B - A of the conditional rate at position k, its standard error, and the independent-trials one."""
+    ra, xa, rb, xb = sum_a.reached[k], sum_a.accepted_at[k], sum_b.reached[k], sum_b.accepted_at[k]
+    se_bin = _binomial_se(_shrunk(xa, ra), ra, _shrunk(xb, rb), rb)
+    se = _floored(float(ctx.se_diff[k]), se_bin, ctx.diff_alone)
+    return _rate(xb, rb) - _rate(xa, ra), se, se_bin
+
+
+def _multiplicity(
+    ctx: _Context, sum_a: AcceptanceSummary, sum_b: AcceptanceSummary
+) -> tuple[Multiplicity, dict[int, float]]:
+    """The tests that can fail the run, Holm-adjusted together: the difference test of every selected
+    position reached in both runs (the histogram, means and McNemar tests are notes and cannot fail it).
+    Also returns position -> adjusted p-value for the positions in the family."""
+    ks: list[int] = []
+    raw: list[float] = []
+    for k in range(ctx.positions):
+        if not _selected(ctx.settings, k) or sum_a.reached[k] == 0 or sum_b.reached[k] == 0:
+            continue
+        d, se, _ = _difference(ctx, k, sum_a, sum_b)
+        p = two_sided_p(d, se, ctx.df)
+        if math.isfinite(p):
+            ks.append(k)
+            raw.append(p)
+    adjusted = [float(x) for x in holm_adjust(raw)]
+    mult = Multiplicity(
+        method="holm",
+        alpha=ctx.settings.alpha,
+        size=len(ks),
+        family=tuple(f"position {k}" for k in ks),
+        p_raw=tuple(raw),
+        p_adjusted=tuple(adjusted),
+    )
+    return mult, dict(zip(ks, adjusted, strict=True))
+
+
 def _position(
     ctx: _Context,
     k: int,
     sum_a: AcceptanceSummary,
     sum_b: AcceptanceSummary,
+    p_adjusted: float | None,
     mcnemar: McNemarResult | None,
     logprobs: LogprobComparison | None,
 ) -> PositionComparison:
+    """``p_adjusted``: the Holm-adjusted difference p-value when k is in the family (it then decides
+    ``different``), None when it is not (not selected: the raw p-value decides, for information)."""
     s = ctx.settings
     ra, xa, rb, xb = sum_a.reached[k], sum_a.accepted_at[k], sum_b.reached[k], sum_b.accepted_at[k]
     n_a, n_b = sum_a.steps, sum_b.steps
     pa, pb = _rate(xa, ra), _rate(xb, rb)
     ta, tb = _shrunk(xa, ra), _shrunk(xb, rb)
-    se_bin = _binomial_se(ta, ra, tb, rb)
-    se = _floored(float(ctx.se_diff[k]), se_bin, ctx.diff_alone)
-    d = pb - pa
-    p_eq, p_diff = tost_p_value(d, se, s.margin), two_sided_p(d, se)
+    d, se, se_bin = _difference(ctx, k, sum_a, sum_b)
+    p_eq, p_diff = tost_p_value(d, se, s.margin), two_sided_p(d, se, ctx.df)
+    p_test = p_diff if p_adjusted is None else p_adjusted
     deff = (se / se_bin) ** 2 if se_bin > 0 and math.isfinite(se) else math.nan
     verdict: Verdict = (
         "no_data"
         if ra == 0 or rb == 0
-        else equivalence_verdict(d, p_eq, p_diff, margin=s.margin, alpha=s.alpha)
+        else equivalence_verdict(d, p_eq, p_test, margin=s.margin, alpha=s.alpha)
     )
     needed = needed_steps = None
     if verdict == "inconclusive":
@@ -131,7 +183,7 @@ def _position(
         _binomial_se(_shrunk(xa, n_a), n_a, _shrunk(xb, n_b), n_b),
         ctx.diff_alone,
     )
-    is_sel = s.positions is None or k in s.positions
+    is_sel = _selected(s, k)
     return PositionComparison(
         position=k,
         reached_a=ra,
@@ -143,7 +195,7 @@ def _position(
         ci_a=wilson_interval(xa, ra, s.alpha),
         ci_b=wilson_interval(xb, rb, s.alpha),
         diff=d,
-        diff_ci=_ci(d, se, ctx.z),
+        diff_ci=_ci(d, se, ctx.t),
         tost_ci=_ci(d, se, ctx.z_tost),
         se=se,
         se_bootstrap=float(ctx.se_diff[k]),
@@ -156,7 +208,7 @@ def _position(
         uncond_ci_a=wilson_interval(xa, n_a, s.alpha),
         uncond_ci_b=wilson_interval(xb, n_b, s.alpha),
         uncond_diff=ub - ua,
-        uncond_diff_ci=_ci(ub - ua, se_u, ctx.z),
+        uncond_diff_ci=_ci(ub - ua, se_u, ctx.t),
         verdict=verdict,
         selected=is_sel,
         judged=is_sel and verdict != "no_data" and min(ra, rb) >= s.min_reached,
@@ -164,6 +216,7 @@ def _position(
         needed_steps=needed_steps,
         mcnemar=mcnemar,
         logprobs=logprobs,
+        p_difference_adjusted=math.nan if p_adjusted is None else p_adjusted,
     )
 
 
@@ -211,6 +264,20 @@ def _notes(
     """The informational findings that do not change the verdict."""
     s, h, n_pos = ctx.settings, histogram, ctx.positions
     notes: list[str] = []
+    saved = [
+        p
+        for p in positions
+        if p.selected
+        and p.verdict != "different"
+        and p.p_difference < s.alpha
+        and abs(p.diff) > s.margin
+        and math.isfinite(p.p_difference_adjusted)
+    ]
+    for p in saved:
+        notes.append(
+            f"position {p.position}: p = {p.p_difference:.2g} would reject alone, but not after the Holm"
+            f" adjustment over the tests that can fail the run (adjusted p = {p.p_difference_adjusted:.2g})"
+        )
     if h.significant:
         notes.append(
             f"accepted-drafts histograms differ (chi-square {h.statistic:.1f}, dof {h.dof}, p = {h.p_value:.2g};"
@@ -281,10 +348,13 @@ def compare_acceptance(
         mat_a, mat_b = mat_a[ma], mat_b[mb]
     boot_a, boot_b = bootstrap(np.random.default_rng(seed), mat_a, mat_b, resamples, joint)
     st_a, st_b = rates(boot_a, n_pos), rates(boot_b, n_pos)
+    df = max((len(ma) if joint else min(sa.n_requests, sb.n_requests)) - 1, 1)
     ctx = _Context(
         settings=settings,
         positions=n_pos,
         z=float(sps.norm.ppf(1 - alpha / 2)),
+        df=df,
+        t=float(sps.t.ppf(1 - alpha / 2, df)),
         z_tost=float(sps.norm.ppf(1 - alpha)),
         se_a=nanstd(st_a),
         se_b=nanstd(st_b),
@@ -304,12 +374,14 @@ def compare_acceptance(
             + ("" if joint else "; the request sets differ, so the bootstrap resamples each run on its own")
         )
     lp_cmp = logprob_comparisons(sa, sb, rows_a, rows_b, ma, divergence, n_pos)
+    multiplicity, adjusted = _multiplicity(ctx, sum_a, sum_b)
     out = [
         _position(
             ctx,
             k,
             sum_a,
             sum_b,
+            adjusted.get(k),
             paired_mcnemar(sa, sb, rows_a, rows_b, k, alpha) if mode != "none" else None,
             lp_cmp.get(k),
         )
@@ -342,6 +414,7 @@ def compare_acceptance(
         joint_bootstrap=joint,
         divergence=divergence,
         settings=settings,
+        multiplicity=multiplicity,
     )
 
 
@@ -362,15 +435,22 @@ def acceptance_verdict(
     positions: Sequence[PositionComparison], *, margin: float = 0.02, min_reached: int = 100
 ) -> tuple[Overall, tuple[str, ...]]:
     """``fail`` if any selected position is ``different``; ``pass`` if at least one position is judged
-    (selected, enough data) and every judged position is ``equivalent``; else ``inconclusive``."""
+    (selected, enough data) and every judged position is ``equivalent``; else ``inconclusive``.
+
+    A position's ``different`` already rests on its Holm-adjusted p-value (see :func:`compare_acceptance`),
+    so ``fail`` has a family-wise error of at most ``alpha``. ``pass`` needs every judged position's TOST
+    to reject on its own: an intersection-union test, whose error is at most ``alpha`` with no adjustment.
+    """
     reasons: list[str] = []
     selected = [p for p in positions if p.selected]
     different = [p for p in selected if p.verdict == "different"]
     judged = [p for p in selected if p.judged]
     for p in different:
+        adj = p.p_difference_adjusted
+        holm = f", Holm-adjusted p = {adj:.2g}" if math.isfinite(adj) else ""
         reasons.append(
             f"position {p.position}: different (B-A = {p.diff:+.4f}, CI [{p.diff_ci[0]:+.4f}, {p.diff_ci[1]:+.4f}],"
-            f" p = {p.p_difference:.2g}; beyond the margin {margin:g})"
+            f" p = {p.p_difference:.2g}{holm}; beyond the margin {margin:g})"
         )
     for p in judged:
         if p.verdict == "inconclusive":

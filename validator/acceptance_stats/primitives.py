@@ -44,12 +44,15 @@ def tost_p_value(diff: float, se: float, margin: float) -> float:
     return max(p_low, p_high)
 
 
-def two_sided_p(diff: float, se: float) -> float:
-    """Two-sided z test of ``diff == 0`` (NaN for non-finite inputs; 0 or 1 when ``se`` is 0)."""
+def two_sided_p(diff: float, se: float, df: float = math.inf) -> float:
+    """Two-sided test of ``diff == 0`` with ``diff / se`` referred to Student's t with ``df`` degrees of
+    freedom (the normal when ``df`` is infinite). NaN for non-finite inputs; 0 or 1 when ``se`` is 0."""
     if not math.isfinite(diff) or not math.isfinite(se):
         return math.nan
     if se <= 0:
         return 1.0 if diff == 0 else 0.0
+    if math.isfinite(df):
+        return float(2 * sps.t.sf(abs(diff) / se, df))
     return float(2 * sps.norm.sf(abs(diff) / se))
 
 
@@ -155,6 +158,23 @@ def position_counts(
     acc = (a > k).sum(axis=0)
     return reached.astype(np.int64), acc.astype(np.int64)
 
+
+
+def holm_adjust(p_values: npt.ArrayLike) -> FloatArray:
+    """Holm's step-down adjusted p-values: with the ``m`` finite p-values sorted ascending,
+    ``p_adj(i) = min(1, max_{j <= i} (m - j + 1) p(j))`` (1-based ``i``). Rejecting every test with
+    ``p_adj < alpha`` keeps the family-wise error (any false rejection) at most ``alpha`` under any
+    dependence between the tests. NaN p-values are not in the family and stay NaN."""
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return out
 
 
 def equivalence_verdict(

@@ -154,6 +154,9 @@ class PositionComparison(_Result):
     ``ci_*`` are Wilson intervals (independent trials); ``diff_ci`` (1 - alpha) and ``tost_ci``
     (1 - 2 alpha) are normal intervals with the request-level bootstrap standard error ``se`` (floored by
     the binomial one, see docs). ``uncond_*``: the vLLM-style rate accepted_k / steps.
+    ``p_difference`` is the raw two-sided p-value; ``p_difference_adjusted`` the Holm-adjusted one over the
+    tests that can fail the run (:class:`Multiplicity`), NaN for a position outside that family. A position
+    in the family is ``different`` only on its adjusted p-value; one outside it (not selected) on its raw one.
     """
 
     position: int
@@ -187,9 +190,28 @@ class PositionComparison(_Result):
     needed_steps: int | None
     mcnemar: McNemarResult | None = None
     logprobs: LogprobComparison | None = None
+    p_difference_adjusted: float = math.nan
 
     def __bool__(self) -> bool:
         return self.verdict == "equivalent"
+
+
+@dataclass(frozen=True)
+class Multiplicity(_Result):
+    """How the run-level ``fail`` is protected against testing several things at once.
+
+    ``family``: the tests that can fail the run (``"position k"`` for each selected position reached in both
+    runs), each at its raw p-value, adjusted together by ``method`` (Holm's step-down), so the chance that
+    equal runs fail is at most ``alpha`` however many positions there are. Tests outside the family
+    (histogram, means, McNemar) are informational and cannot fail the run.
+    """
+
+    method: str
+    alpha: float
+    size: int
+    family: tuple[str, ...]
+    p_raw: tuple[float, ...]
+    p_adjusted: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -271,6 +293,7 @@ class AcceptanceComparison(_Result):
     joint_bootstrap: bool
     divergence: DivergenceSummary | None
     settings: ComparisonSettings
+    multiplicity: Multiplicity | None = None
 
     def __bool__(self) -> bool:
         return self.verdict == "pass"
@@ -290,10 +313,12 @@ def _format_table(c: AcceptanceComparison) -> str:
     s = c.settings
     la, lb = s.labels
     conf = f"{1 - s.alpha:.0%}"
+    m = c.multiplicity
+    holm = "" if m is None else f" ({m.method.capitalize()} over {m.size} test{'' if m.size == 1 else 's'})"
     lines = [
         (
             f"Acceptance: {la} (reference) vs {lb} (candidate): {c.verdict.upper()}"
-            f"  [margin +-{s.margin:g}, alpha {s.alpha:g}, pairing {c.pairing}]"
+            f"  [margin +-{s.margin:g}, alpha {s.alpha:g}{holm}, pairing {c.pairing}]"
         ),
         f"steps {c.summary_a.steps:,} / {c.summary_b.steps:,}, requests {c.summary_a.requests:,} / {c.summary_b.requests:,}",
         "",
@@ -301,7 +326,7 @@ def _format_table(c: AcceptanceComparison) -> str:
     paired = any(p.mcnemar is not None for p in c.positions)
     head = (
         f"{'pos':>3} {'reached A':>10} {'reached B':>10} {'P(acc|reach) A':>14} {'B':>7} {'B-A':>8}"
-        f" {conf + ' CI':>19} {'TOST p':>7} {'uncond A':>8} {'B':>7} {'verdict':<13} {'need/run':>9}"
+        f" {conf + ' CI':>19} {'p':>7} {'Holm p':>7} {'TOST p':>7} {'uncond A':>8} {'B':>7} {'verdict':<13} {'need/run':>9}"
     )
     if paired:
         head += f" {'McNemar p':>9}"
@@ -311,7 +336,8 @@ def _format_table(c: AcceptanceComparison) -> str:
         verdict = p.verdict + ("" if p.judged or p.verdict == "no_data" else "*")
         row = (
             f"{p.position:>3} {p.reached_a:>10,} {p.reached_b:>10,} {_f(p.rate_a, '.4f'):>14} {_f(p.rate_b, '.4f'):>7}"
-            f" {_f(p.diff, '+.4f'):>8} {ci:>19} {_f(p.p_equivalence, '.3g'):>7} {_f(p.uncond_a, '.4f'):>8}"
+            f" {_f(p.diff, '+.4f'):>8} {ci:>19} {_f(p.p_difference, '.2g'):>7} {_f(p.p_difference_adjusted, '.2g'):>7}"
+            f" {_f(p.p_equivalence, '.3g'):>7} {_f(p.uncond_a, '.4f'):>8}"
             f" {_f(p.uncond_b, '.4f'):>7} {verdict:<13} {'' if p.needed_trials is None else f'{p.needed_trials:,}':>9}"
         )
         if paired:

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from validator import metrics
 from validator.metrics import MetricInputError, TensorMetrics, compare_tensors
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -27,7 +26,6 @@ NP_TWIN: dict[torch.dtype, Any] = {
     torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
     torch.float8_e5m2: ml_dtypes.float8_e5m2,
 }
-FLOAT_FIELDS = ["norm_a", "norm_b", "rel_l2", "cosine", "max_abs", "mean_abs", "sqnr_db", "pass_ratio"]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # ---------------------------------------------------------------- independent NumPy reference
@@ -67,6 +65,11 @@ def _np_ulp(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 
 
 def _np_metrics(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> dict[str, Any]:
+    with np.errstate(over="ignore", invalid="ignore"):  # squares past float64's range: inf, like the engine
+        return _np_metrics_f64(a, b, atol, rtol)
+
+
+def _np_metrics_f64(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> dict[str, Any]:
     x_all, y_all = _f64(a), _f64(b)
     fin = np.isfinite(x_all) & np.isfinite(y_all)
     x, y = x_all[fin], y_all[fin]
@@ -113,14 +116,21 @@ def _same(x: float, y: float, rel: float = 1e-9, abs_: float = 0.0) -> bool:
 
 
 def _assert_matches(m: TensorMetrics, ref: dict[str, Any]) -> None:
-    for name in FLOAT_FIELDS:
-        # sqnr_db = -20 log10(rel_l2) passes through 0 at rel_l2 = 1: relative error is meaningless there,
-        # so it also gets an absolute tolerance (float64 summation order moves it by ~1e-14 dB)
-        abs_ = 1e-9 if name == "sqnr_db" else 0.0
-        assert _same(getattr(m, name), ref[name], abs_=abs_), (name, getattr(m, name), ref[name])
+    """The engine's stated accuracy (docs/performance.md) against float64 NumPy: norms, rel_l2 and
+    mean_abs within 1e-6 relative; 1 - cosine within 1e-3 relative where rel_l2 >= 1e-5; max_abs,
+    the pass ratio, the counts and the ULP metrics exact."""
+    for name in ["norm_a", "norm_b", "rel_l2", "mean_abs"]:
+        assert _same(getattr(m, name), ref[name], rel=1e-6), (name, getattr(m, name), ref[name])
+    # sqnr_db = -20 log10(rel_l2) passes through 0 at rel_l2 = 1: relative error is meaningless there
+    assert _same(m.sqnr_db, ref["sqnr_db"], rel=1e-6, abs_=1e-5), (m.sqnr_db, ref["sqnr_db"])
     # the literal SGLang formula cancels catastrophically near 0; ours is exact algebra of it
-    assert _same(m.rel_diff, ref["rel_diff"], abs_=1e-12), (m.rel_diff, ref["rel_diff"])
-    for name in ["numel", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch", "max_ulp", "p99_ulp"]:
+    assert _same(m.rel_diff, ref["rel_diff"], rel=3e-6, abs_=1e-12), (m.rel_diff, ref["rel_diff"])
+    if math.isnan(ref["cosine"]) or ref["rel_l2"] < 1e-5:
+        assert _same(m.cosine, ref["cosine"], abs_=1e-9), (m.cosine, ref["cosine"])
+    else:  # plus float32 rounding of |d|² / (|a||b|), which only shows where d is parallel to a
+        floor = 1e-6 * ref["rel_l2"] ** 2 * ref["norm_a"] / ref["norm_b"]
+        assert _same(1 - m.cosine, 1 - ref["cosine"], rel=1e-3, abs_=floor), (m.cosine, ref["cosine"])
+    for name in ["numel", "max_abs", "pass_ratio", "nonfinite_a", "nonfinite_b", "nonfinite_mismatch", "max_ulp", "p99_ulp"]:
         assert getattr(m, name) == ref[name], (name, getattr(m, name), ref[name])
 
 
@@ -294,12 +304,14 @@ def test_requires_grad_inputs() -> None:
 # ---------------------------------------------------------------- streaming
 
 
-def _assert_equivalent(m1: TensorMetrics, m2: TensorMetrics, rel: float = 1e-12) -> None:
+def _assert_equivalent(m1: TensorMetrics, m2: TensorMetrics, rel: float = 1e-6) -> None:
+    """Exact fields equal, float fields within the engine's accuracy (layouts and devices may sum in
+    another order)."""
     d1, d2 = m1.to_dict(), m2.to_dict()
     for key, v1 in d1.items():
         v2 = d2[key]
-        if isinstance(v1, float) and isinstance(v2, float):
-            assert _same(v1, v2, rel=rel, abs_=1e-15), (key, v1, v2)
+        if isinstance(v1, float) and isinstance(v2, float) and key not in ("max_abs", "pass_ratio"):
+            assert _same(v1, v2, rel=rel, abs_=1e-9), (key, v1, v2)
         else:
             assert v1 == v2, (key, v1, v2)
 
@@ -433,23 +445,12 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     a, b = _pair(dtype, n=10_007, seed=5)
     a[0] = math.nan
     expected = compare_tensors(a, b, chunk_elems=999)
-    _assert_equivalent(compare_tensors(a.cuda(), b.cuda(), chunk_elems=999), expected, rel=1e-10)
-    _assert_equivalent(compare_tensors(a, b.cuda(), chunk_elems=999), expected, rel=1e-10)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=_name)
-def test_interleaved_histogram_copies(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
-    # accelerators keep several interleaved histogram copies; force that layout on CPU too
-    a, b = _pair(dtype, n=1001, seed=6)
-    b[:20] = -a[:20]
-    expected = compare_tensors(a, b, chunk_elems=97)
-    monkeypatch.setattr(metrics, "_histogram_copies", lambda device: 7)
-    monkeypatch.setenv("VALIDATOR_KERNELS", "0")  # exercise the reference implementation's copies
-    _assert_equivalent(compare_tensors(a, b, chunk_elems=97), expected)
+    _assert_equivalent(compare_tensors(a.cuda(), b.cuda(), chunk_elems=999), expected)
+    _assert_equivalent(compare_tensors(a, b.cuda(), chunk_elems=999), expected)
 
 
 @CUDA
 def test_cuda_float32_refinement_path() -> None:
     a = torch.randn(5000)
     b = -a
-    _assert_equivalent(compare_tensors(a.cuda(), b.cuda(), chunk_elems=777), compare_tensors(a, b), rel=1e-10)
+    _assert_equivalent(compare_tensors(a.cuda(), b.cuda(), chunk_elems=777), compare_tensors(a, b))

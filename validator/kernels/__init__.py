@@ -1,113 +1,76 @@
-"""One-pass comparison kernels: every field of :class:`~validator.metrics.TensorMetrics` from a single
-read of both tensors, with float64 accumulation and exact ULP histograms.
+"""The comparison engine: one read of a pair of tensors gives every total ``TensorMetrics`` needs.
 
-:func:`validator.metrics.compare_tensors` routes through :func:`compare_fast` first and falls back
-to its streamed torch reference where no kernel applies (integer/bool inputs, MPS, no C compiler,
-CUDA without Triton). The results are those of the reference: every count, ``max_abs`` and the ULP
-metrics are identical, and the sums differ only in float64 summation order (about 1e-15 relative,
-the same freedom the reference's own ``chunk_elems`` has).
+Three backends, chosen by where the tensors are and what they hold, never by a setting:
 
-- CPU (``cpu.py``): a C kernel (``_cpu_kernel.c``, built at first use with the system compiler and
-  cached) run by one thread per core over chunks of the flat tensors, views of memory-mapped
-  safetensors included, so nothing is copied.
-- CUDA (``cuda.py``): large contiguous same-dtype pairs take the CUDA C engine (``_cuda_kernel.cu``,
-  built by NVRTC: a sampled p99 window, then one main pass; one host sync), the others fused Triton
-  kernels. A pair like one the CUDA C engine compared before is launched by :func:`start_lane` before
-  ``compare_tensors`` checks its inputs.
+- ``reference.py``: the definition, streamed float64 torch (integer and bool inputs, MPS, other
+  accelerators, and CUDA without Triton);
+- ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes);
+- ``cpu.py``: torch operations on CPU (float dtypes), on torch's own threads.
 
-Environment: ``VALIDATOR_KERNELS=0`` disables both (reference only), ``VALIDATOR_NATIVE=0`` only the
-CPU kernel, ``VALIDATOR_THREADS`` sets the CPU threads, ``VALIDATOR_KERNEL_CACHE`` the build folder.
+Counts, ``max_abs`` and the ULP metrics are exact on every backend; the sums agree with the float64
+reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns
+bit-identical results for the same inputs, whatever ran before.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from ..metrics import TensorMetrics
+from .common import FLOAT_DTYPES, Totals
+from .reference import compare_reference, compute_device
 
-__all__ = ["compare_fast", "backend_for", "info", "start_lane"]
+__all__ = ["Totals", "backend_for", "compare", "info"]
 
 
 @functools.cache
-def _cuda() -> ModuleType:
-    """validator.kernels.cuda, imported once (an import statement per call costs on a GPU's short calls)."""
-    from . import cuda
-
+def _cuda() -> ModuleType | None:
+    """validator.kernels.cuda, or None where Triton cannot be imported."""
+    try:
+        from . import cuda
+    except ImportError:
+        return None
     return cuda
 
 
-def _enabled() -> bool:
-    return os.environ.get("VALIDATOR_KERNELS", "1") != "0"
-
-
 def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
-    """Which path ``compare_tensors(a, b)`` takes: ``"cpu-native"``, ``"cuda-c"`` (the NVRTC-built CUDA C
-    engine), ``"cuda-triton"`` or ``"reference"``."""
-    from .. import metrics
-
-    if not _enabled():
+    """Which backend :func:`compare` uses for this pair: ``"cuda"``, ``"cpu"`` or ``"reference"``."""
+    if a.dtype not in FLOAT_DTYPES or b.dtype not in FLOAT_DTYPES:
         return "reference"
-    device = metrics._compute_device(a, b)
-    if device.type == "cuda":
-        from . import cuda
-
-        return cuda.engine_for(a, b, device) if cuda.supports(a, b, device) else "reference"
-    if device.type == "cpu":
-        from . import cpu
-        from ._native import library
-
-        return "cpu-native" if cpu.supports(a, b) and library() is not None else "reference"
-    return "reference"
+    device = compute_device(a, b)
+    if device.type == "cuda" and _cuda() is not None:
+        return "cuda"
+    return "cpu" if device.type == "cpu" else "reference"
 
 
-def compare_fast(
-    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int
-) -> TensorMetrics | None:
-    """The metrics through a one-pass kernel, or ``None`` where none applies (inputs already checked)."""
-    if not _enabled():
-        return None
-    from .. import metrics
-
-    device = metrics._compute_device(a, b)
-    if device.type == "cuda":
-        got: TensorMetrics | None = _cuda().compare_cuda(a, b, device, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
+def compare(
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True
+) -> Totals:
+    """The totals of ``a`` (reference) against ``b`` (inputs already checked). ``p99=False`` leaves out
+    the exact p99 ULP (``Totals.ulp`` then holds ``(max_ulp, None)``) where that saves time (GPU)."""
+    backend = backend_for(a, b)
+    if backend == "cuda":
+        cuda = _cuda()
+        assert cuda is not None
+        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99)
         return got
-    if device.type == "cpu":
-        from . import cpu
+    if backend == "cpu":
+        from .cpu import compare_cpu
 
-        return cpu.compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
-    return None
-
-
-def start_lane(a: object, b: object, atol: object, rtol: object) -> Any:
-    """A comparison launched on the CUDA C engine for a pair like one it ran before (unchecked inputs:
-    ``cuda.lane_start`` checks what the kernels rely on), or ``None``. See ``metrics.compare_tensors``."""
-    if not _enabled():
-        return None
-    return _cuda().lane_start(a, b, atol, rtol)
+        return compare_cpu(a, b, atol=atol, rtol=rtol)
+    return compare_reference(a, b, atol, rtol, chunk_elems)
 
 
 def info() -> dict[str, Any]:
     """What is available here (for benchmarks and bug reports)."""
-    from . import cpu
-    from ._native import build_error, library
+    from .cpu import threads
 
-    out: dict[str, Any] = {
-        "enabled": _enabled(),
-        "cpu_native": library() is not None,
-        "cpu_native_error": build_error(),
-        "cpu_threads": cpu.threads(),
-        "cuda": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        from . import cuda
+    out: dict[str, Any] = {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": None}
+    if _cuda() is not None:
+        import triton
 
-        out["triton"] = cuda.available()
-        out["cuda_config"] = dict(cuda.CONFIG)
+        out["triton"] = triton.__version__
     return out

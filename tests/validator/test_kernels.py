@@ -1,0 +1,269 @@
+"""validator.kernels: every backend against float64 NumPy, at the engine's stated accuracy.
+
+Backends: the float64 reference, the CPU backend, the Triton backend on a GPU (where there is one) and
+the same Triton kernels run by Triton's interpreter on the CPU (in a subprocess, which sets
+``TRITON_INTERPRET=1`` before Triton is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.validator.test_metrics import _assert_matches, _np_metrics
+from validator import kernels
+from validator.kernels import Totals
+from validator.kernels.cpu import compare_cpu
+from validator.kernels.reference import compare_reference
+from validator.metrics import TensorMetrics, compare_tensors, metrics_from_totals
+
+ROOT = Path(__file__).resolve().parents[2]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
+ULP_DTYPES = DTYPES[:3] + DTYPES[4:]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+Case = tuple[torch.Tensor, torch.Tensor, float, float]
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pair(dtype: torch.dtype, n: int, seed: int = 0, noise: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, generator=g, dtype=torch.float64) * 3
+    b = a * (1 + noise * torch.randn(n, generator=g, dtype=torch.float64)) + 1e-3 * torch.randn(
+        n, generator=g, dtype=torch.float64
+    )
+    return a.to(dtype), b.to(dtype)
+
+
+def with_nonfinite(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = a.clone(), b.clone()
+    if a.dtype == torch.float8_e4m3fn:  # no infinities in this format
+        a[3], b[3], b[8], a[9], b[9] = math.nan, math.nan, math.nan, math.nan, 1.0
+        return a, b
+    a[3], b[3] = math.nan, math.nan  # same kind: passes, not a mismatch
+    a[5], b[5] = math.inf, math.inf
+    a[6], b[6] = -math.inf, math.inf  # mismatch
+    b[8] = math.nan
+    a[9] = -math.inf
+    return a, b
+
+
+def cases() -> dict[str, Case]:
+    """Pairs every backend must get right: all dtypes, NaN/Inf, zero norms, empty, views, wide spreads."""
+    out: dict[str, Case] = {}
+    for dt in DTYPES:
+        out[f"plain-{_name(dt)}"] = (*pair(dt, 9001, seed=1), 1e-5, 1e-3)
+        out[f"nonfinite-{_name(dt)}"] = (*with_nonfinite(*pair(dt, 5000, seed=2)), 1e-3, 1e-2)
+    for dt in ULP_DTYPES:  # sign flips and large scalings push the p99 into wide key bins
+        a, b = pair(dt, 20_000, seed=3, noise=0.05)
+        b[:300] = (-a[:300].double()).to(dt)
+        b[300:600] = (a[300:600].double() * 37).to(dt)
+        out[f"spread-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
+    a, b = pair(torch.float32, 4000, seed=4)
+    b[:80] = -a[:80]
+    out["p99-beyond-2**16-float32"] = (a, b, 1e-5, 1e-3)
+    x = pair(torch.float32, 513, seed=5)[0]
+    z = torch.zeros(513)
+    out["zeros"] = (z, z, 1e-5, 1e-3)
+    out["a-zero"] = (z, x, 1e-5, 1e-3)
+    out["b-zero"] = (x, z, 1e-5, 1e-3)
+    out["identical"] = (x, x.clone(), 1e-5, 1e-3)
+    out["opposite"] = (x, -x, 1e-5, 1e-3)
+    out["all-nan"] = (torch.full((513,), math.nan), torch.full((513,), math.nan), 1e-5, 1e-3)
+    out["empty"] = (torch.empty(0, dtype=torch.bfloat16), torch.empty(0, dtype=torch.bfloat16), 1e-5, 1e-3)
+    out["scalar"] = (torch.tensor(2.0), torch.tensor(2.5), 1e-5, 1e-3)
+    a, b = pair(torch.float64, 700, seed=6)
+    out["huge-float64"] = (a * 1e160, b * 1e160, 1e-5, 1e-3)  # squares overflow: inf sums, like the reference
+    out["large-float32"] = (a.float() * 1e25, b.float() * 1e25, 1e-5, 1e-3)  # squares past float32
+    out["subnormal-float32"] = (a.float() * 1e-41, b.float() * 1e-41, 0.0, 1e-3)
+    out["tiny-float32"] = (a.float() * 1e-25, b.float() * 1e-25, 0.0, 1e-3)
+    out["mixed-float64-bfloat16"] = (a, b.to(torch.bfloat16), 1e-5, 1e-3)
+    out["mixed-bfloat16-float32"] = (a.to(torch.bfloat16), b.float(), 1e-5, 1e-3)
+    out["mixed-float8-float16"] = (a.to(torch.float8_e5m2), b.half(), 1e-5, 1e-3)
+    v = torch.tensor([1.0, 3.0, 0.1, 7.0, 1e-3], dtype=torch.float64)
+    out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
+    out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
+    a, b = pair(torch.bfloat16, 6 * 70 * 90, seed=7)
+    out["non-contiguous"] = (a.view(6, 70, 90).permute(2, 0, 1), b.view(6, 70, 90)[:, ::1].transpose(0, 2).transpose(1, 2), 1e-5, 1e-3)
+    return out
+
+
+CASES = cases()
+Backend = Callable[[torch.Tensor, torch.Tensor, float, float], Totals]
+BACKENDS: dict[str, Backend] = {
+    "reference": lambda a, b, atol, rtol: compare_reference(a, b, atol, rtol, 1000),
+    "cpu": lambda a, b, atol, rtol: compare_cpu(a, b, atol=atol, rtol=rtol),
+}
+
+
+def _metrics(t: Totals, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> TensorMetrics:
+    return metrics_from_totals(t, a.dtype, b.dtype, atol, rtol)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_matches_numpy(backend: str, case: str) -> None:
+    a, b, atol, rtol = CASES[case]
+    m = _metrics(BACKENDS[backend](a, b, atol, rtol), a, b, atol, rtol)
+    _assert_matches(m, _np_metrics(a, b, atol, rtol))
+
+
+@pytest.mark.parametrize("case", ["plain-bfloat16", "nonfinite-float32", "spread-float16", "non-contiguous"])
+def test_reference_is_float64_exact(case: str) -> None:
+    # the definition itself: every sum to float64 summation order
+    a, b, atol, rtol = CASES[case]
+    m, ref = _metrics(BACKENDS["reference"](a, b, atol, rtol), a, b, atol, rtol), _np_metrics(a, b, atol, rtol)
+    for name in ["norm_a", "norm_b", "rel_l2", "mean_abs"]:
+        assert math.isclose(getattr(m, name), ref[name], rel_tol=1e-12), name
+
+
+def test_routing() -> None:
+    a, b = pair(torch.bfloat16, 10)
+    assert kernels.backend_for(a, b) == "cpu"
+    assert kernels.backend_for(a.double(), b) == "cpu"
+    assert kernels.backend_for(a.to(torch.int32), b.to(torch.int32)) == "reference"
+    m = compare_tensors(a.to(torch.int32), b.to(torch.int32))  # integers: the reference
+    assert m.max_ulp is None and m.numel == 10
+
+
+def test_repeats_and_call_order_give_identical_bits() -> None:
+    a, b = with_nonfinite(*pair(torch.bfloat16, 300_001, seed=8))
+    first = compare_tensors(a, b).to_dict()
+    compare_reference(a, b, 1e-5, 1e-3, 1 << 22)  # another backend in between changes nothing
+    assert [compare_tensors(a, b).to_dict() for _ in range(3)] == [first] * 3
+
+
+def test_thread_count_does_not_change_results() -> None:
+    a, b = pair(torch.float16, 1_000_003, seed=9)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = compare_tensors(a, b).to_dict()
+        torch.set_num_threads(3)
+        three = compare_tensors(a, b).to_dict()
+    finally:
+        torch.set_num_threads(saved)
+    assert one == three
+
+
+def test_tolerance_boundary_passes_like_float64() -> None:
+    for dt in (torch.float32, torch.bfloat16):
+        a = torch.randn(50_000, generator=torch.Generator().manual_seed(10)).to(dt)
+        t = 1e-5 + 1e-3 * a.double().abs()
+        for b in (a.double() + t, torch.nextafter(a.double() + t, torch.tensor(math.inf, dtype=torch.float64))):
+            b = b.to(dt)  # many elements land on or next to the boundary after rounding
+            assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+
+
+def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from validator.tensorfile import SafetensorsFile
+
+    a, b = pair(torch.bfloat16, 50_000, seed=11)
+    save_file({"a": a, "b": b}, str(tmp_path / "x.safetensors"))
+    f = SafetensorsFile(tmp_path / "x.safetensors")
+    _assert_matches(compare_tensors(f.load("a"), f.load("b")), _np_metrics(a, b, 1e-5, 1e-3))
+
+
+def test_compare_runs_in_parallel_keeps_order(tmp_path: Path) -> None:
+    from probes import BundleWriter
+    from validator.compare import compare_runs
+    from validator.sources import open_path
+
+    g = torch.Generator().manual_seed(0)
+    for name, noise in (("a", 0.0), ("b", 0.01)):
+        with BundleWriter(tmp_path / name, run_name=name) as w:
+            for i in range(40):
+                x = torch.randn(300, generator=torch.Generator().manual_seed(i))
+                w.add(f"t{i:02d}", (x + noise * torch.randn(300, generator=g)).to(torch.bfloat16), step=0)
+    va, vb = open_path(tmp_path / "a"), open_path(tmp_path / "b")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = compare_runs(va, vb).to_dict()
+        torch.set_num_threads(4)
+        parallel = compare_runs(va, vb).to_dict()
+    finally:
+        torch.set_num_threads(saved)
+    assert parallel == serial
+
+
+def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
+    from probes import BundleWriter
+    from probes.bundle import tensor_bytes
+    from validator.sources import open_path
+
+    with BundleWriter(tmp_path / "r", run_name="r") as w:
+        w.add("x", torch.randn(1000).to(torch.bfloat16), step=0)
+        w.add("y", torch.randn(7, 3), step=0)
+    for ref in open_path(tmp_path / "r").tensors:
+        assert ref.location is not None
+        streamed = b"".join(bytes(c) for c in ref.byte_chunks())
+        assert streamed == bytes(tensor_bytes(ref.load()))
+
+
+# ---------------------------------------------------------------- the Triton backend
+
+
+def _interpreter_main() -> None:
+    """Run in a subprocess with TRITON_INTERPRET=1: the Triton backend on every case, as JSON lines."""
+    import warnings
+
+    from validator.kernels.cuda import compare_cuda
+
+    warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
+    for name, (a, b, atol, rtol) in CASES.items():
+        t = compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=777)
+        print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict()}))
+
+
+def test_triton_kernels_in_interpreter() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    code = "from tests.validator.test_kernels import _interpreter_main; _interpreter_main()"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = {r["case"]: TensorMetrics.from_dict(r["metrics"]) for r in map(json.loads, run.stdout.splitlines())}
+    assert set(got) == set(CASES)
+    for name, (a, b, atol, rtol) in CASES.items():
+        _assert_matches(got[name], _np_metrics(a, b, atol, rtol))
+
+
+@CUDA
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_matches_numpy(case: str) -> None:
+    a, b, atol, rtol = CASES[case]
+    assert kernels.backend_for(a.cuda(), b.cuda()) == "cuda"
+    expected = _np_metrics(a, b, atol, rtol)
+    _assert_matches(compare_tensors(a.cuda(), b.cuda(), atol=atol, rtol=rtol), expected)
+    _assert_matches(compare_tensors(a.cuda(), b, atol=atol, rtol=rtol, chunk_elems=999), expected)  # b copied over
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) -> None:
+    a, b = with_nonfinite(*pair(dtype, 3_000_017, seed=12))
+    on_gpu = [compare_tensors(a.cuda(), b.cuda()).to_dict() for _ in range(3)]
+    assert on_gpu[1:] == on_gpu[:1] * 2
+    _assert_matches(TensorMetrics.from_dict(on_gpu[0]), _np_metrics(a, b, 1e-5, 1e-3))
+    _assert_matches(compare_tensors(a, b), _np_metrics(a, b, 1e-5, 1e-3))
+
+
+@CUDA
+def test_cuda_p99_flag() -> None:
+    a, b = pair(torch.bfloat16, 100_000, seed=13)
+    full = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
+    fast = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=False)
+    assert full.ulp is not None and fast.ulp == (full.ulp[0], None)
+    assert (fast.sums, fast.counts, fast.max_abs) == (full.sums, full.counts, full.max_abs)

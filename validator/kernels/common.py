@@ -1,0 +1,106 @@
+"""What every backend shares: the totals a pass produces, the ULP distance and the exact p99.
+
+A backend reads both tensors once and returns :class:`Totals`: five float64 sums, ``max_abs``, five
+counts and the ULP results. ``validator.metrics`` turns them into a ``TensorMetrics`` with the formulas
+of ``docs/metrics.md``, the same code for every backend.
+
+The p99 of the ULP distances is exact. A pass bins each distance ``d`` by ``ulp_key(d)``: the exponent
+of ``d + 1`` and its :data:`KEY_BITS` leading fraction bits (distances up to ``2**(KEY_BITS + 1) - 2``
+get a bin each, larger ones share a bin with their neighbours). :func:`p99_from_keys` finds the bin
+that holds the nearest rank; if that bin holds more than one distance, further passes count the
+distances inside it (``refine``) until one value is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# dtype -> (same-width signed integer dtype, mask of the non-sign bits); the dtypes with ULP metrics
+ULP_DTYPES: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.bfloat16: (torch.int16, 0x7FFF),
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+    torch.float8_e4m3fn: (torch.int8, 0x7F),
+    torch.float8_e5m2: (torch.int8, 0x7F),
+}
+FLOAT_DTYPES = frozenset(ULP_DTYPES) | {torch.float64}
+KEY_BITS = 2  # fraction bits of d + 1 kept in a bin's key
+NUM_KEYS = 32 << KEY_BITS  # keys of every distance below 2**32 (float32's largest is 2**32 - 2)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """One pass over a pair. ``sums``: a², b², d², |d|, a·d over the positions finite in both
+    (d = b - a); ``counts``: finite in both, passed, non-finite in a, in b, mismatched;
+    ``ulp``: (max, p99) of the ULP distances (p99 ``None`` if not asked for), ``None`` without ULP metrics."""
+
+    numel: int
+    sums: tuple[float, float, float, float, float]
+    max_abs: float
+    counts: tuple[int, int, int, int, int]
+    ulp: tuple[int, int | None] | None
+
+
+def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None:
+    return ULP_DTYPES.get(a.dtype) if a.dtype == b.dtype else None
+
+
+def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, int]) -> torch.Tensor:
+    """|ord(a) - ord(b)| as int64; ord maps each bit pattern onto a monotonic integer line."""
+    int_dtype, mask = spec
+
+    def ordinal(x: torch.Tensor) -> torch.Tensor:
+        bits = x.view(int_dtype).to(torch.int64)
+        return torch.where(bits < 0, -(bits & mask), bits)  # -0.0 -> 0, like +0.0
+
+    return (ordinal(ca) - ordinal(cb)).abs()
+
+
+def ulp_key(dist: torch.Tensor) -> torch.Tensor:
+    """The bin of each distance (int64): exponent and KEY_BITS leading fraction bits of ``dist + 1``."""
+    bits = (dist + 1).to(torch.float64).view(torch.int64)  # exact: distances are below 2**33
+    return (bits >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
+
+
+def key_range(key: int) -> tuple[int, int]:
+    """(lo, width): the distances ``lo <= d < lo + width`` that share bin ``key``."""
+    exp, frac = key >> KEY_BITS, key & ((1 << KEY_BITS) - 1)
+    if exp <= KEY_BITS:  # every d + 1 below 2**(KEY_BITS + 1) has a bin of its own
+        return (1 << exp) + (frac >> (KEY_BITS - exp)) - 1, 1
+    return (1 << exp) + (frac << (exp - KEY_BITS)) - 1, 1 << (exp - KEY_BITS)
+
+
+def nearest_rank(n: int) -> int:
+    """1-based rank of the 99th percentile: ceil(0.99 n), in exact integer arithmetic."""
+    return (99 * n + 99) // 100
+
+
+def _first_reaching(hist: list[int], rank: int) -> tuple[int, int]:
+    """(bin, count before it) of the first bin whose cumulative count reaches ``rank``."""
+    before = 0
+    for i, c in enumerate(hist):
+        if before + c >= rank:
+            return i, before
+        before += c
+    raise AssertionError("rank beyond the histogram")
+
+
+# refine(lo, shift, bins) -> counts of (d - lo) >> shift for the distances lo <= d < lo + (bins << shift)
+Refine = Callable[[int, int, int], list[int]]
+
+
+def p99_from_keys(hist: list[int], n: int, refine: Refine, max_bins: int) -> int:
+    """Exact nearest-rank p99 of ``n`` distances from their key histogram, refining as needed."""
+    if n == 0:
+        return 0
+    key, before = _first_reaching(hist, nearest_rank(n))
+    lo, width = key_range(key)
+    rank = nearest_rank(n) - before
+    while width > 1:  # widths and max_bins are powers of two
+        shift = max(0, width.bit_length() - max_bins.bit_length())
+        j, below = _first_reaching(refine(lo, shift, width >> shift), rank)
+        lo, width, rank = lo + (j << shift), 1 << shift, rank - below
+    return lo

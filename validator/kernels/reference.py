@@ -1,0 +1,116 @@
+"""The float64 reference: the definition every backend is held to (``docs/metrics.md``).
+
+Both tensors are read as matching flat pieces of at most ``chunk_elems`` elements; each piece is
+converted to float64 and masked to the positions finite in both, and every sum and count is
+accumulated in float64 / int64 on the compute device. Plain torch, one formula per line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from .common import NUM_KEYS, Totals, p99_from_keys, ulp_distance, ulp_key, ulp_spec
+
+REFINE_BINS = 1 << 16
+CPU_PIECE = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower
+
+
+def compute_device(a: torch.Tensor, b: torch.Tensor) -> torch.device:
+    """The accelerator holding a (else b); CPU when neither is on one. MPS lacks float64."""
+    for t in (a, b):
+        if t.device.type not in ("cpu", "mps"):
+            return t.device
+    return torch.device("cpu")
+
+
+def chunk_pairs(a: torch.Tensor, b: torch.Tensor, chunk: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Matching 1-D pieces of a and b in row-major order, none longer than ``chunk``.
+
+    Contiguous inputs are sliced as views. Otherwise whole leading-dimension blocks of at most
+    ``chunk`` elements are reshaped (a copy of at most ``chunk`` elements), recursing into rows
+    that are themselves longer than ``chunk``.
+    """
+    if a.numel() == 0:
+        return
+    if a.dim() <= 1 or (a.is_contiguous() and b.is_contiguous()):
+        fa, fb = a.reshape(-1), b.reshape(-1)
+        for start in range(0, fa.numel(), chunk):
+            yield fa[start : start + chunk], fb[start : start + chunk]
+        return
+    row = a.numel() // a.shape[0]
+    if row > chunk:
+        for i in range(a.shape[0]):
+            yield from chunk_pairs(a[i], b[i], chunk)
+        return
+    step = chunk // row
+    for start in range(0, a.shape[0], step):
+        yield a[start : start + step].reshape(-1), b[start : start + step].reshape(-1)
+
+
+class Accumulator:
+    """Running float64 sums, int64 counts and the ULP key histogram of one pair, on one device."""
+
+    def __init__(self, device: torch.device, atol: float, rtol: float, spec: tuple[torch.dtype, int] | None) -> None:
+        self.atol, self.rtol, self.spec, self.device = float(atol), float(rtol), spec, device
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)  # a², b², d², |d|, a·d
+        self.max_abs = torch.zeros((), dtype=torch.float64, device=device)
+        self.counts = torch.zeros(5, dtype=torch.int64, device=device)  # both, passed, nf a, nf b, mismatch
+        self.max_ulp = torch.zeros((), dtype=torch.int64, device=device)
+        self.keys = torch.zeros(NUM_KEYS, dtype=torch.int64, device=device)
+
+    def add(self, ca: torch.Tensor, cb: torch.Tensor) -> None:
+        ca, cb = ca.to(self.device), cb.to(self.device)
+        xa, xb = ca.to(torch.float64), cb.to(torch.float64)
+        fin_a, fin_b = torch.isfinite(xa), torch.isfinite(xb)
+        both = fin_a & fin_b
+        # non-finite in both and of the same kind: NaN/NaN, +Inf/+Inf or -Inf/-Inf
+        same_kind = ~(fin_a | fin_b) & ((xa == xb) | (torch.isnan(xa) & torch.isnan(xb)))
+        za, zb = torch.where(both, xa, 0.0), torch.where(both, xb, 0.0)
+        d = zb - za
+        absd = d.abs()
+        close = both & (absd <= self.atol + self.rtol * za.abs())
+        self.sums += torch.stack([(za * za).sum(), (zb * zb).sum(), (d * d).sum(), absd.sum(), (za * d).sum()])
+        self.max_abs = torch.maximum(self.max_abs, absd.max())
+        self.counts += torch.stack(
+            [both.sum(), close.sum() + same_kind.sum(), (~fin_a).sum(), (~fin_b).sum(), (~both & ~same_kind).sum()]
+        )
+        if self.spec is not None:
+            dist = ulp_distance(ca, cb, self.spec).masked_fill(~both, 0)
+            self.max_ulp = torch.maximum(self.max_ulp, dist.max())
+            self.keys.index_add_(0, ulp_key(dist), both.to(torch.int64))
+
+    def totals(self, numel: int, pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]) -> Totals:
+        """The totals (one read back); ``pieces()`` reads the pair again if the p99 needs it."""
+        sums, counts = self.sums.tolist(), self.counts.tolist()
+        ulp = None
+        if self.spec is not None:
+            spec = self.spec
+
+            def refine(lo: int, shift: int, bins: int) -> list[int]:
+                hist = torch.zeros(bins, dtype=torch.int64, device=self.device)
+                for ca, cb in pieces():
+                    ca, cb = ca.to(self.device), cb.to(self.device)
+                    dist = ulp_distance(ca, cb, spec)
+                    fin = torch.isfinite(ca.to(torch.float32)) & torch.isfinite(cb.to(torch.float32))
+                    inside = fin & (dist >= lo) & (dist < lo + (bins << shift))
+                    hist.index_add_(0, ((dist - lo) >> shift).clamp(0, bins - 1), inside.to(torch.int64))
+                return hist.tolist()
+
+            p99 = p99_from_keys(self.keys.tolist(), counts[0], refine, REFINE_BINS)
+            ulp = (int(self.max_ulp), p99)
+        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp)  # type: ignore[arg-type]
+
+
+def compare_reference(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int) -> Totals:
+    """The totals of ``a`` against ``b`` by the float64 reference, on :func:`compute_device`."""
+    device = compute_device(a, b)
+    piece = min(chunk_elems, CPU_PIECE) if device.type == "cpu" else chunk_elems
+    piece = max(1, min(piece, a.numel()))
+    acc = Accumulator(device, atol, rtol, ulp_spec(a, b))
+    with torch.no_grad():
+        a, b = a.detach(), b.detach()
+        for ca, cb in chunk_pairs(a, b, piece):
+            acc.add(ca, cb)
+        return acc.totals(a.numel(), lambda: chunk_pairs(a, b, piece))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import VERDICT_EXIT, Comparison
+from .text import counts_line, floor_cell, fmt_num, format_rows, headline, judged_cell, limit_cell, pair_status
 
 __all__ = [
     "comparison_doc",
@@ -29,27 +30,6 @@ __all__ = [
 ]
 
 EXIT_CODES = VERDICT_EXIT
-
-
-def fmt_num(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return f"{v:.{digits + 1}g}"
-    return str(v)
-
-
-def format_rows(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(out)
 
 
 def _num(v: Any) -> Any:
@@ -90,14 +70,14 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
         cos = p.get("cosine")
         rows.append(
             [
-                _status(p),
+                pair_status(p),
                 p["label"],
                 fmt_num(p.get("rel_l2")),
                 f"{cos:.6f}" if isinstance(cos, float) else fmt_num(cos),
                 fmt_num(p.get("max_abs")),
-                _floor_cell(p),
+                floor_cell(p),
                 judged_cell(p),
-                _limit_cell(p),
+                limit_cell(p),
             ]
         )
     header = ["status", "tensor", "rel_l2", "cosine", "max_abs", "floor", "judged [95% interval]", "limit"]
@@ -116,61 +96,8 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
     for name, text in (tables or {}).items():
         lines += ["", f"[{name}]", text]
     lines += ["", f"verdict: {headline(doc)}", f"  {counts_line(doc)}"]
-    lines += [f"  - {r}" for r in doc.get("reasons", [])[1:25]]
+    lines += [f"  - {r}" for r in [r for r in doc.get("reasons", []) if r != doc.get("headline")][:25]]
     return "\n".join(lines)
-
-
-def headline(doc: dict[str, Any]) -> str:
-    """'FAIL: ctx.pre_norm [tok=0:4096]: x measured floor 2.03 [2.01, 2.05] > 1.5', the deciding reason."""
-    reason = doc.get("headline") or (doc.get("reasons") or [""])[0]
-    return f"{doc['verdict'].upper()}: {reason}" if reason else doc["verdict"].upper()
-
-
-def counts_line(doc: dict[str, Any]) -> str:
-    c = doc.get("counts", {})
-    out = (
-        f"{len(doc['pairs'])} pairs: {c.get('pass', 0)} ok, {c.get('fail', 0)} fail, {c.get('error', 0)} error, "
-        f"{c.get('inconclusive', 0)} inconclusive"
-    )
-    only = [f"{len(doc.get(f'only_{s}', []))} only in {s.upper()}" for s in ("a", "b") if doc.get(f"only_{s}")]
-    return out + ("; " + ", ".join(only) if only else "")
-
-
-def _status(p: dict[str, Any]) -> str:
-    if p["status"] == "pass":
-        return "ok"
-    if p["status"] == "inconclusive" and p.get("borderline"):
-        return "BORDERLINE"
-    return str(p["status"]).upper()
-
-
-def _floor_cell(p: dict[str, Any]) -> str:
-    kind = p.get("floor_kind")
-    if kind is None:
-        return "-"
-    if kind == "none":
-        return "none"
-    return f"{kind} {fmt_num(p.get('floor_rel_l2'))}"
-
-
-def judged_cell(p: dict[str, Any]) -> str:
-    """'1.99x [1.97, 2.01]' for a floor ratio, 'rel_l2 0.0123 [0.011, 0.013]' for an absolute bound."""
-    value = p.get("value")
-    if value is None:
-        return "-"
-    ci = p.get("interval")
-    unit = "x" if p.get("judged") == "x floor" else ""
-    text = f"{fmt_num(value)}{unit}"
-    if ci:
-        text += f" [{fmt_num(ci[0])}, {fmt_num(ci[1])}]"
-    return text
-
-
-def _limit_cell(p: dict[str, Any]) -> str:
-    lim = p.get("limit")
-    if lim is None:
-        return "-"
-    return f"{fmt_num(lim)}x" if p.get("judged") == "x floor" else fmt_num(lim)
 
 
 def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None = None) -> str:
@@ -180,13 +107,13 @@ def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None =
     out += [f"**{headline(doc)}**", "", counts_line(doc), ""]
     if doc.get("floor"):
         out.append(f"Noise floor: `{doc['floor'][0]}` vs `{doc['floor'][1]}`\n")
-    out += [f"- {r}" for r in doc.get("reasons", [])[1:10]]
+    out += [f"- {r}" for r in [r for r in doc.get("reasons", []) if r != doc.get("headline")][:10]]
     out += ["", "| status | tensor | rel_l2 | cosine | floor | judged [95% interval] | limit |", "|---|---|---|---|---|---|---|"]
     for p in doc["pairs"][:limit]:
         cos = p.get("cosine")
         out.append(
             f"| {p['status']} | `{p['label']}` | {fmt_num(p.get('rel_l2'))} | "
-            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {_floor_cell(p)} | {judged_cell(p)} | {_limit_cell(p)} |"
+            f"{f'{cos:.6f}' if isinstance(cos, float) else fmt_num(cos)} | {floor_cell(p)} | {judged_cell(p)} | {limit_cell(p)} |"
         )
     if len(doc["pairs"]) > limit:
         out.append(f"\n{len(doc['pairs']) - limit} more pairs not shown.")

@@ -90,8 +90,9 @@ async def test_pair_page_drills_into_one_pair(dash_client: httpx.AsyncClient, sa
     twin = (await dash_client.get(f"/comparisons/{cid}/pairs/{i}", params={"format": "json"})).json()
     assert twin["pair"] == doc["pairs"][i]
     prof, floor = twin["profile"], twin["floor_profile"]
-    assert prof["rel_l2"] == pytest.approx(doc["pairs"][i]["rel_l2"], rel=1e-9)
-    assert floor["rel_l2"] == pytest.approx(doc["pairs"][i]["floor_rel_l2"], rel=1e-9)
+    # the engine's stated accuracy for norms and rel_l2 is 1e-6 relative of float64 (docs/metrics.md)
+    assert prof["rel_l2"] == pytest.approx(doc["pairs"][i]["rel_l2"], rel=1e-6)
+    assert floor["rel_l2"] == pytest.approx(doc["pairs"][i]["floor_rel_l2"], rel=1e-6)
     heads = prof["heads"]["rel_l2"]
     assert max(range(8), key=heads.__getitem__) == 5  # the sample's drift sits in head 5
     tokens = prof["tokens"]["rel_l2"]

@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..text import judged_cell
+
 __all__ = ["METRICS", "default_metric", "column_of", "heatmap", "first_exceedance", "pair_rows", "finite", "json_safe"]
 
 METRICS = {
@@ -196,6 +198,11 @@ def pair_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "max_abs": _num(p.get("max_abs")),
                 "threshold": _num(p.get("threshold")),
                 "floor_rel_l2": _num(p.get("floor_rel_l2")),
+                "floor_kind": p.get("floor_kind"),
+                "judged": judged_cell(p),
+                "limit": p.get("limit"),
+                "limit_unit": "x" if p.get("judged") == "x floor" else "",
+                "borderline": bool(p.get("borderline")),
                 "floor_ratio": _num(p.get("floor_ratio")),
                 "limit_ratio": _num(p.get("limit_ratio")),
                 "sqnr_db": _num(m.get("sqnr_db")),

@@ -115,6 +115,7 @@ async def test_acceptance_page(dash_client: httpx.AsyncClient, dash_service: Ser
     assert sorted(f["index_a"] for f in g["flips"]) == [2, 5, 7]
     html = (await dash_client.get(f"/comparisons/{cid}/acceptance")).text
     assert 'id="acceptance-data"' in html and 'id="flips"' in html
+    assert "p (Holm)" in html  # raw and Holm-adjusted difference p-values per position
     assert html.count('class="flip-lost"') == 2 and html.count('class="flip-gained"') == 1
     # model outputs are text: the drift run's outputs hold a script tag
     assert "&lt;script&gt;window.__xss = 2&lt;/script&gt;" in html and "<script>window" not in html

@@ -405,12 +405,15 @@ class Service:
         Stored runs are immutable, so the cache never goes stale. Large comparisons run in the background
         (``background=None`` decides by size); the record's ``status`` says queued/running/done/error.
         """
-        from .policy import Policy
+        from .policy import JUDGING_VERSION, Policy
 
         pol = Policy.from_dict(policy or {}, source="request") if policy else None
         runs = [self.get_run(r) for r in (a, b, *(floor or ()))]
         request = {"a": runs[0].name, "b": runs[1].name, "floor": [r.name for r in runs[2:]] or None, "policy": policy or {}}
-        key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        # the judging rules' version is part of the key: a stored comparison is reused only while the
+        # rules that judged it are the current ones
+        key_doc = {**request, "judging": JUDGING_VERSION}
+        key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
         with self.session() as s, s.begin():
             rec = store.get_comparison(s, key=key)
             if rec is None:

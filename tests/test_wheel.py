@@ -72,9 +72,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
     python = venv / "bin" / "python"
+    _run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp)
+    # then the dependencies (after the install, so that pip does not see this environment's editable validator)
     purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp).strip()
     Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    _run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp)
     return venv / "bin"
 
 

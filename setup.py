@@ -14,7 +14,9 @@ def folder(package: str, path: str) -> list[str]:
 
 
 setup(
-    packages=[*find_packages(include=["validator", "validator.*", "probes", "probes.*"]),
-              *(p for package, path in DATA.items() for p in folder(package, path))],
+    packages=[
+        *find_packages(include=["validator", "validator.*", "probes", "probes.*"]),
+        *(p for package, path in DATA.items() for p in folder(package, path)),
+    ],
     package_dir=DATA,
 )

@@ -30,7 +30,9 @@ SOURCES = ("validator", "probes", "dashboards", "migrations", "pyproject.toml", 
 
 def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> str:
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
@@ -99,7 +101,9 @@ def test_wheel_runs_demo_and_dashboard_outside_the_checkout(installed: Path, tmp
     venv = str(installed.parent)
     assert all(p.startswith(venv) for p in where), where  # the wheel's copy, not the checkout's
 
-    demo = json.loads(_run(installed / "validator", "demo", "--json", "--out", tmp_path / "bundles", cwd=tmp_path, env=env))
+    demo = json.loads(
+        _run(installed / "validator", "demo", "--json", "--out", tmp_path / "bundles", cwd=tmp_path, env=env)
+    )
     names = list(demo["runs"].values())
     assert len(names) == 4, demo["runs"]
 

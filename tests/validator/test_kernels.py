@@ -69,6 +69,11 @@ def cases() -> dict[str, Case]:
         b[:300] = (-a[:300].double()).to(dt)
         b[300:600] = (a[300:600].double() * 37).to(dt)
         out[f"spread-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
+    for dt in (torch.bfloat16, torch.float8_e5m2):  # ULP distances 0, 1 and 2 only
+        g = torch.Generator().manual_seed(14)
+        a = (torch.rand(9001, generator=g) + 0.5).to(dt)
+        step = torch.randint(0, 3, (9001,), generator=g).to(torch.int16 if dt == torch.bfloat16 else torch.int8)
+        out[f"close-{_name(dt)}"] = (a, (a.view(step.dtype) + step).view(dt), 1e-5, 1e-3)
     a, b = pair(torch.float32, 4000, seed=4)
     b[:80] = -a[:80]
     out["p99-beyond-2**16-float32"] = (a, b, 1e-5, 1e-3)
@@ -258,6 +263,14 @@ def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) 
     assert on_gpu[1:] == on_gpu[:1] * 2
     _assert_matches(TensorMetrics.from_dict(on_gpu[0]), _np_metrics(a, b, 1e-5, 1e-3))
     _assert_matches(compare_tensors(a, b), _np_metrics(a, b, 1e-5, 1e-3))
+
+
+@CUDA
+def test_cuda_large_close_pair() -> None:
+    # distances 0..2 everywhere: the p99 comes from the tiles' moments, not from histograms
+    a, b, atol, rtol = CASES["close-bfloat16"]
+    a, b = a.repeat(400), b.repeat(400)
+    _assert_matches(compare_tensors(a.cuda(), b.cuda()), _np_metrics(a, b, 1e-5, 1e-3))
 
 
 @CUDA

@@ -27,6 +27,12 @@ ULP_DTYPES: dict[torch.dtype, tuple[torch.dtype, int]] = {
     torch.float8_e5m2: (torch.int8, 0x7F),
 }
 FLOAT_DTYPES = frozenset(ULP_DTYPES) | {torch.float64}
+# Float32 arithmetic where float64 decides: a tolerance test counted against tolerances moved EPS
+# (relative) and TINY (absolute) down and up brackets float64's count; sums of squares between SAFE_LO
+# and SAFE_HI lose nothing to float32's range.
+EPS = 2.0**-18
+TINY = 2.0**-146
+SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100
 KEY_BITS = 2  # fraction bits of d + 1 kept in a bin's key
 NUM_KEYS = 32 << KEY_BITS  # keys of every distance below 2**32 (float32's largest is 2**32 - 2)
 
@@ -49,19 +55,26 @@ def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None
 
 
 def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, int]) -> torch.Tensor:
-    """|ord(a) - ord(b)| as int64; ord maps each bit pattern onto a monotonic integer line."""
+    """|ord(a) - ord(b)|, int32 (int64 for float32); ord maps each bit pattern onto a monotonic
+    integer line: ``s`` if the sign bit is clear, else ``-(s & mask)`` (-0.0 and +0.0 both 0)."""
     int_dtype, mask = spec
+    wide = torch.int64 if int_dtype == torch.int32 else torch.int32
 
     def ordinal(x: torch.Tensor) -> torch.Tensor:
-        bits = x.view(int_dtype).to(torch.int64)
-        return torch.where(bits < 0, -(bits & mask), bits)  # -0.0 -> 0, like +0.0
+        s = x.view(int_dtype).to(wide)
+        neg = s >> (8 * s.element_size() - 1)  # -1 where the sign bit is set, else 0
+        return (s ^ (neg & mask)) - neg  # == -(s & mask) where negative: no select needed
 
-    return (ordinal(ca) - ordinal(cb)).abs()
+    return (ordinal(ca) - ordinal(cb)).abs_()
 
 
 def ulp_key(dist: torch.Tensor) -> torch.Tensor:
-    """The bin of each distance (int64): exponent and KEY_BITS leading fraction bits of ``dist + 1``."""
-    bits = (dist + 1).to(torch.float64).view(torch.int64)  # exact: distances are below 2**33
+    """The bin of each distance: exponent and KEY_BITS leading fraction bits of ``dist + 1``, read
+    from its float32 (int32 distances, below 2**17) or float64 (int64) bits, both exact."""
+    if dist.dtype == torch.int32:
+        bits = (dist + 1).to(torch.float32).view(torch.int32)
+        return (bits >> (23 - KEY_BITS)) - (127 << KEY_BITS)
+    bits = (dist + 1).to(torch.float64).view(torch.int64)
     return (bits >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
 
 

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from .common import ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
+from .common import EPS, SAFE_HI, SAFE_LO, TINY, ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
 from .reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
 
 PIECE = 1 << 16  # elements per piece: its float32 buffers stay in the core's L2 cache
 ROW = 1024  # sums are taken per row of a piece (one thread per row, so the thread count cannot change them)
-EPS = 2.0**-18  # relative band around the tolerance test that float32 rounding cannot cross
-TINY = 2.0**-146  # absolute band, for tolerances in float32's subnormal range
-SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100  # piece sums of squares inside which float32 loses nothing
 
 
 def threads() -> int:

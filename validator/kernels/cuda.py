@@ -19,15 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import KEY_BITS, Totals, p99_from_keys, ulp_spec
+from .common import EPS, KEY_BITS, SAFE_HI, SAFE_LO, TINY, Totals, p99_from_keys, ulp_spec
 from .reference import chunk_pairs, compute_device
 
-BLOCK = 2048  # elements per tile
+BLOCK = 1024  # elements per tile
 TILES = 4  # tiles per program
-NUM_WARPS = 8
+NUM_WARPS = 4
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+_LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
 
 
 @triton.jit
@@ -86,75 +87,155 @@ def _key(dist, BITS: tl.constexpr, KEY_BITS: tl.constexpr):
 
 
 @triton.jit
+def _passed_f64(xa, xb, inb, atol, rtol):
+    """The reference's tolerance test in float64 (a multiply, then an add: no FMA here)."""
+    a64, b64 = xa.to(tl.float64), xb.to(tl.float64)
+    return tl.sum((inb & (tl.abs(b64 - a64) <= atol + rtol * tl.abs(a64))).to(tl.int32))
+
+
+@triton.jit
+def _masked_tile(a, b, inb, atol, rtol, A8: tl.constexpr, B8: tl.constexpr):
+    """One tile as the reference reads it: float64, NaN/Inf left out of the sums and counted."""
+    ya, yb = _f64(a), _f64(b)
+    fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
+    both = fa & fb & inb
+    nan_a, nan_b = _nan(ya, a, A8), _nan(yb, b, B8)
+    # non-finite in both and of the same kind: both NaN, or both Inf of one sign
+    same = inb & ~fa & ~fb & ((nan_a & nan_b) | (~nan_a & ~nan_b & ((ya < 0) == (yb < 0))))
+    ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
+    e = yb - ya
+    ae = tl.abs(e)
+    passed = (both & (ae <= atol + rtol * tl.abs(ya))) | same
+    return (
+        tl.sum(ya * ya), tl.sum(yb * yb), tl.sum(e * e), tl.sum(ae), tl.sum(ya * e), tl.max(ae), both,
+        tl.sum(both.to(tl.int32)), tl.sum(passed.to(tl.int32)), tl.sum((inb & ~fa).to(tl.int32)),
+        tl.sum((inb & ~fb).to(tl.int32)), tl.sum((inb & ~both & ~same).to(tl.int32)),
+    )  # fmt: skip
+
+
+@triton.jit
 def _pass_kernel(
     a_ptr, b_ptr, n, tol_ptr, f_ptr, i_ptr, keys_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
-    KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
+    F64: tl.constexpr, BAND: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
-    s_a2 = tl.cast(0.0, tl.float64)
-    s_b2, s_d2, s_abs, s_ad, top = s_a2, s_a2, s_a2, s_a2, s_a2
+    a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
+    a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
+    zero = tl.cast(0.0, tl.float64)
+    s_a2, s_b2, s_d2, s_abs, s_ad, top64, top32 = zero, zero, zero, zero, zero, zero, zero
     c_both = tl.cast(0, tl.int64)
-    c_pass, c_nfa, c_nfb, c_mis, top_ulp = c_both, c_both, c_both, c_both, c_both
+    c_pass, c_nfa, c_nfb, c_mis, top_ulp, small, m1, m2 = c_both, c_both, c_both, c_both, c_both, c_both, c_both, c_both
     hist = tl.zeros([NKEYS], dtype=tl.int32)
     for t in tl.range(TILES):
         offs = (pid * TILES + t).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inb = offs < n
         a = tl.load(a_ptr + offs, mask=inb, other=0.0)
         b = tl.load(b_ptr + offs, mask=inb, other=0.0)
-        xa, xb = _f64(a), _f64(b)
-        qa, qb = tl.sum(xa * xa), tl.sum(xb * xb)
-        clean = (qa + qb) * 0.0 == 0.0  # no NaN/Inf in the tile (else its sums are not finite)
-        if A8 or B8:
-            clean = clean & (tl.sum((_finite(xa, a, A8) & _finite(xb, b, B8)).to(tl.int32)) == BLOCK)
-        if clean:  # the common case: nothing to mask
-            both = inb
+        if F64:  # a float64 input: every tile as the reference reads it
+            ta2, tb2, td2, tabs, tad, t64, both, nb, npass, nfa, nfb, nmis = _masked_tile(a, b, inb, atol, rtol, A8, B8)
+            t32 = zero
+        else:  # float32 within the tile: exact for the inputs, the sums rounded once per term
+            xa, xb = a.to(tl.float32), b.to(tl.float32)
             d = xb - xa
             ad = tl.abs(d)
-            passed = inb & (ad <= atol + rtol * tl.abs(xa))
-        else:  # the reference's masking
-            fa, fb = _finite(xa, a, A8), _finite(xb, b, B8)
-            both = fa & fb & inb
-            nan_a, nan_b = _nan(xa, a, A8), _nan(xb, b, B8)
-            # non-finite in both and of the same kind: both NaN, or both Inf of one sign
-            same = inb & ~fa & ~fb & ((nan_a & nan_b) | (~nan_a & ~nan_b & ((xa < 0) == (xb < 0))))
-            xa, xb = tl.where(both, xa, 0.0), tl.where(both, xb, 0.0)
-            qa, qb = tl.sum(xa * xa), tl.sum(xb * xb)
-            d = xb - xa
-            ad = tl.abs(d)
-            passed = (both & (ad <= atol + rtol * tl.abs(xa))) | same
-            c_nfa += tl.sum((inb & ~fa).to(tl.int32))
-            c_nfb += tl.sum((inb & ~fb).to(tl.int32))
-            c_mis += tl.sum((inb & ~both & ~same).to(tl.int32))
-        s_a2 += qa
-        s_b2 += qb
-        s_d2 += tl.sum(d * d)
-        s_abs += tl.sum(ad)
-        s_ad += tl.sum(xa * d)
-        top = tl.maximum(top, tl.max(ad))
-        c_both += tl.sum(both.to(tl.int32))
-        c_pass += tl.sum(passed.to(tl.int32))
+            qa, qb, qd, m = tl.sum(xa * xa), tl.sum(xb * xb), tl.sum(d * d), tl.max(ad)
+            # NaN/Inf anywhere, or squares past float32's range, make a sum large or NaN (NaN <= x is False)
+            clean = (qa <= _HI) & (qb <= _HI) & (qd <= _HI)
+            if A8 or B8:  # float8: the bits say what is finite
+                clean = clean & (tl.sum((_finite(xa, a, A8) & _finite(xb, b, B8)).to(tl.int32)) == BLOCK)
+            if clean & ((qa < _LO) | (qb < _LO) | ((qd < _LO) & (m > 0))):  # tiny squares
+                zero_a, zero_b = tl.max(tl.abs(xa)) == 0, tl.max(tl.abs(xb)) == 0
+                clean = ((qa >= _LO) | zero_a) & ((qb >= _LO) | zero_b) & ((qd >= _LO) | (m == 0))
+            if clean:  # the common case: nothing to mask
+                ta2, tb2, td2 = qa.to(tl.float64), qb.to(tl.float64), qd.to(tl.float64)
+                tabs, tad = tl.sum(ad).to(tl.float64), tl.sum(xa * d).to(tl.float64)
+                t64, t32, both = zero, m.to(tl.float64), inb  # t32: made exact by _exact_max_kernel
+                nb = tl.sum(inb.to(tl.int32))
+                nfa, nfb, nmis = nb * 0, nb * 0, nb * 0
+                n_lo, n_hi = nb, nb + 1
+                if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
+                    aa = tl.abs(xa)
+                    n_lo = tl.sum((inb & (ad <= aa * r_lo + a_lo)).to(tl.int32))
+                    n_hi = tl.sum((inb & (ad <= aa * r_hi + a_hi)).to(tl.int32))
+                if n_lo == n_hi:
+                    npass = n_lo
+                else:
+                    npass = _passed_f64(xa, xb, inb, atol, rtol)
+            else:
+                ta2, tb2, td2, tabs, tad, t64, both, nb, npass, nfa, nfb, nmis = _masked_tile(
+                    a, b, inb, atol, rtol, A8, B8
+                )
+                t32 = zero
+        s_a2 += ta2
+        s_b2 += tb2
+        s_d2 += td2
+        s_abs += tabs
+        s_ad += tad
+        top64 = tl.maximum(top64, t64)
+        top32 = tl.maximum(top32, t32)
+        c_both += nb
+        c_pass += npass
+        c_nfa += nfa
+        c_nfb += nfb
+        c_mis += nmis
         if BITS != 0:
             dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
-            top_ulp = tl.maximum(top_ulp, tl.max(dist).to(tl.int64))
-            if HIST:  # positions left out land in key 0; the host takes them off
-                hist += tl.histogram(_key(dist, BITS, KEY_BITS), NKEYS)
-    base = pid * 6
-    tl.store(f_ptr + base + 0, s_a2)
-    tl.store(f_ptr + base + 1, s_b2)
-    tl.store(f_ptr + base + 2, s_d2)
-    tl.store(f_ptr + base + 3, s_abs)
-    tl.store(f_ptr + base + 4, s_ad)
-    tl.store(f_ptr + base + 5, top)
-    tl.store(i_ptr + base + 0, c_both)
-    tl.store(i_ptr + base + 1, c_pass)
-    tl.store(i_ptr + base + 2, c_nfa)
-    tl.store(i_ptr + base + 3, c_nfb)
-    tl.store(i_ptr + base + 4, c_mis)
-    tl.store(i_ptr + base + 5, top_ulp)
+            top = tl.max(dist)
+            top_ulp = tl.maximum(top_ulp, top.to(tl.int64))
+            if HIST:  # positions left out count as distance 0; the host takes them off
+                if top > 2:
+                    hist += tl.histogram(_key(dist, BITS, KEY_BITS), NKEYS)
+                else:  # distances 0, 1 and 2 only: their counts follow from two moments
+                    small += 1
+                    m1 += tl.sum(dist).to(tl.int64)
+                    m2 += tl.sum(dist * dist).to(tl.int64)
+    f = f_ptr + pid * 7
+    tl.store(f + 0, s_a2)
+    tl.store(f + 1, s_b2)
+    tl.store(f + 2, s_d2)
+    tl.store(f + 3, s_abs)
+    tl.store(f + 4, s_ad)
+    tl.store(f + 5, top64)
+    tl.store(f + 6, top32)
+    i = i_ptr + pid * 9
+    tl.store(i + 0, c_both)
+    tl.store(i + 1, c_pass)
+    tl.store(i + 2, c_nfa)
+    tl.store(i + 3, c_nfb)
+    tl.store(i + 4, c_mis)
+    tl.store(i + 5, top_ulp)
+    tl.store(i + 6, small)
+    tl.store(i + 7, m1)
+    tl.store(i + 8, m2)
     if HIST:
         tl.atomic_add(keys_ptr + tl.arange(0, NKEYS), hist.to(tl.int64), mask=hist > 0)
+
+
+@triton.jit
+def _exact_max_kernel(
+    a_ptr, b_ptr, n, f_ptr, g_ptr, out_ptr,
+    BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
+):  # fmt: skip
+    """The exact largest |d| of the float32 tiles: float32 rounding is monotonic, so it is the largest
+    float64 |d| among the positions whose float32 |d| equals the largest float32 |d|, ``g``. Only the
+    programs that saw ``g`` read their tiles again."""
+    pid = tl.program_id(0)
+    g = tl.load(g_ptr)
+    best = tl.cast(0.0, tl.float64)
+    if (tl.load(f_ptr + pid * 7 + 6) == g) & (g > 0):
+        g32 = g.to(tl.float32)
+        for t in tl.range(TILES):
+            offs = (pid * TILES + t).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            inb = offs < n
+            a = tl.load(a_ptr + offs, mask=inb, other=0.0)
+            b = tl.load(b_ptr + offs, mask=inb, other=0.0)
+            xa, xb = a.to(tl.float32), b.to(tl.float32)
+            hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
+            exact = tl.abs(_f64(b) - _f64(a))
+            best = tl.maximum(best, tl.max(tl.where(hit, exact, 0.0)))
+    tl.store(out_ptr + pid, best)
 
 
 @triton.jit
@@ -194,46 +275,63 @@ def compare_cuda(
     bits = _BITS[a.element_size()] if spec is not None else 0
     hist = bool(bits) and p99
     nkeys = (bits << KEY_BITS) if hist else 1  # keys of the distances below 2**bits
-    a8, b8 = _F8.get(a.dtype, 0), _F8.get(b.dtype, 0)
-    tol = torch.tensor([atol, rtol], dtype=torch.float64, device=device)
+    f8 = {"A8": _F8.get(a.dtype, 0), "B8": _F8.get(b.dtype, 0)}
+    f64 = torch.float64 in (a.dtype, b.dtype)
+    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    tol = torch.tensor(
+        [atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS)],
+        dtype=torch.float64,
+    ).to(device)
+    tiles = {"BLOCK": BLOCK, "TILES": TILES}
     per_program = BLOCK * TILES
     keys = torch.zeros(nkeys, dtype=torch.int64, device=device)
-    fparts, iparts, slots = [], [], 0
+    parts, slots = [], 0
     pieces = _pieces(a, b, device, chunk_elems)
     for ca, cb in pieces:
         programs = triton.cdiv(ca.numel(), per_program)
-        fp = torch.empty(programs, 6, dtype=torch.float64, device=device)
-        ip = torch.empty(programs, 6, dtype=torch.int64, device=device)
+        fp = torch.empty(programs, 7, dtype=torch.float64, device=device)
+        ip = torch.empty(programs, 9, dtype=torch.int64, device=device)
         _pass_kernel[(programs,)](
-            ca, cb, ca.numel(), tol, fp, ip, keys,
-            BLOCK=BLOCK, TILES=TILES, BITS=bits, A8=a8, B8=b8, KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
+            ca, cb, ca.numel(), tol, fp, ip, keys, **tiles, BITS=bits, **f8, F64=f64, BAND=band,
+            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, num_warps=NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
-        fparts.append(fp)
-        iparts.append(ip)
+        parts.append((ca, cb, fp, ip))
         slots += programs * per_program
     if not pieces:
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None)
-    f, i = torch.cat(fparts), torch.cat(iparts)
-    packed = torch.cat([f[:, :5].sum(0), f[:, 5].max().view(1)]).cpu().tolist()
-    ints = torch.cat([i[:, :5].sum(0), i[:, 5].max().view(1), keys]).cpu().tolist()
+    f, i = torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts])
+    g = f[:, 6].max()
+    exact = [f[:, 5]]
+    for ca, cb, fp, _ in parts if not f64 else []:
+        out = torch.empty(fp.shape[0], dtype=torch.float64, device=device)
+        _exact_max_kernel[(fp.shape[0],)](
+            ca, cb, ca.numel(), fp, g, out, **tiles, **f8, num_warps=NUM_WARPS, enable_fp_fusion=False
+        )
+        exact.append(out)
+    top = torch.cat(exact).max()
+    floats = torch.cat([f[:, :5].sum(0), top.view(1)]).cpu().tolist()
+    ints = torch.cat([i[:, :5].sum(0), i[:, 5].max().view(1), i[:, 6:].sum(0), keys]).cpu().tolist()
     counts = tuple(ints[:5])
     ulp = None
     if spec is not None:
         ulp = (ints[5], None)
-        if p99:
-            binned = ints[6:]
-            binned[0] -= slots - counts[0]  # padding and non-finite positions were binned as distance 0
+        if hist:
+            small, m1, m2 = ints[6:9]
+            binned = ints[9:]
+            n2 = (m2 - m1) // 2  # tiles whose distances are 0, 1 or 2: n1 + 2 n2 = m1, n1 + 4 n2 = m2
+            binned[0] += small * BLOCK - (m1 - 2 * n2) - n2
+            binned[1 << KEY_BITS] += m1 - 2 * n2  # key of distance 1
+            binned[(1 << KEY_BITS) + (1 << (KEY_BITS - 1))] += n2  # key of distance 2
+            binned[0] -= slots - counts[0]  # padding and non-finite positions were counted as distance 0
 
             def refine(lo: int, shift: int, bins: int) -> list[int]:
                 out = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
-                for ca, cb in pieces:
+                for ca, cb, _, _ in parts:
                     _refine_kernel[(triton.cdiv(ca.numel(), per_program),)](
-                        ca, cb, ca.numel(), lo, shift, out,
-                        BLOCK=BLOCK, TILES=TILES, BITS=bits, A8=a8, NBINS=REFINE_BINS,
-                        num_warps=NUM_WARPS, enable_fp_fusion=False,
+                        ca, cb, ca.numel(), lo, shift, out, **tiles, BITS=bits, A8=f8["A8"],
+                        NBINS=REFINE_BINS, num_warps=NUM_WARPS, enable_fp_fusion=False,
                     )  # fmt: skip
                 return out[:bins].cpu().tolist()
 
             ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(packed[:5]), packed[5], counts, ulp)  # type: ignore[arg-type]
+    return Totals(a.numel(), tuple(floats[:5]), floats[5], counts, ulp)  # type: ignore[arg-type]

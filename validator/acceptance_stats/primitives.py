@@ -1,4 +1,5 @@
-"""Building blocks: binomial intervals, TOST and two-sided z tests, trials needed, histogram and paired tests.
+"""Building blocks: binomial intervals, TOST and two-sided tests, Holm's adjustment, trials needed, histogram
+and paired tests.
 
 Pure numpy/scipy; every function takes counts or arrays and returns numbers.
 """

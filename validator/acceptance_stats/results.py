@@ -151,9 +151,10 @@ class LogprobComparison(_Result):
 class PositionComparison(_Result):
     """Draft position ``position``: conditional rate P(accept k | reached k) per run and B - A.
 
-    ``ci_*`` are Wilson intervals (independent trials); ``diff_ci`` (1 - alpha) and ``tost_ci``
-    (1 - 2 alpha) are normal intervals with the request-level bootstrap standard error ``se`` (floored by
-    the binomial one, see docs). ``uncond_*``: the vLLM-style rate accepted_k / steps.
+    ``ci_*`` are Wilson intervals (independent trials); ``diff_ci`` (1 - alpha; Student t with requests - 1
+    degrees of freedom, matching ``p_difference``) and ``tost_ci`` (1 - 2 alpha; normal, matching the TOST)
+    are intervals with the request-level bootstrap standard error ``se`` (floored by the binomial one, see
+    docs). ``uncond_*``: the vLLM-style rate accepted_k / steps.
     ``p_difference`` is the raw two-sided p-value; ``p_difference_adjusted`` the Holm-adjusted one over the
     tests that can fail the run (:class:`Multiplicity`), NaN for a position outside that family. A position
     in the family is ``different`` only on its adjusted p-value; one outside it (not selected) on its raw one.

@@ -22,8 +22,8 @@ import triton.language as tl
 from .common import EPS, KEY_BITS, SAFE_HI, SAFE_LO, TINY, Totals, p99_from_keys, ulp_spec
 from .reference import chunk_pairs, compute_device
 
-BLOCK = 1024  # elements per tile
-TILES = 4  # tiles per program
+BLOCK = 512  # elements per tile
+TILES = 16  # tiles per program
 NUM_WARPS = 4
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
@@ -87,30 +87,76 @@ def _key(dist, BITS: tl.constexpr, KEY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _passed_f64(xa, xb, inb, atol, rtol):
-    """The reference's tolerance test in float64 (a multiply, then an add: no FMA here)."""
-    a64, b64 = xa.to(tl.float64), xb.to(tl.float64)
-    return tl.sum((inb & (tl.abs(b64 - a64) <= atol + rtol * tl.abs(a64))).to(tl.int32))
+def _load(a_ptr, b_ptr, n, start, t, BLOCK: tl.constexpr):
+    offs = start + t * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    return tl.load(a_ptr + offs, mask=inb, other=0.0), tl.load(b_ptr + offs, mask=inb, other=0.0), inb
 
 
 @triton.jit
-def _masked_tile(a, b, inb, atol, rtol, A8: tl.constexpr, B8: tl.constexpr):
-    """One tile as the reference reads it: float64, NaN/Inf left out of the sums and counted."""
-    ya, yb = _f64(a), _f64(b)
-    fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
-    both = fa & fb & inb
-    nan_a, nan_b = _nan(ya, a, A8), _nan(yb, b, B8)
-    # non-finite in both and of the same kind: both NaN, or both Inf of one sign
-    same = inb & ~fa & ~fb & ((nan_a & nan_b) | (~nan_a & ~nan_b & ((ya < 0) == (yb < 0))))
-    ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
-    e = yb - ya
-    ae = tl.abs(e)
-    passed = (both & (ae <= atol + rtol * tl.abs(ya))) | same
-    return (
-        tl.sum(ya * ya), tl.sum(yb * yb), tl.sum(e * e), tl.sum(ae), tl.sum(ya * e), tl.max(ae), both,
-        tl.sum(both.to(tl.int32)), tl.sum(passed.to(tl.int32)), tl.sum((inb & ~fa).to(tl.int32)),
-        tl.sum((inb & ~fb).to(tl.int32)), tl.sum((inb & ~both & ~same).to(tl.int32)),
-    )  # fmt: skip
+def _masked_program(
+    a_ptr, b_ptr, n, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr
+):  # fmt: skip
+    """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted."""
+    s_a2 = tl.cast(0.0, tl.float64)
+    s_b2, s_d2, s_abs, s_ad, top = s_a2, s_a2, s_a2, s_a2, s_a2
+    c_both = tl.cast(0, tl.int64)
+    c_pass, c_nfa, c_nfb, c_mis = c_both, c_both, c_both, c_both
+    for t in tl.range(TILES):
+        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        ya, yb = _f64(a), _f64(b)
+        fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
+        both = fa & fb & inb
+        nan_a, nan_b = _nan(ya, a, A8), _nan(yb, b, B8)
+        # non-finite in both and of the same kind: both NaN, or both Inf of one sign
+        same = inb & ~fa & ~fb & ((nan_a & nan_b) | (~nan_a & ~nan_b & ((ya < 0) == (yb < 0))))
+        ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
+        e = yb - ya
+        ae = tl.abs(e)
+        s_a2 += tl.sum(ya * ya)
+        s_b2 += tl.sum(yb * yb)
+        s_d2 += tl.sum(e * e)
+        s_abs += tl.sum(ae)
+        s_ad += tl.sum(ya * e)
+        top = tl.maximum(top, tl.max(ae))
+        c_both += tl.sum(both.to(tl.int32))
+        c_pass += tl.sum(((both & (ae <= atol + rtol * tl.abs(ya))) | same).to(tl.int32))  # a multiply, then an add
+        c_nfa += tl.sum((inb & ~fa).to(tl.int32))
+        c_nfb += tl.sum((inb & ~fb).to(tl.int32))
+        c_mis += tl.sum((inb & ~both & ~same).to(tl.int32))
+    return s_a2, s_b2, s_d2, s_abs, s_ad, top, c_both, c_pass, c_nfa, c_nfb, c_mis
+
+
+@triton.jit
+def _passed_program(a_ptr, b_ptr, n, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    """The tolerance test of a program's (finite) tiles in float64, as the reference rounds it."""
+    count = tl.cast(0, tl.int64)
+    for t in tl.range(TILES):
+        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        a64, b64 = _f64(a), _f64(b)
+        count += tl.sum((inb & (tl.abs(b64 - a64) <= atol + rtol * tl.abs(a64))).to(tl.int32))
+    return count
+
+
+@triton.jit
+def _ulp_program(
+    a_ptr, b_ptr, n, start, keys_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr,
+    A8: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
+):  # fmt: skip
+    """Largest ULP distance of a program's positions finite in both, and (HIST) their key histogram
+    added to keys_ptr; positions left out count as distance 0 (the host takes them off)."""
+    top = tl.cast(0, tl.int64)
+    hist = tl.zeros([NKEYS], dtype=tl.int32)
+    for t in tl.range(TILES):
+        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, A8)
+        dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
+        top = tl.maximum(top, tl.max(dist).to(tl.int64))
+        if HIST:
+            hist += tl.histogram(_key(dist, BITS, KEY_BITS), NKEYS)
+    if HIST:
+        tl.atomic_add(keys_ptr + tl.arange(0, NKEYS), hist.to(tl.int64), mask=hist > 0)
+    return top
 
 
 @triton.jit
@@ -120,77 +166,78 @@ def _pass_kernel(
     F64: tl.constexpr, BAND: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    start = pid.to(tl.int64) * (TILES * BLOCK)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
-    a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
-    a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
-    zero = tl.cast(0.0, tl.float64)
-    s_a2, s_b2, s_d2, s_abs, s_ad, top64, top32 = zero, zero, zero, zero, zero, zero, zero
-    c_both = tl.cast(0, tl.int64)
-    c_pass, c_nfa, c_nfb, c_mis, top_ulp, small, m1, m2 = c_both, c_both, c_both, c_both, c_both, c_both, c_both, c_both
-    hist = tl.zeros([NKEYS], dtype=tl.int32)
-    for t in tl.range(TILES):
-        offs = (pid * TILES + t).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inb = offs < n
-        a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-        b = tl.load(b_ptr + offs, mask=inb, other=0.0)
-        if F64:  # a float64 input: every tile as the reference reads it
-            ta2, tb2, td2, tabs, tad, t64, both, nb, npass, nfa, nfb, nmis = _masked_tile(a, b, inb, atol, rtol, A8, B8)
-            t32 = zero
-        else:  # float32 within the tile: exact for the inputs, the sums rounded once per term
+    top32 = tl.cast(0.0, tl.float64)
+    small, m1, m2 = tl.cast(0, tl.int64), tl.cast(0, tl.int64), tl.cast(0, tl.int64)
+    if F64:  # a float64 input: the reference's float64 throughout
+        s_a2, s_b2, s_d2, s_abs, s_ad, top64, c_both, c_pass, c_nfa, c_nfb, c_mis = _masked_program(
+            a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES, A8, B8
+        )
+        top_ulp = top32.to(tl.int64)
+    else:  # float32 per element, accumulated per lane, reduced once; checked before it counts
+        a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
+        a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
+        v_a2 = tl.zeros([BLOCK], dtype=tl.float32)
+        v_b2, v_d2, v_abs, v_ad, v_top, v_big = v_a2, v_a2, v_a2, v_a2, v_a2, v_a2
+        v_lo = tl.zeros([BLOCK], dtype=tl.int32)
+        v_hi, v_bad, v_m1, v_m2 = v_lo, v_lo, v_lo, v_lo
+        v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
+        for t in tl.range(TILES):
+            a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
             d = xb - xa
             ad = tl.abs(d)
-            qa, qb, qd, m = tl.sum(xa * xa), tl.sum(xb * xb), tl.sum(d * d), tl.max(ad)
-            # NaN/Inf anywhere, or squares past float32's range, make a sum large or NaN (NaN <= x is False)
-            clean = (qa <= _HI) & (qb <= _HI) & (qd <= _HI)
+            v_a2 += xa * xa
+            v_b2 += xb * xb
+            v_d2 += d * d
+            v_abs += ad
+            v_ad += xa * d
+            v_top = tl.maximum(v_top, ad)
+            aa = tl.abs(xa)
+            v_big = tl.maximum(v_big, tl.maximum(aa, tl.abs(xb)))
+            if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
+                v_lo += (inb & (ad <= aa * r_lo + a_lo)).to(tl.int32)
+                v_hi += (inb & (ad <= aa * r_hi + a_hi)).to(tl.int32)
             if A8 or B8:  # float8: the bits say what is finite
-                clean = clean & (tl.sum((_finite(xa, a, A8) & _finite(xb, b, B8)).to(tl.int32)) == BLOCK)
-            if clean & ((qa < _LO) | (qb < _LO) | ((qd < _LO) & (m > 0))):  # tiny squares
-                zero_a, zero_b = tl.max(tl.abs(xa)) == 0, tl.max(tl.abs(xb)) == 0
-                clean = ((qa >= _LO) | zero_a) & ((qb >= _LO) | zero_b) & ((qd >= _LO) | (m == 0))
-            if clean:  # the common case: nothing to mask
-                ta2, tb2, td2 = qa.to(tl.float64), qb.to(tl.float64), qd.to(tl.float64)
-                tabs, tad = tl.sum(ad).to(tl.float64), tl.sum(xa * d).to(tl.float64)
-                t64, t32, both = zero, m.to(tl.float64), inb  # t32: made exact by _exact_max_kernel
-                nb = tl.sum(inb.to(tl.int32))
-                nfa, nfb, nmis = nb * 0, nb * 0, nb * 0
-                n_lo, n_hi = nb, nb + 1
-                if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
-                    aa = tl.abs(xa)
-                    n_lo = tl.sum((inb & (ad <= aa * r_lo + a_lo)).to(tl.int32))
-                    n_hi = tl.sum((inb & (ad <= aa * r_hi + a_hi)).to(tl.int32))
-                if n_lo == n_hi:
-                    npass = n_lo
-                else:
-                    npass = _passed_f64(xa, xb, inb, atol, rtol)
+                v_bad |= (~(_finite(xa, a, A8) & _finite(xb, b, B8))).to(tl.int32)
+            if BITS != 0:  # valid while the program is clean (checked below)
+                dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
+                v_ulp = tl.maximum(v_ulp, dist)
+                v_m1 += dist.to(tl.int32)
+                v_m2 += (dist * dist).to(tl.int32)
+        qa, qb, qd, m = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.max(v_top)
+        # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False);
+        # tiny squares lose precision unless they are all zero
+        clean = (qa <= _HI) & (qb <= _HI) & (qd <= _HI) & (tl.max(v_bad) == 0)
+        clean = clean & (((qa >= _LO) & (qb >= _LO)) | (tl.max(v_big) == 0)) & ((qd >= _LO) | (m == 0))
+        if clean:
+            s_a2, s_b2, s_d2 = qa.to(tl.float64), qb.to(tl.float64), qd.to(tl.float64)
+            s_abs, s_ad = tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64)
+            top64, top32 = tl.cast(0.0, tl.float64), m.to(tl.float64)  # top32: made exact by _exact_max_kernel
+            c_both = tl.minimum(n - start, TILES * BLOCK).to(tl.int64)
+            c_nfa, c_nfb, c_mis = c_both * 0, c_both * 0, c_both * 0
+            n_lo, n_hi = tl.sum(v_lo), tl.sum(v_hi)
+            if not BAND:
+                n_hi = n_lo + 1
+            if n_lo == n_hi:
+                c_pass = n_lo.to(tl.int64)
             else:
-                ta2, tb2, td2, tabs, tad, t64, both, nb, npass, nfa, nfb, nmis = _masked_tile(
-                    a, b, inb, atol, rtol, A8, B8
-                )
-                t32 = zero
-        s_a2 += ta2
-        s_b2 += tb2
-        s_d2 += td2
-        s_abs += tabs
-        s_ad += tad
-        top64 = tl.maximum(top64, t64)
-        top32 = tl.maximum(top32, t32)
-        c_both += nb
-        c_pass += npass
-        c_nfa += nfa
-        c_nfb += nfb
-        c_mis += nmis
-        if BITS != 0:
-            dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
-            top = tl.max(dist)
-            top_ulp = tl.maximum(top_ulp, top.to(tl.int64))
-            if HIST:  # positions left out count as distance 0; the host takes them off
-                if top > 2:
-                    hist += tl.histogram(_key(dist, BITS, KEY_BITS), NKEYS)
-                else:  # distances 0, 1 and 2 only: their counts follow from two moments
-                    small += 1
-                    m1 += tl.sum(dist).to(tl.int64)
-                    m2 += tl.sum(dist * dist).to(tl.int64)
+                c_pass = _passed_program(a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES)
+            top_ulp = tl.max(v_ulp).to(tl.int64)
+        else:
+            s_a2, s_b2, s_d2, s_abs, s_ad, top64, c_both, c_pass, c_nfa, c_nfb, c_mis = _masked_program(
+                a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES, A8, B8
+            )
+            top_ulp = top32.to(tl.int64) - 1  # marks "read the distances again" below
+    if BITS != 0:  # top_ulp < 0: the distances must be read again, masked
+        if HIST:
+            if (top_ulp >= 0) & (top_ulp <= 2):  # distances 0, 1, 2 only: counts from two moments
+                small, m1, m2 = small + 1, tl.sum(v_m1).to(tl.int64), tl.sum(v_m2).to(tl.int64)
+            else:
+                top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
+        elif top_ulp < 0:
+            top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
     f = f_ptr + pid * 7
     tl.store(f + 0, s_a2)
     tl.store(f + 1, s_b2)
@@ -209,8 +256,6 @@ def _pass_kernel(
     tl.store(i + 6, small)
     tl.store(i + 7, m1)
     tl.store(i + 8, m2)
-    if HIST:
-        tl.atomic_add(keys_ptr + tl.arange(0, NKEYS), hist.to(tl.int64), mask=hist > 0)
 
 
 @triton.jit
@@ -318,8 +363,8 @@ def compare_cuda(
         if hist:
             small, m1, m2 = ints[6:9]
             binned = ints[9:]
-            n2 = (m2 - m1) // 2  # tiles whose distances are 0, 1 or 2: n1 + 2 n2 = m1, n1 + 4 n2 = m2
-            binned[0] += small * BLOCK - (m1 - 2 * n2) - n2
+            n2 = (m2 - m1) // 2  # programs whose distances are 0, 1 or 2: n1 + 2 n2 = m1, n1 + 4 n2 = m2
+            binned[0] += small * per_program - (m1 - 2 * n2) - n2
             binned[1 << KEY_BITS] += m1 - 2 * n2  # key of distance 1
             binned[(1 << KEY_BITS) + (1 << (KEY_BITS - 1))] += n2  # key of distance 2
             binned[0] -= slots - counts[0]  # padding and non-finite positions were counted as distance 0

@@ -15,6 +15,9 @@ kernels are compiled with ``enable_fp_fusion=False``.
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +32,7 @@ REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
+_FLOATS, _INTS = tl.constexpr(7), tl.constexpr(9)  # a program's partials: float64 values, then int64 values
 
 
 @triton.jit
@@ -161,10 +165,11 @@ def _ulp_program(
 
 @triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, n, tol_ptr, f_ptr, i_ptr, keys_ptr,
+    a_ptr, b_ptr, n, tol_ptr, part_ptr, keys_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     F64: tl.constexpr, BAND: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
 ):  # fmt: skip
+    """One program's partial totals: row ``pid`` of ``part_ptr`` (_FLOATS float64, then _INTS int64 as bits)."""
     pid = tl.program_id(0)
     start = pid.to(tl.int64) * (TILES * BLOCK)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
@@ -183,8 +188,11 @@ def _pass_kernel(
         v_lo = tl.zeros([BLOCK], dtype=tl.int32)
         v_hi, v_bad, v_m1, v_m2 = v_lo, v_lo, v_lo, v_lo
         v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
+        a_next, b_next, inb_next = _load(a_ptr, b_ptr, n, start, 0, BLOCK)
         for t in tl.range(TILES):
-            a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+            a, b, inb = a_next, b_next, inb_next
+            if t + 1 < TILES:  # the next tile's loads go out before this tile's arithmetic
+                a_next, b_next, inb_next = _load(a_ptr, b_ptr, n, start, t + 1, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
             d = xb - xa
             ad = tl.abs(d)
@@ -238,49 +246,67 @@ def _pass_kernel(
                 top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
         elif top_ulp < 0:
             top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
-    f = f_ptr + pid * 7
-    tl.store(f + 0, s_a2)
-    tl.store(f + 1, s_b2)
-    tl.store(f + 2, s_d2)
-    tl.store(f + 3, s_abs)
-    tl.store(f + 4, s_ad)
-    tl.store(f + 5, top64)
-    tl.store(f + 6, top32)
-    i = i_ptr + pid * 9
-    tl.store(i + 0, c_both)
-    tl.store(i + 1, c_pass)
-    tl.store(i + 2, c_nfa)
-    tl.store(i + 3, c_nfb)
-    tl.store(i + 4, c_mis)
-    tl.store(i + 5, top_ulp)
-    tl.store(i + 6, small)
-    tl.store(i + 7, m1)
-    tl.store(i + 8, m2)
+    row = part_ptr + pid * (_FLOATS + _INTS)
+    tl.store(row + 0, s_a2)
+    tl.store(row + 1, s_b2)
+    tl.store(row + 2, s_d2)
+    tl.store(row + 3, s_abs)
+    tl.store(row + 4, s_ad)
+    tl.store(row + 5, top64)
+    tl.store(row + 6, top32)
+    tl.store(row + 7, c_both.to(tl.float64, bitcast=True))
+    tl.store(row + 8, c_pass.to(tl.float64, bitcast=True))
+    tl.store(row + 9, c_nfa.to(tl.float64, bitcast=True))
+    tl.store(row + 10, c_nfb.to(tl.float64, bitcast=True))
+    tl.store(row + 11, c_mis.to(tl.float64, bitcast=True))
+    tl.store(row + 12, top_ulp.to(tl.float64, bitcast=True))
+    tl.store(row + 13, small.to(tl.float64, bitcast=True))
+    tl.store(row + 14, m1.to(tl.float64, bitcast=True))
+    tl.store(row + 15, m2.to(tl.float64, bitcast=True))
+
+
+@triton.jit
+def _finish_kernel(part_ptr, programs, out_ptr, CHUNK: tl.constexpr):
+    """Adds the programs' partials in a fixed order (one program): sums and counts added, maxima taken.
+    out: the 5 sums, max top64, max top32, then the 5 counts, max ULP, small, m1, m2 (as int64 bits)."""
+    rows = tl.arange(0, CHUNK)
+    cols = tl.arange(0, 16)
+    is_int = cols >= _FLOATS
+    is_max = (cols == 5) | (cols == 6) | (cols == 12)
+    acc_f = tl.zeros([CHUNK, 16], dtype=tl.float64)
+    acc_i = tl.zeros([CHUNK, 16], dtype=tl.int64)
+    for start in tl.range(0, programs, CHUNK):
+        r = start + rows
+        v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0)
+        vi = v.to(tl.int64, bitcast=True)
+        acc_f = tl.where(is_max[None, :], tl.maximum(acc_f, v), acc_f + v)
+        acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
+    total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
+    total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
+    tl.store(out_ptr + cols, tl.where(is_int, total_i.to(tl.float64, bitcast=True), total_f))
 
 
 @triton.jit
 def _exact_max_kernel(
-    a_ptr, b_ptr, n, f_ptr, g_ptr, out_ptr,
+    a_ptr, b_ptr, n, part_ptr, out_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
 ):  # fmt: skip
-    """The exact largest |d| of the float32 tiles: float32 rounding is monotonic, so it is the largest
-    float64 |d| among the positions whose float32 |d| equals the largest float32 |d|, ``g``. Only the
-    programs that saw ``g`` read their tiles again."""
+    """The exact largest |d| of the float32 programs: float32 rounding is monotonic, so it is the largest
+    float64 |d| among the positions whose float32 |d| equals the largest float32 |d|, g = out[6]. Only
+    the programs that saw g read their tiles again; out[5] takes the maximum (int64 order = float order
+    for values >= 0)."""
     pid = tl.program_id(0)
-    g = tl.load(g_ptr)
-    best = tl.cast(0.0, tl.float64)
-    if (tl.load(f_ptr + pid * 7 + 6) == g) & (g > 0):
+    g = tl.load(out_ptr + 6)
+    if (tl.load(part_ptr + pid * (_FLOATS + _INTS) + 6) == g) & (g > 0):
         g32 = g.to(tl.float32)
+        best = tl.cast(0.0, tl.float64)
+        start = pid.to(tl.int64) * (TILES * BLOCK)
         for t in tl.range(TILES):
-            offs = (pid * TILES + t).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            inb = offs < n
-            a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-            b = tl.load(b_ptr + offs, mask=inb, other=0.0)
+            a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
             hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
-            exact = tl.abs(_f64(b) - _f64(a))
-            best = tl.maximum(best, tl.max(tl.where(hit, exact, 0.0)))
-    tl.store(out_ptr + pid, best)
+            best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
+        tl.atomic_max(out_ptr.to(tl.pointer_type(tl.int64)) + 5, best.to(tl.int64, bitcast=True))
 
 
 @triton.jit
@@ -312,6 +338,13 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems:
     return [(ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems)]
 
 
+@functools.lru_cache(maxsize=64)
+def _tolerances(atol: float, rtol: float, device: torch.device) -> torch.Tensor:
+    """atol, rtol and the float32 band around them (common.EPS, TINY), on the device, once per pair of values."""
+    band = [atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS)]
+    return torch.tensor([atol, rtol, *band], dtype=torch.float64).to(device)
+
+
 def compare_cuda(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True
 ) -> Totals:
@@ -323,39 +356,27 @@ def compare_cuda(
     f8 = {"A8": _F8.get(a.dtype, 0), "B8": _F8.get(b.dtype, 0)}
     f64 = torch.float64 in (a.dtype, b.dtype)
     band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
-    tol = torch.tensor(
-        [atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS)],
-        dtype=torch.float64,
-    ).to(device)
-    tiles = {"BLOCK": BLOCK, "TILES": TILES}
+    tol = _tolerances(atol, rtol, device)
     per_program = BLOCK * TILES
-    keys = torch.zeros(nkeys, dtype=torch.int64, device=device)
-    parts, slots = [], 0
     pieces = _pieces(a, b, device, chunk_elems)
-    for ca, cb in pieces:
-        programs = triton.cdiv(ca.numel(), per_program)
-        fp = torch.empty(programs, 7, dtype=torch.float64, device=device)
-        ip = torch.empty(programs, 9, dtype=torch.int64, device=device)
-        _pass_kernel[(programs,)](
-            ca, cb, ca.numel(), tol, fp, ip, keys, **tiles, BITS=bits, **f8, F64=f64, BAND=band,
-            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, num_warps=NUM_WARPS, enable_fp_fusion=False,
-        )  # fmt: skip
-        parts.append((ca, cb, fp, ip))
-        slots += programs * per_program
     if not pieces:
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None)
-    f, i = torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts])
-    g = f[:, 6].max()
-    exact = [f[:, 5]]
-    for ca, cb, fp, _ in parts if not f64 else []:
-        out = torch.empty(fp.shape[0], dtype=torch.float64, device=device)
-        _exact_max_kernel[(fp.shape[0],)](
-            ca, cb, ca.numel(), fp, g, out, **tiles, **f8, num_warps=NUM_WARPS, enable_fp_fusion=False
-        )
-        exact.append(out)
-    top = torch.cat(exact).max()
-    floats = torch.cat([f[:, :5].sum(0), top.view(1)]).cpu().tolist()
-    ints = torch.cat([i[:, :5].sum(0), i[:, 5].max().view(1), i[:, 6:].sum(0), keys]).cpu().tolist()
+    programs = [triton.cdiv(ca.numel(), per_program) for ca, _ in pieces]
+    part = torch.empty(sum(programs), 16, dtype=torch.float64, device=device)
+    out = torch.zeros(16 + nkeys, dtype=torch.float64, device=device)  # totals, then the key histogram
+    keys = out.view(torch.int64)[16:]
+    rows = [part[r - p : r] for p, r in zip(programs, itertools.accumulate(programs))]
+    launch = {"BLOCK": BLOCK, "TILES": TILES, "num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    for (ca, cb), p, mine in zip(pieces, programs, rows):
+        _pass_kernel[(p,)](
+            ca, cb, ca.numel(), tol, mine, keys, BITS=bits, **f8, F64=f64, BAND=band,
+            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, **launch,
+        )  # fmt: skip
+    _finish_kernel[(1,)](part, part.shape[0], out, CHUNK=256, num_warps=4)
+    for (ca, cb), p, mine in zip(pieces, programs, rows) if not f64 else []:
+        _exact_max_kernel[(p,)](ca, cb, ca.numel(), mine, out, **f8, **launch)
+    res = out.cpu()
+    floats, ints = res[:7].tolist(), res.view(torch.int64)[7:].tolist()
     counts = tuple(ints[:5])
     ulp = None
     if spec is not None:
@@ -367,16 +388,15 @@ def compare_cuda(
             binned[0] += small * per_program - (m1 - 2 * n2) - n2
             binned[1 << KEY_BITS] += m1 - 2 * n2  # key of distance 1
             binned[(1 << KEY_BITS) + (1 << (KEY_BITS - 1))] += n2  # key of distance 2
-            binned[0] -= slots - counts[0]  # padding and non-finite positions were counted as distance 0
+            binned[0] -= sum(programs) * per_program - counts[0]  # padding and non-finite: distance 0
 
             def refine(lo: int, shift: int, bins: int) -> list[int]:
-                out = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
-                for ca, cb, _, _ in parts:
-                    _refine_kernel[(triton.cdiv(ca.numel(), per_program),)](
-                        ca, cb, ca.numel(), lo, shift, out, **tiles, BITS=bits, A8=f8["A8"],
-                        NBINS=REFINE_BINS, num_warps=NUM_WARPS, enable_fp_fusion=False,
-                    )  # fmt: skip
-                return out[:bins].cpu().tolist()
+                found = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
+                for (ca, cb), p in zip(pieces, programs):
+                    _refine_kernel[(p,)](
+                        ca, cb, ca.numel(), lo, shift, found, BITS=bits, A8=f8["A8"], NBINS=REFINE_BINS, **launch
+                    )
+                return found[:bins].cpu().tolist()
 
             ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(floats[:5]), floats[5], counts, ulp)  # type: ignore[arg-type]
+    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp)  # type: ignore[arg-type]

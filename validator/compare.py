@@ -166,14 +166,24 @@ def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, _Mea
     return {key: got for key, got in zip(keys, measured) if got.metrics is not None}
 
 
+def _usable(fm: _Measured | None) -> bool:
+    """A floor pair's measurement that can serve as a floor: measured, with no NaN and no Inf difference."""
+    if fm is None or fm.metrics is None:
+        return False
+    return not (fm.metrics.nonfinite_mismatch or (fm.blocks is not None and (fm.blocks.nan_a or fm.blocks.nan_b)))
+
+
 def _floor_for(key: LogicalKey, floor_m: dict[LogicalKey, _Measured], got: _Measured, have_floor: bool) -> Floor:
     """The measured floor when the floor pair has this tensor, else the rounding floor, else a reason."""
     fm = floor_m.get(key)
+    note = ""
     if fm is not None and fm.metrics is not None:
-        return Floor("measured", fm.metrics.rel_l2, fm.blocks)
+        if _usable(fm):
+            return Floor("measured", fm.metrics.rel_l2, fm.blocks)
+        note = "the floor pair has NaN or differing Inf for this tensor: its measured floor is not used"
     if got.rounding is not None and got.rounding.rel_l2 > 0:
-        return Floor("rounding", got.rounding.rel_l2, got.rounding)
-    why = "not in the floor pair" if have_floor else "no floor pair given"
+        return Floor("rounding", got.rounding.rel_l2, got.rounding, note=note)
+    why = note or ("not in the floor pair" if have_floor else "no floor pair given")
     if got.rounding is not None:
         return Floor("none", reason=f"{why}; the reference is exact in the candidate's dtype")
     return Floor("none", reason=f"{why}; the reference is not more precise than the candidate")
@@ -211,7 +221,7 @@ def compare_runs(
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
     pairs: list[PairResult] = []
     have = floor is not None
-    rounding = [k not in floor_m and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
+    rounding = [not _usable(floor_m.get(k)) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
     measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)])
     for i, (key, got) in enumerate(zip(keys, measured)):
         la, lb = ga[key], gb[key]
@@ -374,7 +384,7 @@ def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], poli
         return "fail", reasons
     undecided = [p for p in pairs if p.status == "inconclusive"]
     if not pairs:
-        return "inconclusive", reasons + ["no tensors in common to compare"]
+        return "inconclusive", ["no tensors in common to compare"] + reasons
     if undecided:
         border = [p for p in undecided if p.decision and p.decision.borderline]
         nofloor = [p for p in undecided if p not in border]

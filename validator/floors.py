@@ -84,13 +84,13 @@ def _rel(num: float, den: float) -> float:
 
 
 def _row_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor as ``[rows, cols]``: rows along the first dimension (tokens), 1-D tensors one per element."""
-    if t.dim() == 0:
-        return t.reshape(1, 1)
-    if t.dim() == 1:
+    """The tensor as ``[rows, cols]``: rows along the first dimension (tokens). When that dimension has
+    fewer than ``BLOCKS`` entries (one decode token, a batch dimension of 2) or the tensor is 1-D, every
+    element is a row, so blocks are contiguous runs of elements in memory order."""
+    if t.dim() <= 1 or t.shape[0] < BLOCKS:
         return t.reshape(-1, 1)
     rows = t.shape[0]
-    return t.reshape(rows, t.numel() // rows if rows else 0)
+    return t.reshape(rows, t.numel() // rows)
 
 
 def _bounds(rows: int) -> list[tuple[int, int]]:
@@ -141,30 +141,36 @@ def bootstrap_interval(
 ) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``rel_l2`` (no floor) or of ``rel_l2 / floor_rel_l2``.
 
-    Blocks are resampled with replacement; when the floor covers the same number of blocks (the same rows)
-    both are resampled with the same indices, otherwise independently. Nearest-rank percentiles, so an
-    infinite resample (a floor block set summing to zero) never turns the interval into NaN."""
+    Blocks are resampled with replacement; when the floor covers the same rows (same row count and
+    blocks) both are resampled with the same indices, otherwise independently. A resample whose value is
+    undefined (every drawn reference block zero) counts as infinite: it can widen an interval, never hide
+    a failure. Nearest-rank percentiles, so no value is interpolated between finite and infinite ones."""
     rng = np.random.default_rng(_SEED)
     n = len(cand.d2)
     if n == 0:
         return (0.0, 0.0)
     idx = rng.integers(0, n, size=(resamples, n))
-    values = _resampled_rel(cand, idx)
-    if floor is not None:
+    if floor is None:
+        values = _ratio(cand.d2[idx].sum(axis=1), cand.a2[idx].sum(axis=1), np.ones(resamples), np.ones(resamples))
+    else:
         m = len(floor.d2)
-        fidx = idx if m == n else rng.integers(0, max(m, 1), size=(resamples, max(m, 1)))
-        fvalues = _resampled_rel(floor, fidx) if m else np.zeros(resamples)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values = np.where(values == 0, 0.0, values / fvalues)
+        paired = m == n and floor.rows == cand.rows
+        fidx = idx if paired else rng.integers(0, max(m, 1), size=(resamples, max(m, 1)))
+        fd2 = floor.d2[fidx].sum(axis=1) if m else np.zeros(resamples)
+        fa2 = floor.a2[fidx].sum(axis=1) if m else np.zeros(resamples)
+        values = _ratio(cand.d2[idx].sum(axis=1), cand.a2[idx].sum(axis=1), fd2, fa2)
     tail = (1.0 - level) / 2.0
     lo, hi = np.quantile(values, [tail, 1.0 - tail], method="inverted_cdf")
     return float(lo), float(hi)
 
 
-def _resampled_rel(s: BlockSums, idx: np.ndarray) -> np.ndarray:
-    num, den = s.d2[idx].sum(axis=1), s.a2[idx].sum(axis=1)
+def _ratio(d2: np.ndarray, a2: np.ndarray, fd2: np.ndarray, fa2: np.ndarray) -> np.ndarray:
+    """``sqrt((d2 / a2) / (fd2 / fa2))`` per resample, written as ``sqrt((d2 / fd2) * (fa2 / a2))`` so that
+    a paired resample of all-zero reference rows (``a2 == fa2 == 0``) still compares the two errors.
+    Without a floor, pass ``fd2 = fa2 = 1``: the rel_l2 itself. Undefined values become infinite."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.sqrt(num / den)
-    out[(den == 0) & (num == 0)] = 0.0
-    out[(den == 0) & (num > 0)] = np.inf
+        err = np.where(d2 == 0, 0.0, d2 / fd2)
+        scale = np.where(fa2 == a2, 1.0, fa2 / a2)
+        out = np.sqrt(err * scale)
+    out[np.isnan(out)] = np.inf
     return out

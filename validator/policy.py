@@ -95,6 +95,7 @@ class Floor:
     rel_l2: float | None = None
     blocks: BlockSums | None = None
     reason: str = ""
+    note: str = ""  # e.g. why a measured floor was not used
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class _Verdicts:
         """Interval entirely within the limit: fine; entirely beyond: fail; across it: borderline."""
         if ci[0] > limit or (value > limit and ci[0] == ci[1]):
             self.fails.append(f"{shown} > {limit_text}")
-        elif ci[1] > limit or value > limit:
+        elif not ci[1] <= limit or not value <= limit:  # an infinite or undefined bound never passes
             self.borderline.append(f"borderline: {shown} straddles {limit_text}")
 
 
@@ -255,10 +256,10 @@ class Policy:
 def _nonfinite(mode: str, m: TensorMetrics, blocks: BlockSums | None, v: _Verdicts) -> None:
     if mode == "ignore":
         return
-    nan_a = blocks.nan_a if blocks is not None else m.nonfinite_a
-    nan_b = blocks.nan_b if blocks is not None else m.nonfinite_b
-    if mode == "fail" and (nan_a or nan_b):
-        v.fails.append(f"NaN: {nan_a} in A, {nan_b} in B")
+    if mode == "fail" and blocks is None and (m.nonfinite_a or m.nonfinite_b):  # no NaN count: be strict
+        v.fails.append(f"non-finite (NaN or Inf): {m.nonfinite_a} in A, {m.nonfinite_b} in B")
+    elif mode == "fail" and blocks is not None and (blocks.nan_a or blocks.nan_b):
+        v.fails.append(f"NaN: {blocks.nan_a} in A, {blocks.nan_b} in B")
     if m.nonfinite_mismatch:
         v.fails.append(f"{m.nonfinite_mismatch} element(s) differ in NaN/Inf")
     if blocks is not None and blocks.inf_matched:
@@ -269,6 +270,8 @@ def _against_floor(
     rule: Rule, m: TensorMetrics, floor: Floor, dtype_b: str, blocks: BlockSums | None, v: _Verdicts, out: dict[str, Any]
 ) -> None:
     out["floor_kind"] = floor.kind
+    if floor.note:
+        v.notes.append(floor.note)
     if floor.kind == "none" or floor.rel_l2 is None or not math.isfinite(floor.rel_l2):
         out["floor_kind"] = "none"
         if m.rel_l2 == 0:

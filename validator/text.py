@@ -43,7 +43,7 @@ def format_rows(header: list[str], rows: list[list[str]]) -> str:
 
 
 def headline(doc: dict[str, Any]) -> str:
-    """'FAIL: ctx.pre_norm [tok=0:4096]: x measured floor 2.03 [2.01, 2.05] > 1.5', the deciding reason."""
+    """'FAIL: ctx.pre_norm [tok=0:4096]: 2.03x measured floor [2.03, 2.03] > 1.5x': the deciding reason."""
     reason = doc.get("headline") or (doc.get("reasons") or [""])[0]
     return f"{doc['verdict'].upper()}: {reason}" if reason else doc["verdict"].upper()
 

@@ -32,7 +32,8 @@ def _save(path: Path, **tensors: torch.Tensor) -> str:
 
 
 def _np_blocks(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows = a.reshape(a.shape[0], a.size // max(a.shape[0], 1)) if a.ndim > 1 else a.reshape(-1, 1)
+    # rows along the first dimension when it has at least BLOCKS entries, else every element is a row
+    rows = a.reshape(a.shape[0], a.size // a.shape[0]) if a.ndim > 1 and a.shape[0] >= BLOCKS else a.reshape(-1, 1)
     rb = b.reshape(rows.shape)
     n = min(BLOCKS, rows.shape[0])
     d2, a2 = np.zeros(n), np.zeros(n)
@@ -163,3 +164,36 @@ def test_example_policy_fails_a_bad_pair_without_a_floor(tmp_path: Path, capsys)
     b = _save(tmp_path / "b.safetensors", **{"ctx.pre_norm": cand.bfloat16()})
     code, out, _ = _cli(capsys, tmp_path, "compare", a, b, "--policy", str(EXAMPLE_POLICY))
     assert code == 1 and "rel_l2 0.18" in out and "> 0.03" in out
+
+
+def test_padded_rows_and_single_tokens_get_honest_intervals(tmp_path: Path, capsys) -> None:
+    g = torch.Generator().manual_seed(8)
+    # 8 decode slots, 4 of them padding (zero in every run): a 10x drift must fail, not turn borderline
+    ref = torch.randn(8, 512, generator=g, dtype=torch.float64)
+    ref[4:] = 0
+    e1, e2 = torch.randn(8, 512, generator=g, dtype=torch.float64), torch.randn(8, 512, generator=g, dtype=torch.float64)
+    e1[4:], e2[4:] = 0, 0
+    files = [_save(tmp_path / f"{n}.safetensors", x=ref + s * e) for n, s, e in (("r", 0, e1), ("f", 1e-3, e1), ("c", 1e-2, e2))]
+    code, out, _ = _cli(capsys, tmp_path, "compare", files[0], files[2], "--floor", files[0], files[1], "--json")
+    pair = json.loads(out)["pairs"][0]
+    assert code == 1 and pair["status"] == "fail" and all(math.isfinite(x) for x in pair["interval"])
+    # one decode token: the interval comes from blocks of elements, not a single row
+    row = torch.randn(1, 7168, generator=g, dtype=torch.float64)
+    a = _save(tmp_path / "a.safetensors", h=row)
+    b = _save(tmp_path / "b.safetensors", h=row + 0.03 * torch.randn(1, 7168, generator=g, dtype=torch.float64))
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, b, "--json")
+    lo, hi = json.loads(out)["pairs"][0]["interval"]
+    assert lo < hi
+
+
+def test_floor_pair_with_nan_is_not_used_as_a_floor(tmp_path: Path, capsys) -> None:
+    g = torch.Generator().manual_seed(9)
+    ref = torch.randn(256, 16, generator=g, dtype=torch.float64)
+    bad_floor = (ref + 1e-3).clone()
+    bad_floor[:128] = math.nan
+    a = _save(tmp_path / "a.safetensors", x=ref)
+    fl = _save(tmp_path / "fl.safetensors", x=bad_floor)
+    c = _save(tmp_path / "c.safetensors", x=ref + 1e-3 * torch.randn(256, 16, generator=g, dtype=torch.float64))
+    code, out, _ = _cli(capsys, tmp_path, "compare", a, c, "--floor", a, fl, "--json")
+    pair = json.loads(out)["pairs"][0]
+    assert code == 3 and pair["floor_kind"] == "none" and "floor pair has NaN" in " ".join(pair["reasons"])

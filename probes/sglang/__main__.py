@@ -14,34 +14,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .check import check
 from .coverage import check_coverage, read_reports
 from .launch import site_dir
-from .points import POINTS
-from .resolve import check_points, sglang_root, sglang_version
-from .runtime import PluginConfig
-
-
-def check(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m probes.sglang check")
-    p.add_argument("--sglang-path", action="append", help="search here for the sglang package (default: sys.path)")
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    root = sglang_root(a.sglang_path)
-    cfg = PluginConfig.from_env()
-    statuses = check_points(POINTS, root)
-    selected = set(cfg.selected())
-    missing_required = [s for s in statuses if s.point.name in selected and not s.active and cfg.is_required(s.point.name)]
-    if a.json:
-        print(json.dumps({"sglang": str(root), "version": sglang_version(root),
-                          "points": {s.point.name: {**s.to_dict(), "selected": s.point.name in selected,
-                                                    "required": cfg.is_required(s.point.name)} for s in statuses}},
-                         indent=1))
-    else:
-        print(f"sglang {sglang_version(root)} at {root}")
-        for s in statuses:
-            flag = "selected" if s.point.name in selected else "off"
-            print(f"  [{'ok' if s.active else 'missing':7}] ({flag}) {s.message()}")
-    return 1 if missing_required else 0
 
 
 def coverage(argv: Sequence[str]) -> int:

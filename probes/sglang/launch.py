@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="report the capture points the installed SGLang supports")
     opts = p.parse_args(args)
     if opts.check:
-        from .__main__ import check
+        from .check import check
 
         return check([])
     env = environment()

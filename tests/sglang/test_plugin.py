@@ -117,7 +117,7 @@ def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: P
     rc = main(["--home", str(tmp_path / "home"), "compare", str(a), str(b), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 3 and doc["verdict"] == "inconclusive"  # 4 verify steps: too few to judge acceptance
-    assert "all 54 pairs within thresholds" in doc["reasons"]
+    assert "all 54 pairs within their limits" in doc["reasons"]
 
 
 PP_POINTS = "target.hidden,ctx.project,ctx.partial,ctx.write,pp.send,draft.kv"

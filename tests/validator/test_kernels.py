@@ -266,6 +266,17 @@ def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) 
 
 
 @CUDA
+def test_cuda_tolerance_boundary_passes_like_float64() -> None:
+    for dt in (torch.float32, torch.bfloat16):
+        a = torch.randn(50_000, generator=torch.Generator().manual_seed(10)).to(dt)
+        t = 1e-5 + 1e-3 * a.double().abs()
+        for b in (a.double() + t, torch.nextafter(a.double() + t, torch.tensor(math.inf, dtype=torch.float64))):
+            b = b.to(dt)
+            got = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
+            assert got.counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+
+
+@CUDA
 def test_cuda_large_close_pair() -> None:
     # distances 0..2 everywhere: the p99 comes from the tiles' moments, not from histograms
     a, b, atol, rtol = CASES["close-bfloat16"]

@@ -143,7 +143,7 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
-        c = compare_refs(a, b, store=lambda: _service(args), policy=pol, floor=floor, progress=prog)
+        c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog)
     tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
     return comparison_doc(c), tables
 

@@ -467,17 +467,17 @@ def compare_refs(
     a: str,
     b: str,
     *,
-    store: Callable[[], Service],
+    open_store: Callable[[], Service],
     policy: Policy | None = None,
     floor: tuple[str, str] | None = None,
     progress: Progress | None = None,
 ) -> Comparison:
     """:meth:`Service.compare` for a local caller. When every reference is an existing path (bundles,
     ``.safetensors`` files, folders of them) the store is never opened: no database, no migrations. Otherwise
-    ``store()`` opens it, and references resolve as in :meth:`Service.resolve` (a path first, then a run)."""
+    ``open_store()`` opens it, and references resolve as in :meth:`Service.resolve` (a path first, then a run)."""
     if all(Path(r).exists() for r in (a, b, *(floor or ()))):
         return _compare(open_path, a, b, policy=policy, floor=floor, progress=progress)
-    return store().compare(a, b, policy=policy, floor=floor, progress=progress)
+    return open_store().compare(a, b, policy=policy, floor=floor, progress=progress)
 
 
 def _compare(

@@ -4,8 +4,9 @@ Pairs of 8-, 16- and 32-bit floats are read in pieces of :data:`PIECE` elements,
 and combined with a few vectorised torch operations per piece; the piece totals are added in float64.
 Exactness where the reference's float64 matters:
 
-- sums: float32 within rows of :data:`ROW` elements (torch splits a reduction over rows between its
-  threads, never one row, so the bits do not depend on the thread count), float64 across rows;
+- sums: one 3x3 Gram matrix of (a, b, d) per row of :data:`ROW` elements in float32 (``torch.bmm``,
+  which splits the rows between its threads, never one row, so the bits do not depend on the thread
+  count), float64 across rows;
 - ``max_abs``: float32 rounding is monotonic, so the piece holding the largest float32 ``|d|`` also
   holds the largest exact one; its candidates are recomputed in float64;
 - the tolerance test: counted twice in float32, against tolerances moved 2**-18 down and up; if the
@@ -46,13 +47,14 @@ class _Pass:
         self.atol, self.rtol, self.spec = atol, rtol, spec
         self.ref = Accumulator(torch.device("cpu"), atol, rtol, spec)  # pieces that need float64
         piece = -(-piece // ROW) * ROW
-        self.xa, self.xb, self.d, self.t, self.u = (torch.empty(piece) for _ in range(5))
-        self.rows = torch.empty(5, piece // ROW)  # per-row float32 sums of a², b², d², a·d, |d|
+        self.x = torch.empty(3, piece)
+        self.t, self.u = torch.empty(piece), torch.empty(piece)
         self.mask = torch.empty(piece, dtype=torch.bool)
         self.sums = [0.0] * 5
         self.n_both = self.n_pass = self.max_ulp = 0
         self.max32, self.max_abs = -1.0, 0.0
         self.keys = torch.zeros_like(self.ref.keys)
+        self.low = [0, 0, 0]  # counts of distances 0, 1, 2 from pieces whose distances are all <= 2
         # tolerances moved down (lo) and up (hi): a float32 count against each brackets the exact one
         self.lo = (atol * (1 - EPS) - TINY, rtol * (1 - EPS))
         self.hi = (atol * (1 + EPS) + TINY, rtol * (1 + EPS))
@@ -60,18 +62,17 @@ class _Pass:
     def add(self, ca: torch.Tensor, cb: torch.Tensor) -> None:
         n = ca.numel()
         m = -(-n // ROW) * ROW  # whole rows; the padding is zero and adds nothing to the sums
-        xa, xb, d, u = self.xa[:m], self.xb[:m], self.d[:m], self.u[:m]
+        x = self.x[:, :m]  # rows a, b, d = b - a
+        xa, xb, d = x[0], x[1], x[2]
         xa[:n].copy_(ca)
         xb[:n].copy_(cb)
-        xa[n:].zero_()
-        xb[n:].zero_()
+        x[:2, n:].zero_()
         torch.sub(xb, xa, out=d)
-        rows = self.rows[:, : m // ROW]
-        for j, (x, y) in enumerate(((xa, xa), (xb, xb), (d, d), (xa, d))):
-            torch.sum(torch.mul(x, y, out=u).view(-1, ROW), 1, out=rows[j])
+        rows = x.view(3, -1, ROW).transpose(0, 1)
+        gram = torch.bmm(rows, rows.transpose(1, 2)).double().sum(0)  # one 3x3 product per row, then float64
+        s_a2, s_b2, s_d2, s_ad = float(gram[0, 0]), float(gram[1, 1]), float(gram[2, 2]), float(gram[0, 2])
         d.abs_()
-        torch.sum(d.view(-1, ROW), 1, out=rows[4])
-        s_a2, s_b2, s_d2, s_ad, s_abs = rows.double().sum(1).tolist()
+        s_abs = float(d.view(-1, ROW).sum(1).double().sum())
         top = float(d.amax())
         fine = all(SAFE_LO <= s <= SAFE_HI for s in (s_a2, s_b2)) and (SAFE_LO <= s_d2 <= SAFE_HI or top == 0)
         if not fine:  # non-finite values (their squares are not finite) or squares near float32's limits
@@ -87,8 +88,15 @@ class _Pass:
             self.max32, self.max_abs = top, max(self.max_abs, exact)
         if self.spec is not None:
             dist = ulp_distance(ca, cb, self.spec)
-            self.max_ulp = max(self.max_ulp, int(dist.max()))
-            self.keys += torch.bincount(ulp_key(dist), minlength=self.keys.numel())
+            top_ulp = int(dist.max())
+            self.max_ulp = max(self.max_ulp, top_ulp)
+            if top_ulp <= 2:  # distances 0, 1, 2 only: their counts follow from two moments
+                m1, m2 = int(dist.sum()), int((dist * dist).sum())
+                self.low[2] += (m2 - m1) // 2
+                self.low[1] += m1 - (m2 - m1)
+                self.low[0] += n - (m1 - (m2 - m1)) - (m2 - m1) // 2
+            else:
+                self.keys += torch.bincount(ulp_key(dist), minlength=self.keys.numel())
 
     def _passed(self, ca: torch.Tensor, cb: torch.Tensor, xa: torch.Tensor, absd: torch.Tensor) -> int:
         """How many of the piece pass ``|d| <= atol + rtol |a|``, exactly as in float64."""
@@ -112,4 +120,6 @@ class _Pass:
         ref.max_abs = torch.clamp(ref.max_abs, min=self.max_abs)
         ref.max_ulp = torch.clamp(ref.max_ulp, min=self.max_ulp)
         ref.keys += self.keys
+        for dist, count in enumerate(self.low):
+            ref.keys[int(ulp_key(torch.tensor([dist])))] += count
         return ref.totals(numel, pieces)  # type: ignore[arg-type]

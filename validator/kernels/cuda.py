@@ -1,16 +1,21 @@
-"""GPU backend: one fused Triton pass over a pair, float64 arithmetic per element.
+"""GPU backend: one fused Triton pass over a pair, float32 per element, float64 across programs.
 
-Each program reads ``TILES`` tiles of ``BLOCK`` elements of both tensors once and writes its partial
-totals (five float64 sums, the largest ``|d|``, five counts, the largest ULP distance) to a buffer of
-its own; torch adds the partials in a fixed order, so a pair gives the same bits on every call. The
-ULP key histogram (``common.ulp_key``) is added with integer atomics, whose order cannot change a sum.
-A tile whose sums of squares come out non-finite is computed again with the reference's masking
-(NaN/Inf positions left out of the sums and counted), from the registers it already holds.
+Each program reads ``TILES`` tiles of ``BLOCK`` elements of both tensors once, keeps per-lane float32
+sums (a², b², d², |d|, a·d), the largest |d|, two counts of the tolerance test and the ULP distances'
+largest value and first two moments, reduces them once and writes one row of partials. A one-program
+kernel adds the rows in a fixed order, so a pair gives the same bits on every call; the host reads one
+small buffer back. Where float32 could differ from the float64 reference, the program checks and
+reads its tiles again:
 
-Every value is converted to float64 before any arithmetic, like the reference, so ``max_abs``, the
-tolerance test and the counts are exact and the sums differ from the reference's only in the order
-of float64 additions. The tolerance test must round like the reference (a multiply, then an add), so
-kernels are compiled with ``enable_fp_fusion=False``.
+- NaN/Inf, or squares outside float32's comfortable range (``common.SAFE_LO``/``SAFE_HI``): the whole
+  program in float64 with the reference's masking (``_masked_program``); float64 inputs always;
+- the tolerance test is counted against tolerances moved 2**-18 down and up; if the counts differ,
+  the program counts again in float64 (``_passed_program``), rounding like the reference;
+- ``max_abs``: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
+  float32 |d| is the largest; ``_exact_max_kernel`` recomputes those in float64;
+- the exact p99: a program whose ULP distances are all 0, 1 or 2 gives their counts from two moments;
+  any other adds its key histogram (``common.ulp_key``) with integer atomics (``_ulp_program``), and
+  rare refining passes follow (``_refine_kernel``). Integer sums do not depend on order.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ BLOCK = 512  # elements per tile
 TILES = 32  # tiles per program
 NUM_WARPS = 4
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
+# BLOCK, TILES, NUM_WARPS: chosen on an H200 (benchmarks/engine_bench.md); results do not depend on them
+# beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)

@@ -97,8 +97,9 @@ def write_path_bundle(out_dir: Path, prefix: str, res: PathResult, run: ProbeRun
         "seed": str(cfg.seed),
         "kernels": f"rmsnorm={kern['rmsnorm']},rope={kern['rope']}",
         "path": res.name,
-        "accum": str(res.accum_dtype),
     }
+    if res.accum_dtype is not None:  # the single-GEMM path has no running sum, so no accumulation dtype
+        labels["accum"] = str(res.accum_dtype)
     extra = {
         "probe": "projection",
         "config": cfg.to_dict(),

@@ -42,8 +42,8 @@ def run_demo(svc: Service, *, out: str | None = None, json_out: bool = False) ->
     docs: dict[str, Any] = {}
     verdicts: list[str] = []
     commands: list[str] = []
-    for cand in ("partial-fp32", "partial-bf16"):
-        say(f"\n3. compare {cand} against the FP64 reference, floor = concat vs FP64")
+    for step, cand in enumerate(("partial-fp32", "partial-bf16"), start=3):
+        say(f"\n{step}. compare {cand} against the FP64 reference, floor = concat vs FP64")
         # stored as a cached comparison, so the dashboard shows this very result at /comparisons/{id}
         # The default policy, as `validator compare` uses it; stored as a cached comparison, so the
         # dashboard shows this very result at /comparisons/{id}.

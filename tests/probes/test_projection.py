@@ -321,6 +321,8 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
             and labels["kernels"] == "rmsnorm=torch,rope=torch"
         )
         assert man["run"]["kernels"] == {"rmsnorm": "torch", "rope": "torch"}
+        # the single GEMM has no running sum: no accumulation label (never the string "None")
+        assert labels.get("accum") == {"concat": None, "ref": "fp64"}.get(name, name.removeprefix("partial-"))
         assert man["run"]["layout"]["sizes"] == [6, 6, 6, 6]
         recs = _records(root_p)
         files = {r["file"] for r in recs}

@@ -28,3 +28,14 @@ def test_demo_stores_four_runs_and_compares(tmp_path: Path, capsys) -> None:
     assert bf16["ctx.pre_norm"]["status"] == "fail" and bf16["ctx.pre_norm"]["interval"][0] > 1.5
     code = main(["--home", str(tmp_path / "h"), "runs", "--json"])
     assert code == 0 and len(json.loads(capsys.readouterr().out)["runs"]) == 4
+
+
+def test_demo_text_numbers_its_steps_and_prints_the_commands(tmp_path: Path, capsys) -> None:
+    code = main(["--home", str(tmp_path / "h"), "demo", "--out", str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "\n3. compare partial-fp32" in out and "\n4. compare partial-bf16" in out
+    # the commands that reproduce the verdicts with the default policy, and the verdicts themselves
+    commands = [line.strip() for line in out.splitlines() if line.strip().startswith("validator compare ")]
+    assert len(commands) == 2 and all("--floor" in c and "--policy" not in c for c in commands)
+    assert "partial-fp32: PASS" in out and "partial-bf16: FAIL: ctx.pre_norm" in out

@@ -148,26 +148,35 @@ def test_repeats_and_call_order_give_identical_bits() -> None:
     assert [compare_tensors(a, b).to_dict() for _ in range(3)] == [first] * 3
 
 
-def test_thread_count_does_not_change_results() -> None:
-    a, b = pair(torch.float16, 1_000_003, seed=9)
+def with_threads(n: int, fn: Callable[[], object]) -> object:
+    """fn() with torch using n threads."""
     saved = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = compare_tensors(a, b).to_dict()
-        torch.set_num_threads(3)
-        three = compare_tensors(a, b).to_dict()
+        torch.set_num_threads(n)
+        return fn()
     finally:
         torch.set_num_threads(saved)
-    assert one == three
 
 
-def test_tolerance_boundary_passes_like_float64() -> None:
+def test_thread_count_does_not_change_results() -> None:
+    a, b = pair(torch.float16, 1_000_003, seed=9)
+    assert with_threads(1, lambda: compare_tensors(a, b).to_dict()) == with_threads(3, lambda: compare_tensors(a, b).to_dict())
+
+
+def boundary_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs with many elements on, or next to, |b - a| == 1e-5 + 1e-3 |a| after rounding."""
+    out = []
     for dt in (torch.float32, torch.bfloat16):
         a = torch.randn(50_000, generator=torch.Generator().manual_seed(10)).to(dt)
         t = 1e-5 + 1e-3 * a.double().abs()
         for b in (a.double() + t, torch.nextafter(a.double() + t, torch.tensor(math.inf, dtype=torch.float64))):
-            b = b.to(dt)  # many elements land on or next to the boundary after rounding
-            assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+            out.append((a, b.to(dt)))
+    return out
+
+
+def test_tolerance_boundary_passes_like_float64() -> None:
+    for a, b in boundary_pairs():
+        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
 
 
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
@@ -193,15 +202,7 @@ def test_compare_runs_in_parallel_keeps_order(tmp_path: Path) -> None:
                 x = torch.randn(300, generator=torch.Generator().manual_seed(i))
                 w.add(f"t{i:02d}", (x + noise * torch.randn(300, generator=g)).to(torch.bfloat16), step=0)
     va, vb = open_path(tmp_path / "a"), open_path(tmp_path / "b")
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        serial = compare_runs(va, vb).to_dict()
-        torch.set_num_threads(4)
-        parallel = compare_runs(va, vb).to_dict()
-    finally:
-        torch.set_num_threads(saved)
-    assert parallel == serial
+    assert with_threads(4, lambda: compare_runs(va, vb).to_dict()) == with_threads(1, lambda: compare_runs(va, vb).to_dict())
 
 
 def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
@@ -267,13 +268,9 @@ def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) 
 
 @CUDA
 def test_cuda_tolerance_boundary_passes_like_float64() -> None:
-    for dt in (torch.float32, torch.bfloat16):
-        a = torch.randn(50_000, generator=torch.Generator().manual_seed(10)).to(dt)
-        t = 1e-5 + 1e-3 * a.double().abs()
-        for b in (a.double() + t, torch.nextafter(a.double() + t, torch.tensor(math.inf, dtype=torch.float64))):
-            b = b.to(dt)
-            got = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
-            assert got.counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+    for a, b in boundary_pairs():
+        got = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
+        assert got.counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
 
 
 @CUDA

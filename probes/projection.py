@@ -136,11 +136,7 @@ def run_probe(
         check_path(n)
     if len(set(names)) != len(names):
         raise ProjectionConfigError(f"paths listed twice: {names}")
-    dev = (
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "auto"
-        else torch.device(device)
-    )
+    dev = _device(device)
     kern = select_kernels(kernels, dev)
     if hidden is None:
         hs = make_hidden_states(cfg, dev)
@@ -161,3 +157,25 @@ def run_probe(
             if out_dir is not None:
                 run.bundles[n] = write_path_bundle(Path(out_dir), prefix, res, run, write_stages)
     return run
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """``auto``: CUDA when this torch has it, else the CPU. A named device must exist (checked here, before
+    any arithmetic, so that a CPU-only torch gets a configuration error instead of a failure mid-run)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ProjectionConfigError(f"--device {device!r}: not a device ({exc})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ProjectionConfigError(
+                f"--device {device}: this torch ({torch.__version__}) has no usable CUDA; use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ProjectionConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif dev.type != "cpu":
+        raise ProjectionConfigError(f"--device {device}: only cpu and cuda devices are supported")
+    return dev
+

@@ -381,3 +381,12 @@ def test_probe_imports_with_torch_only() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+def test_cuda_device_without_cuda_is_a_configuration_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from validator.projection import main
+
+    assert main(["--device", "cuda", "--tokens", "8", "--hidden", "64", "--draft-layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "no usable CUDA" in err and "Traceback" not in err

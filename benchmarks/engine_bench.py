@@ -107,7 +107,6 @@ def section(device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, c
             rows.append(row)
             print(f"  {label:>22} {name:<20} {sec * 1e3:10.3f} ms  {row['gbps']:9.1f} GB/s", flush=True)
         print(f"  {label:>22} result: rel_l2 {m.rel_l2:.6g}  max_ulp {m.max_ulp}  p99_ulp {m.p99_ulp}", flush=True)
-        del a, b
     return rows
 
 
@@ -129,7 +128,6 @@ def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str
                     row = {"pair": label, "block": block, "tiles": tiles, "warps": warps, "p99": p99, "gbps": 2 * n * 2 / sec / 1e9}
                     rows.append(row)
                     print(f"  sweep {label:>22} BLOCK={block} TILES={tiles} warps={warps} p99={p99}: {row['gbps']:8.1f} GB/s", flush=True)
-            del a, b
     finally:
         cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS = saved
     return rows

@@ -19,6 +19,8 @@ Other pairs (float64 or integer inputs) take the reference itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import torch
 
 from .common import EPS, SAFE_HI, SAFE_LO, TINY, ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
@@ -112,7 +114,7 @@ class _Pass:
         a64 = ca.double()
         return int(torch.count_nonzero((cb.double() - a64).abs() <= self.atol + self.rtol * a64.abs()))
 
-    def totals(self, numel: int, pieces: object) -> Totals:
+    def totals(self, numel: int, pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]) -> Totals:
         ref = self.ref
         ref.sums += torch.tensor(self.sums, dtype=torch.float64)
         ref.counts[0] += self.n_both
@@ -122,4 +124,4 @@ class _Pass:
         ref.keys += self.keys
         for dist, count in enumerate(self.low):
             ref.keys[int(ulp_key(torch.tensor([dist])))] += count
-        return ref.totals(numel, pieces)  # type: ignore[arg-type]
+        return ref.totals(numel, pieces)

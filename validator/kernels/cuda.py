@@ -392,7 +392,7 @@ def compare_cuda(
     res = out.cpu()
     floats, ints = res[:7].tolist(), res.view(torch.int64)[7:].tolist()
     counts = tuple(ints[:5])
-    ulp = None
+    ulp: tuple[int, int | None] | None = None
     if spec is not None:
         ulp = (ints[5], None)
         if hist:
@@ -413,4 +413,4 @@ def compare_cuda(
                 return found[:bins].cpu().tolist()
 
             ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp)  # type: ignore[arg-type]
+    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp)

@@ -100,7 +100,7 @@ class Accumulator:
 
             p99 = p99_from_keys(self.keys.tolist(), counts[0], refine, REFINE_BINS)
             ulp = (int(self.max_ulp), p99)
-        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp)  # type: ignore[arg-type]
+        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp)
 
 
 def compare_reference(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int) -> Totals:

@@ -71,11 +71,10 @@ class _Pass:
         x[:2, n:].zero_()
         torch.sub(xb, xa, out=d)
         rows = x.view(3, -1, ROW).transpose(0, 1)
-        gram = torch.bmm(rows, rows.transpose(1, 2)).double().sum(0)  # one 3x3 product per row, then float64
-        s_a2, s_b2, s_d2, s_ad = float(gram[0, 0]), float(gram[1, 1]), float(gram[2, 2]), float(gram[0, 2])
+        gram = torch.bmm(rows, rows.transpose(1, 2)).double().sum(0).view(-1)  # a 3x3 product per row, then float64
         d.abs_()
-        s_abs = float(d.view(-1, ROW).sum(1).double().sum())
-        top = float(d.amax())
+        s_abs, top = d.view(-1, ROW).sum(1).double().sum(), d.amax().double()
+        s_a2, _, s_ad, _, s_b2, _, _, _, s_d2, s_abs, top = torch.cat([gram, s_abs.view(1), top.view(1)]).tolist()
         fine = all(SAFE_LO <= s <= SAFE_HI for s in (s_a2, s_b2)) and (SAFE_LO <= s_d2 <= SAFE_HI or top == 0)
         if not fine:  # non-finite values (their squares are not finite) or squares near float32's limits
             self.ref.add(ca, cb)
@@ -85,8 +84,8 @@ class _Pass:
         self.n_both += n
         self.n_pass += self._passed(ca, cb, xa[:n], d[:n])
         if top >= self.max32:  # the exact largest |d| is among this piece's largest float32 |d|
-            at = (d[:n] == top).nonzero().view(-1)
-            exact = float((cb[at].double() - ca[at].double()).abs().max())
+            at = torch.eq(d[:n], top, out=self.mask[:n])
+            exact = float((cb.masked_select(at).double() - ca.masked_select(at).double()).abs().max())
             self.max32, self.max_abs = top, max(self.max_abs, exact)
         if self.spec is not None:
             dist = ulp_distance(ca, cb, self.spec)

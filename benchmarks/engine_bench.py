@@ -141,9 +141,12 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     sections = args.sections.split(",")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     out: dict[str, Any] = {
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),

@@ -60,12 +60,12 @@ def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, in
     int_dtype, mask = spec
     wide = torch.int64 if int_dtype == torch.int32 else torch.int32
 
-    def ordinal(x: torch.Tensor) -> torch.Tensor:
-        s = x.view(int_dtype).to(wide)
+    def ordinal(x: torch.Tensor) -> torch.Tensor:  # fits the storage width: computed there
+        s = x.view(int_dtype)
         neg = s >> (8 * s.element_size() - 1)  # -1 where the sign bit is set, else 0
         return (s ^ (neg & mask)) - neg  # == -(s & mask) where negative: no select needed
 
-    return (ordinal(ca) - ordinal(cb)).abs_()
+    return (ordinal(ca).to(wide) - ordinal(cb)).abs_()
 
 
 def ulp_key(dist: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,10 @@
-"""CPU backend: the pass as torch operations on float32 pieces, run on torch's own threads.
+"""CPU backend: the pass as torch operations on float32 pieces.
 
 Pairs of 8-, 16- and 32-bit floats are read in pieces of :data:`PIECE` elements, converted to float32
 and combined with a few vectorised torch operations per piece; the piece totals are added in float64.
 Exactness where the reference's float64 matters:
 
-- sums: one 3x3 Gram matrix of (a, b, d) per row of :data:`ROW` elements in float32 (``torch.bmm``,
-  which splits the rows between its threads, never one row, so the bits do not depend on the thread
-  count), float64 across rows;
+- sums: float32 within rows of :data:`ROW` elements, float64 across rows;
 - ``max_abs``: float32 rounding is monotonic, so the piece holding the largest float32 ``|d|`` also
   holds the largest exact one; its candidates are recomputed in float64;
 - the tolerance test: counted twice in float32, against tolerances moved 2**-18 down and up; if the
@@ -26,12 +24,15 @@ import torch
 from .common import EPS, SAFE_HI, SAFE_LO, TINY, ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
 from .reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
 
-PIECE = 1 << 16  # elements per piece: its float32 buffers stay in the core's L2 cache
-ROW = 1024  # sums are taken per row of a piece (one thread per row, so the thread count cannot change them)
+# Elements per piece: below torch's grain size (32768), so every operation runs on the calling thread.
+# torch's threads gained about 15% on two idle cores and stalled every operation while another process
+# held a core; pairs run side by side instead (validator.compare).
+PIECE = 1 << 14
+ROW = 1024  # sums are taken per row of a piece
 
 
 def threads() -> int:
-    """The threads torch uses for one operation (how many pairs are worth running at once)."""
+    """How many pairs are worth comparing at once: torch's thread count (one pair runs on one thread)."""
     return torch.get_num_threads()
 
 
@@ -49,8 +50,9 @@ class _Pass:
         self.atol, self.rtol, self.spec = atol, rtol, spec
         self.ref = Accumulator(torch.device("cpu"), atol, rtol, spec)  # pieces that need float64
         piece = -(-piece // ROW) * ROW
-        self.x = torch.empty(3, piece)
+        self.x = torch.empty(3, piece)  # rows a, b, d
         self.t, self.u = torch.empty(piece), torch.empty(piece)
+        self.rows = torch.empty(5, piece // ROW)  # float32 sums per row of a², b², d², a·d, |d|
         self.mask = torch.empty(piece, dtype=torch.bool)
         self.sums = [0.0] * 5
         self.n_both = self.n_pass = self.max_ulp = 0
@@ -70,11 +72,13 @@ class _Pass:
         xb[:n].copy_(cb)
         x[:2, n:].zero_()
         torch.sub(xb, xa, out=d)
-        rows = x.view(3, -1, ROW).transpose(0, 1)
-        gram = torch.bmm(rows, rows.transpose(1, 2)).double().sum(0).view(-1)  # a 3x3 product per row, then float64
+        rows, u = self.rows[:, : m // ROW], self.u[:m]
+        for j, (p, q) in enumerate(((xa, xa), (xb, xb), (d, d), (xa, d))):
+            torch.sum(torch.mul(p, q, out=u).view(-1, ROW), 1, out=rows[j])
         d.abs_()
-        s_abs, top = d.view(-1, ROW).sum(1).double().sum(), d.amax().double()
-        s_a2, _, s_ad, _, s_b2, _, _, _, s_d2, s_abs, top = torch.cat([gram, s_abs.view(1), top.view(1)]).tolist()
+        torch.sum(d.view(-1, ROW), 1, out=rows[4])
+        sums, top = rows.double().sum(1), d.amax().double()
+        s_a2, s_b2, s_d2, s_ad, s_abs, top = torch.cat([sums, top.view(1)]).tolist()
         fine = all(SAFE_LO <= s <= SAFE_HI for s in (s_a2, s_b2)) and (SAFE_LO <= s_d2 <= SAFE_HI or top == 0)
         if not fine:  # non-finite values (their squares are not finite) or squares near float32's limits
             self.ref.add(ca, cb)

@@ -24,10 +24,10 @@ import torch
 from .common import EPS, SAFE_HI, SAFE_LO, TINY, ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
 from .reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
 
-# Elements per piece: below torch's grain size (32768), so every operation runs on the calling thread.
-# torch's threads gained about 15% on two idle cores and stalled every operation while another process
-# held a core; pairs run side by side instead (validator.compare).
-PIECE = 1 << 14
+# Elements per piece: whole rows just below torch's grain size (32768), so every operation runs on the
+# calling thread. torch's threads gained about 15% on two idle cores and stalled every operation while
+# another process held a core; pairs run side by side instead (validator.compare).
+PIECE = 31 << 10
 ROW = 1024  # sums are taken per row of a piece
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from validator.acceptance_stats import AcceptanceComparison, StepArrays, compare_acceptance  # noqa: E402
+from validator.judging.acceptance import AcceptanceComparison, StepArrays, compare_acceptance  # noqa: E402
 
 SHIFT = 0.05
 

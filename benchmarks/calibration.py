@@ -36,9 +36,9 @@ from collections import Counter
 
 import torch
 
-from validator.floors import BlockSums, block_sums, rounding_sums
+from validator.judging.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple
 from validator.metrics import compare_tensors
-from validator.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple
+from validator.numerics.floors import BlockSums, block_sums, rounding_sums
 
 SIZES = [(64, 256), (256, 512), (1024, 1024)]  # tokens x hidden: 16 Ki, 128 Ki, 1 Mi elements
 K = 1024

@@ -18,6 +18,6 @@ work=${1:-/tmp/projection-h200}
 shapes=(--hidden 7168 --layers 93 --capture-layers 19,37,54,66,78,90 --pp 8
         --draft-layers 6 --kv-heads 8 --head-dim 128 --rope-theta 10000 --eps 1e-6
         --tokens 8192 --dtype bf16 --seed 0 --device cuda)
-python3 -m validator.projection "${shapes[@]}" --kernels auto --out "$work/run"
-python3 -m validator.projection "${shapes[@]}" --kernels torch --no-bundles --out "$work/run-torch" > /dev/null
+python3 -m validator.workloads.projection_report "${shapes[@]}" --kernels auto --out "$work/run"
+python3 -m validator.workloads.projection_report "${shapes[@]}" --kernels torch --no-bundles --out "$work/run-torch" > /dev/null
 du -sh "$work"/run/*/

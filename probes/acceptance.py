@@ -14,7 +14,7 @@ hidden ``.tmp-acceptance-*.jsonl`` file, so a partial record file is never visib
 
 The recorder checks each record cheaply (types, ``0 <= accepted <= len(proposed)``, per-request step
 order) and raises :class:`AcceptanceRecordError` on the caller's mistake; the full validation is done by
-``validator.acceptance`` on load.
+``validator.runs.acceptance_records`` on load.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from validator.config import Settings
+from validator.settings import Settings
 
 # Tests that take a database run on SQLite always, and on PostgreSQL too when VALIDATOR_TEST_POSTGRES_URL
 # points at a server (scripts/test starts one; CI installs it).

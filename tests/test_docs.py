@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from validator.policy import Policy
+from validator.judging.policy import Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Settings
-from .errors import ConflictError, InputError, NotFoundError, ValidatorError
+from validator.errors import ConflictError, InputError, NotFoundError, ValidatorError
+from validator.settings import Settings
 
 __all__ = [
     "Settings",
@@ -25,11 +25,11 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "Service":
-        from .service import Service
+        from validator.service import Service
 
         return Service
     if name in ("compare_tensors", "TensorMetrics"):
-        from . import metrics
+        from validator import metrics
 
         return getattr(metrics, name)
     raise AttributeError(name)

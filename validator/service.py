@@ -18,21 +18,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from probes.shards import Coords, ShardSpec
-
-from . import store
-from .blobs import open_blob_store, remove_stale_temp, temp_prefix
-from .config import Settings
-from .errors import ConflictError, InputError, NotFoundError, StorageError
-from .models import ComparisonRecord, Run
-from .shards import group_logical
-from .sources import RunView, TensorRef, open_path
-from .tensorfile import check_dtype, file_byte_chunks, torch_dtype
+from validator.errors import ConflictError, InputError, NotFoundError, StorageError
+from validator.runs.reassembly import group_logical
+from validator.runs.sources import open_path
+from validator.runs.tensorfile import check_dtype, file_byte_chunks, torch_dtype
+from validator.runs.view import RunView, TensorRef
+from validator.settings import Settings
+from validator.store import crud as store
+from validator.store.blob_url import open_blob_store
+from validator.store.blobs import remove_stale_temp, temp_prefix
+from validator.store.models import ComparisonRecord, Run
 
 if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
     import torch
 
-    from .compare import Comparison
-    from .policy import Policy
+    from validator.judging.compare import Comparison
+    from validator.judging.policy import Policy
 
 __all__ = ["Service", "RunSummary", "Progress", "compare_refs"]
 
@@ -242,18 +243,18 @@ class Service:
             put_bytes(functools.partial(file_byte_chunks, path, 0, path.stat().st_size), kind)
 
         if view.gsm8k_file is not None:
-            from .gsm8k import load_gsm8k_rows
+            from validator.workloads.gsm8k import load_gsm8k_rows
 
             load_gsm8k_rows(view.gsm8k_file)  # validate before storing
             put_file(view.gsm8k_file, "gsm8k")
         if view.engine_metrics_file is not None:
-            from .scrape import load_metrics_doc
+            from validator.workloads.scrape import load_metrics_doc
 
             load_metrics_doc(view.engine_metrics_file)
             put_file(view.engine_metrics_file, "engine-metrics")
         if not view.has_acceptance:
             return out
-        from .acceptance import write_acceptance_parquet  # pandas/pyarrow only when needed
+        from validator.runs.acceptance_records import write_acceptance_parquet  # pandas/pyarrow only when needed
 
         df = view.load_acceptance()
         self.settings.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +322,7 @@ class Service:
         view = self.stored_view(self.get_run(ref))
         if not view.has_acceptance:
             return None
-        from .acceptance import summarize_acceptance
+        from validator.runs.acceptance_records import summarize_acceptance
 
         s = summarize_acceptance(view.load_acceptance())
         return {**s.to_dict(), "engine_metrics": s.engine_metrics()}
@@ -405,7 +406,7 @@ class Service:
         Stored runs are immutable, so the cache never goes stale. Large comparisons run in the background
         (``background=None`` decides by size); the record's ``status`` says queued/running/done/error.
         """
-        from .policy import JUDGING_VERSION, Policy
+        from validator.judging.policy import JUDGING_VERSION, Policy
 
         pol = Policy.from_dict(policy or {}, source="request") if policy else None
         runs = [self.get_run(r) for r in (a, b, *(floor or ()))]
@@ -438,7 +439,7 @@ class Service:
         return self.get_comparison(rec_id)
 
     def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None) -> None:
-        from .report import comparison_json
+        from validator.judging.report import comparison_json
 
         with self.session() as s, s.begin():
             rec = store.get_comparison(s, id=rec_id)
@@ -489,7 +490,7 @@ def _compare(
     floor: tuple[str, str] | None,
     progress: Progress | None,
 ) -> Comparison:
-    from .compare import compare_runs
+    from validator.judging.compare import compare_runs
 
     fl = (resolve(floor[0]), resolve(floor[1])) if floor else None
     return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from validator.errors import InputError
 
 __all__ = ["Settings", "parse_labels"]
 

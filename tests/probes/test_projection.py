@@ -385,7 +385,7 @@ def test_probe_imports_with_torch_only() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
 def test_cuda_device_without_cuda_is_a_configuration_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from validator.projection import main
+    from validator.workloads.projection_report import main
 
     assert main(["--device", "cuda", "--tokens", "8", "--hidden", "64", "--draft-layers", "1"]) == 2
     err = capsys.readouterr().err

@@ -23,7 +23,8 @@ def _stall(marker: Path) -> None:
 
 
 def install(kind: str, marker: Path) -> None:
-    from validator import service, store
+    from validator import service
+    from validator.store import crud as store
 
     if kind == "compare":
         orig_compare = service.Service.compare
@@ -61,7 +62,7 @@ def install(kind: str, marker: Path) -> None:
 def main() -> int:
     kind, _, marker = os.environ["VALIDATOR_TEST_FAULT"].partition(":")
     install(kind, Path(marker))
-    from validator.cli import main as cli_main
+    from validator.app.cli import main as cli_main
 
     return cli_main(["serve", *sys.argv[1:]])
 

@@ -66,8 +66,8 @@ def db_blobs(settings: Any) -> set[str]:
     """The sha256 of every blob row in the store's database."""
     from sqlalchemy import select
 
-    from validator.models import Blob
     from validator.service import Service
+    from validator.store.models import Blob
 
     svc = Service(settings)
     try:

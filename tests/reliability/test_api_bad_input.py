@@ -20,9 +20,9 @@ from schemathesis import GenerationMode
 from probes.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import AUTH, TOKEN, Server, bundle_files
-from validator.api import create_app
-from validator.config import Settings
+from validator.app.api import create_app
 from validator.service import Service
+from validator.settings import Settings
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
@@ -37,7 +37,7 @@ def seeded(tmp_path: Path, db_url: str | None) -> Iterator[Service]:
     (cand / "parts" / "tp0" / "acceptance.jsonl").write_text(
         '{"request_id": "q", "step": 0, "proposed": [1, 2], "accepted": 1}\n')
     svc.ingest(cand)
-    from validator import uploads
+    from validator.store import uploads
 
     uploads.create_pending(svc, name="pend")
     yield svc

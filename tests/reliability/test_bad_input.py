@@ -21,13 +21,13 @@ from probes import BundleWriter, ShardSpec
 from probes.bundle import BundleError
 from probes.shards import ShardSpecError
 from tests.reliability.helpers import safetensors_bytes, tree
-from validator.acceptance import read_acceptance_jsonl
-from validator.cli import main
-from validator.config import Settings
+from validator.app.cli import main
 from validator.errors import InputError, ValidatorError
-from validator.policy import Policy
+from validator.judging.policy import Policy
+from validator.runs.acceptance_records import read_acceptance_jsonl
+from validator.runs.tensorfile import DTYPES, SafetensorsFile
 from validator.service import Service
-from validator.tensorfile import DTYPES, SafetensorsFile
+from validator.settings import Settings
 
 # Deterministic in CI (the same examples each run, no example database written into the work tree).
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,8 +17,8 @@ import torch
 from probes import BundleWriter, ShardSpec
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import TOKEN, Server, blob_files, bundle_files, check_blob_store, db_blobs, wait_for
-from validator.client import Client
-from validator.config import Settings
+from validator.app.client import Client
+from validator.settings import Settings
 
 
 def _bundle(root: Path, name: str, *, big: int = 1 << 20) -> Path:
@@ -55,8 +55,8 @@ def _assert_consistent(home: Path, db_url: str | None, bundle: Path | None = Non
     if bundle is not None:
         from sqlalchemy import select
 
-        from validator.models import Tensor
         from validator.service import Service
+        from validator.store.models import Tensor
 
         svc = Service(_settings(home, db_url))
         try:
@@ -216,8 +216,8 @@ def test_recover_keeps_live_and_resumable_files(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from validator.blobs import temp_prefix
     from validator.service import Service
+    from validator.store.blobs import temp_prefix
 
     settings = Settings(home=tmp_path / "home")
     svc = Service(settings)

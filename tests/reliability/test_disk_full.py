@@ -18,10 +18,10 @@ import torch
 
 from probes import BundleWriter
 from tests.reliability.helpers import AUTH, EXE, TOKEN, check_blob_store
-from validator.api import create_app
-from validator.cli import main
-from validator.config import Settings
+from validator.app.api import create_app
+from validator.app.cli import main
 from validator.service import Service
+from validator.settings import Settings
 
 SIZE = 2 << 20
 

@@ -16,8 +16,8 @@ from probes import BundleWriter, ShardSpec
 from probes.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import TOKEN, Server, check_blob_store, db_blobs
-from validator.config import Settings
 from validator.service import Service
+from validator.settings import Settings
 
 RANKS = 64
 GATES = 12
@@ -110,7 +110,7 @@ def test_64_concurrent_rank_uploads_with_gates(tmp_path: Path, db_url: str | Non
             expected[(rec["name"], rec["coords"].get("tp_rank"))] = rec["sha256"]
     from sqlalchemy import select
 
-    from validator.models import Run, Tensor
+    from validator.store.models import Run, Tensor
 
     svc = Service(settings)
     try:
@@ -132,8 +132,8 @@ def test_overlapping_retries_of_one_file(tmp_path: Path) -> None:
 
     import pytest
 
-    from validator import uploads
     from validator.errors import ConflictError
+    from validator.store import uploads
 
     svc = Service(Settings(home=tmp_path / "home"))
     try:

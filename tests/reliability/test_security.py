@@ -19,10 +19,10 @@ from probes import BundleWriter
 from probes.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import AUTH, REPO, TOKEN, bundle_files, check_blob_store, tree
-from validator.api import create_app
-from validator.cli import main
-from validator.config import Settings
+from validator.app.api import create_app
+from validator.app.cli import main
 from validator.service import Service
+from validator.settings import Settings
 
 pytestmark = pytest.mark.anyio
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}

@@ -182,7 +182,7 @@ def test_tolerance_boundary_passes_like_float64() -> None:
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from validator.tensorfile import SafetensorsFile
+    from validator.runs.tensorfile import SafetensorsFile
 
     a, b = pair(torch.bfloat16, 50_000, seed=11)
     save_file({"a": a, "b": b}, str(tmp_path / "x.safetensors"))
@@ -192,8 +192,8 @@ def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
 
 def test_compare_runs_in_parallel_keeps_order(tmp_path: Path) -> None:
     from probes import BundleWriter
-    from validator.compare import compare_runs
-    from validator.sources import open_path
+    from validator.judging.compare import compare_runs
+    from validator.runs.sources import open_path
 
     g = torch.Generator().manual_seed(0)
     for name, noise in (("a", 0.0), ("b", 0.01)):
@@ -208,7 +208,7 @@ def test_compare_runs_in_parallel_keeps_order(tmp_path: Path) -> None:
 def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
     from probes import BundleWriter
     from probes.bundle import tensor_bytes
-    from validator.sources import open_path
+    from validator.runs.sources import open_path
 
     with BundleWriter(tmp_path / "r", run_name="r") as w:
         w.add("x", torch.randn(1000).to(torch.bfloat16), step=0)

@@ -14,10 +14,9 @@ from typing import Any
 from probes.bundle import BundleError
 from probes.config import ProbeConfigError
 from probes.shards import ShardSpecError
-
-from .config import Settings, parse_labels
-from .errors import InputError, ValidatorError
-from .text import format_rows
+from validator.errors import InputError, ValidatorError
+from validator.judging.text import format_rows
+from validator.settings import Settings, parse_labels
 
 __all__ = ["main", "build_parser"]
 
@@ -46,7 +45,7 @@ def _progress(desc: str, enabled: bool) -> Iterator[Callable[[int, int], None] |
 
 
 def _service(args: argparse.Namespace) -> Any:
-    from .service import Service
+    from validator.service import Service
 
     settings = Settings.from_env(home=args.home)
     return Service(replace(settings, database_url=args.db) if args.db else settings)
@@ -63,7 +62,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     svc = _service(args)
     with _progress("ingest", not args.json) as prog:
         if getattr(args, "format", "auto") == "sglang-dumper":
-            from .dumper import read_dumper_dir
+            from validator.runs.dumper import read_dumper_dir
 
             split = {}
             for item in args.split or []:
@@ -118,7 +117,7 @@ def _policy_doc(path: str | None) -> dict[str, Any] | None:
     """The policy file's content (validated), to apply locally or send to a server."""
     if not path:
         return None
-    from .policy import Policy
+    from validator.judging.policy import Policy
 
     Policy.load(path)  # validate with a message naming the file
     import tomllib
@@ -137,9 +136,9 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
             return client.compare(a, b, floor=floor, policy=policy), {}
         finally:
             client.close()
-    from .policy import Policy
-    from .report import comparison_doc
-    from .service import compare_refs
+    from validator.judging.policy import Policy
+    from validator.judging.report import comparison_doc
+    from validator.service import compare_refs
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
@@ -149,7 +148,7 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .report import EXIT_CODES, format_comparison, write_junit
+    from validator.judging.report import EXIT_CODES, format_comparison, write_junit
 
     doc, tables = _comparison(args, args.a, args.b)
     if args.junit:
@@ -160,7 +159,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Like compare, for CI: prints Markdown, appends it to $GITHUB_STEP_SUMMARY, optional JUnit."""
-    from .report import EXIT_CODES, markdown_summary, write_junit
+    from validator.judging.report import EXIT_CODES, markdown_summary, write_junit
 
     doc, _ = _comparison(args, args.baseline, args.candidate)
     link = f"{args.server.rstrip('/')}/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
@@ -188,7 +187,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import serve
+    from validator.app.server import serve
 
     settings = Settings.from_env(home=args.home)
     if args.db:
@@ -199,21 +198,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from .client import Client
+    from validator.app.client import Client
 
     return Client(args.server, args.token_value or os.environ.get("VALIDATOR_TOKEN"))
 
 
 def cmd_probe_gsm8k(args: argparse.Namespace) -> int:
-    from .gsm8k import run_from_args
+    from validator.workloads.gsm8k import run_from_args
 
     svc = _service(args)
     return run_from_args(args, ingest=lambda path: svc.ingest(path))
 
 
 def cmd_pd_layout(args: argparse.Namespace) -> int:
-    """Head-aware draft-KV transfer plan for one decode rank, or a check of a given plan (validator/pd_layout.py)."""
-    from . import pd_layout as pdl
+    """Head-aware draft-KV transfer plan for one decode rank, or a check of a given plan (validator/workloads/pd_layout.py)."""
+    from validator.workloads import pd_layout as pdl
 
     def load(path: str) -> Any:
         try:
@@ -246,7 +245,7 @@ def cmd_pd_layout(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from validator.workloads.demo import run_demo
 
     return run_demo(_service(args), out=args.out, json_out=args.json)
 
@@ -370,8 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.required = True
     s = probe.add_parser("metrics", help="acceptance counters from an SGLang/vLLM Prometheus endpoint over a window")
-    from .scrape import add_arguments as _metrics_args
-    from .scrape import run_from_args as _metrics_run
+    from validator.workloads.scrape import add_arguments as _metrics_args
+    from validator.workloads.scrape import run_from_args as _metrics_run
 
     _metrics_args(s)
     s.set_defaults(func=lambda a: _metrics_run(a, ingest=lambda path: _service(a).ingest(path, name=a.name)))
@@ -379,21 +378,21 @@ def build_parser() -> argparse.ArgumentParser:
         "gsm8k",
         help="GSM8K accuracy + acceptance against a live SGLang/OpenAI-compatible server; stored as a run",
     )
-    from .gsm8k import add_arguments as gsm8k_arguments
+    from validator.workloads.gsm8k import add_arguments as gsm8k_arguments
 
     gsm8k_arguments(s)
     s.set_defaults(func=cmd_probe_gsm8k)
     probe.add_parser(
         "projection",
         help="DFlash context projection: concat vs PP-partial vs FP64 reference",
-        define=_projection_options,  # validator.projection imports torch: only when this command is used
+        define=_projection_options,  # validator.workloads.projection_report imports torch: only when this command is used
     )
     return p
 
 
 def _projection_options(s: argparse.ArgumentParser) -> None:
     try:
-        from .projection import add_arguments, run_from_args
+        from validator.workloads.projection_report import add_arguments, run_from_args
 
         add_arguments(s)
         s.set_defaults(func=lambda a: run_from_args(a))

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from probes.bundle import MANIFEST, PART_FILE
-
-from .errors import InputError, NotFoundError, ValidatorError
-from .sources import read_bundle
+from validator.errors import InputError, NotFoundError, ValidatorError
+from validator.runs.sources import read_bundle
 
 __all__ = ["Client"]
 

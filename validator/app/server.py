@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 import sys
 
-from .config import Settings
-from .errors import InputError
+from validator.errors import InputError
+from validator.settings import Settings
 
 __all__ = ["serve", "is_loopback"]
 
@@ -28,7 +28,7 @@ def serve(settings: Settings, *, host: str, port: int, allow_open: bool = False)
         )
     import uvicorn
 
-    from .api import create_app
+    from validator.app.api import create_app
 
     app = create_app(settings)
     print(f"validator: serving {settings.home} on http://{host}:{port}  (API: /api/v1, schema: /openapi.json)", file=sys.stderr)

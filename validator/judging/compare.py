@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
-from .floors import BlockSums, block_sums, more_precise, rounding_sums
-from .metrics import MetricInputError, TensorMetrics, compare_tensors
-from .policy import Decision, Floor, Policy
-from .shards import LogicalKey, LogicalTensor, group_logical
-from .sources import RunView
+from validator.errors import InputError
+from validator.judging.policy import Decision, Floor, Policy
+from validator.metrics import MetricInputError, TensorMetrics, compare_tensors
+from validator.numerics.floors import BlockSums, block_sums, more_precise, rounding_sums
+from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
+from validator.runs.view import RunView
 
 __all__ = ["PairResult", "Comparison", "compare_runs", "merge_verdicts", "VERDICT_EXIT"]
 
@@ -274,8 +274,8 @@ def compare_runs(
     elif a.has_acceptance or b.has_acceptance:
         reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
     if a.engine_metrics_file is not None and b.engine_metrics_file is not None:
-        from .engine_metrics import compare_engine_metrics
-        from .scrape import load_metrics_doc
+        from validator.judging.engine_metrics import compare_engine_metrics
+        from validator.workloads.scrape import load_metrics_doc
 
         opts = {k: v for k, v in policy.extra.get("acceptance", {}).items() if k in ("margin", "alpha")}
         eng = compare_engine_metrics(load_metrics_doc(a.engine_metrics_file), load_metrics_doc(b.engine_metrics_file), **opts)
@@ -321,7 +321,7 @@ GSM8K_ALPHA = 0.05
 
 def _gsm8k_section(a: RunView, b: RunView) -> dict[str, Any]:
     """Accuracy on the questions both runs answered; fails when B loses significantly (exact McNemar)."""
-    from .gsm8k import compare_gsm8k, load_gsm8k_rows
+    from validator.workloads.gsm8k import compare_gsm8k, load_gsm8k_rows
 
     assert a.gsm8k_file is not None and b.gsm8k_file is not None
     doc = compare_gsm8k(load_gsm8k_rows(a.gsm8k_file), load_gsm8k_rows(b.gsm8k_file), names=(a.name, b.name))
@@ -340,8 +340,8 @@ _ACCEPTANCE_KEYS = {"margin", "alpha", "power", "resamples", "seed", "min_reache
 
 
 def _acceptance_section(a: RunView, b: RunView, policy: Policy) -> dict[str, Any]:
-    """Per-position acceptance divergence (validator.acceptance_stats), as a report section."""
-    from .acceptance_stats import compare_acceptance
+    """Per-position acceptance divergence (validator.judging.acceptance), as a report section."""
+    from validator.judging.acceptance import compare_acceptance
 
     opts = dict(policy.extra.get("acceptance", {}))
     unknown = set(opts) - _ACCEPTANCE_KEYS

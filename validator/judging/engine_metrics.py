@@ -1,4 +1,4 @@
-"""Comparing the aggregate acceptance counters scraped from engines (validator.scrape), pure.
+"""Comparing the aggregate acceptance counters scraped from engines (validator.workloads.scrape), pure.
 
 Aggregates are all an engine without our plugin gives: per-position accepted counts over all verify
 steps (vLLM) or only accept length (SGLang). There is no request structure left, so trials are treated
@@ -13,7 +13,7 @@ from typing import Any
 
 from scipy import stats as sps
 
-from .acceptance_stats import equivalence_verdict, tost_p_value
+from validator.judging.acceptance import equivalence_verdict, tost_p_value
 
 __all__ = ["compare_engine_metrics"]
 

@@ -16,7 +16,7 @@ TOML form (``--policy FILE``)::
 
 Without a matching rule: with a floor pair (``--floor``), ``floor_multiple = FLOOR_MULTIPLE``; otherwise
 ``rel_l2 <= default_rel_l2(dtypes)``. Every judged ratio carries a bootstrap interval
-(:mod:`validator.floors`): a pair passes when the whole interval is within its limit, fails when the whole
+(:mod:`validator.numerics.floors`): a pair passes when the whole interval is within its limit, fails when the whole
 interval is beyond it, and is ``inconclusive (borderline)`` otherwise. The defaults were chosen by
 ``benchmarks/calibration.py``; docs/policy.md gives its false-alarm and detection rates.
 """
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
-from .floors import BlockSums, bootstrap_interval
+from validator.errors import InputError
+from validator.numerics.floors import BlockSums, bootstrap_interval
 
 if TYPE_CHECKING:
-    from .metrics import TensorMetrics
+    from validator.metrics import TensorMetrics
 
 __all__ = [
     "Rule",

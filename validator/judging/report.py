@@ -12,8 +12,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from .compare import VERDICT_EXIT, Comparison
-from .text import counts_line, floor_cell, fmt_num, format_rows, headline, judged_cell, limit_cell, pair_status
+from validator.judging.compare import VERDICT_EXIT, Comparison
+from validator.judging.text import (
+    counts_line,
+    floor_cell,
+    fmt_num,
+    format_rows,
+    headline,
+    judged_cell,
+    limit_cell,
+    pair_status,
+)
 
 __all__ = [
     "comparison_doc",

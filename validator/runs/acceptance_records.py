@@ -24,8 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .acceptance_stats import AcceptanceSummary, StepArrays, summarize_run
-from .errors import InputError
+from validator.errors import InputError
+from validator.judging.acceptance import AcceptanceSummary, StepArrays, summarize_run
 
 __all__ = [
     "ACCEPTANCE_FILE",
@@ -85,7 +85,7 @@ PARQUET_SCHEMA = pa.schema(
         pa.field("target_top_ids", pa.list_(_INT_LIST)),
         pa.field("target_top_logprobs", pa.list_(_FLOAT_LIST)),
     ],
-    metadata={b"validator.acceptance.version": str(SCHEMA_VERSION).encode()},
+    metadata={b"validator.runs.acceptance_records.version": str(SCHEMA_VERSION).encode()},
 )
 COLUMNS: tuple[str, ...] = tuple(PARQUET_SCHEMA.names)
 _INT_COLUMNS = ("step", "num_proposed", "accepted")

@@ -34,10 +34,9 @@ import torch
 from probes.bundle import BundleError, check_tensor_name
 from probes.config import glob_match
 from probes.shards import Coords, ShardSpec
-
-from .errors import InputError
-from .sources import RunView, TensorRef
-from .tensorfile import DTYPES, dtype_name
+from validator.errors import InputError
+from validator.runs.tensorfile import DTYPES, dtype_name
+from validator.runs.view import RunView, TensorRef
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "DumpFile", "find_dump_dir", "is_dumper_dir", "parse_dump_name", "read_dumper_dir"]
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from probes.shards import Coords
-
-from .errors import InputError
-from .sources import TensorRef
+from validator.errors import InputError
+from validator.runs.view import TensorRef
 
 if TYPE_CHECKING:
     import torch

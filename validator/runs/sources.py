@@ -7,87 +7,19 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, BundleError, check_tensor_name
 from probes.shards import Coords, ShardSpec, ShardSpecError
-
-from .errors import InputError
-from .tensorfile import SafetensorsFile, check_dtype, dtype_name, file_byte_chunks
+from validator.errors import InputError
+from validator.runs.tensorfile import SafetensorsFile, check_dtype
+from validator.runs.view import RunView, TensorRef
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["TensorRef", "RunView", "open_path", "read_bundle", "read_safetensors_dir", "read_safetensors_file"]
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    """One stored tensor (one shard of a logical tensor) and how to load it."""
-
-    name: str
-    coords: Coords
-    shard: ShardSpec
-    dtype: str
-    shape: tuple[int, ...]
-    sha256: str | None
-    nbytes: int
-    origin: str  # where it came from, for messages: "path/file.safetensors[t000003]"
-    loader: Callable[[], torch.Tensor] = field(repr=False, compare=False)
-    location: tuple[Path, int] | None = field(default=None, repr=False, compare=False)  # (file, byte offset)
-
-    def byte_chunks(self) -> Iterator[bytes | memoryview]:
-        """The tensor's raw bytes (as ``probes.bundle.tensor_bytes(self.load())``), streamed in bounded
-        pieces when the bytes lie contiguous in a file."""
-        if self.location is not None:
-            yield from file_byte_chunks(self.location[0], self.location[1], self.nbytes)
-        else:
-            from probes.bundle import tensor_bytes
-
-            yield tensor_bytes(self.load())
-
-    def load(self) -> torch.Tensor:
-        t = self.loader()
-        if tuple(t.shape) != self.shape or dtype_name(t.dtype) != self.dtype:
-            raise InputError(
-                f"{self.origin}: tensor {self.name!r} is {dtype_name(t.dtype)}{list(t.shape)}, "
-                f"its record says {self.dtype}{list(self.shape)}"
-            )
-        return t
-
-
-@dataclass
-class RunView:
-    name: str
-    source: str  # "bundle", "safetensors", "store"
-    location: str
-    labels: dict[str, str] = field(default_factory=dict)
-    manifest: dict[str, Any] = field(default_factory=dict)
-    tensors: list[TensorRef] = field(default_factory=list)
-    acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records (bundle parts, or a .jsonl)
-    acceptance_parquet: Path | None = None  # a stored run's acceptance records
-    gsm8k_file: Path | None = None  # GSM8K probe rows (gsm8k.jsonl), see validator.gsm8k
-    engine_metrics_file: Path | None = None  # scraped engine counters (metrics.json), see validator.scrape
-    run_id: int | None = None
-
-    @property
-    def has_acceptance(self) -> bool:
-        return bool(self.acceptance_files) or self.acceptance_parquet is not None
-
-    def load_acceptance(self) -> Any:
-        """The acceptance records as a DataFrame (see validator.acceptance), or None."""
-        if self.acceptance_files:
-            from .acceptance import read_acceptance_files
-
-            return read_acceptance_files(self.acceptance_files)
-        if self.acceptance_parquet is not None:
-            from .acceptance import read_acceptance_parquet
-
-            return read_acceptance_parquet(self.acceptance_parquet)
-        return None
 
 
 def open_path(path: str | Path) -> RunView:
@@ -104,7 +36,10 @@ def open_path(path: str | Path) -> RunView:
     if (p / MANIFEST).exists():
         return read_bundle(p)
     if not any(p.glob("*.safetensors")):
-        from .dumper import is_dumper_dir, read_dumper_dir  # SGLang dumper output (validator/dumper.py)
+        from validator.runs.dumper import (  # SGLang dumper output (validator/runs/dumper.py)
+            is_dumper_dir,
+            read_dumper_dir,
+        )
 
         if is_dumper_dir(p):
             return read_dumper_dir(p)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from validator.errors import InputError
 
 if TYPE_CHECKING:
     import torch

@@ -1,8 +1,8 @@
 """The blob store: content-addressed bytes. Paths come only from sha256 digests, never from names.
 
 One small interface, :class:`BlobStore`, with two implementations: the local content-addressed directory
-(the embedded default) and S3-compatible object storage (:mod:`validator.blobs_s3`), chosen by a URL in
-settings. Writes never overwrite an existing object.
+(the embedded default) and S3-compatible object storage (:mod:`validator.store.blobs_s3`), chosen by a URL in
+settings (:mod:`validator.store.blob_url`). Writes never overwrite an existing object.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import InputError, StorageError
-from .tensorfile import raw_tensor
+from validator.errors import InputError, StorageError
+from validator.runs.tensorfile import raw_tensor
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BlobStore", "LocalBlobStore", "open_blob_store", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
+__all__ = ["BlobStore", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -46,19 +46,6 @@ class BlobStore(Protocol):
         ...
 
     def open_tensor(self, sha256: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
-
-
-def open_blob_store(url: str | None, *, local_dir: Path, cache_dir: Path) -> BlobStore:
-    """``None`` or ``file://PATH``: local directory; ``s3://bucket/prefix?endpoint=URL``: object storage."""
-    if not url:
-        return LocalBlobStore(local_dir)
-    if url.startswith("file://"):
-        return LocalBlobStore(Path(url[len("file://") :]))
-    if url.startswith("s3://"):
-        from .blobs_s3 import S3BlobStore
-
-        return S3BlobStore.from_url(url, cache_dir=cache_dir)
-    raise InputError(f"unsupported blob store URL {url!r} (use file://PATH or s3://BUCKET/PREFIX)")
 
 
 def temp_prefix(kind: str = "tmp") -> str:

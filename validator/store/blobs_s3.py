@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from .blobs import LocalBlobStore, check_sha, write_temp
-from .errors import InputError, ValidatorError
+from validator.errors import InputError, ValidatorError
+from validator.store.blobs import LocalBlobStore, check_sha, write_temp
 
 if TYPE_CHECKING:
     import torch

@@ -14,9 +14,9 @@ from sqlalchemy import Engine, create_engine, delete, event, insert, select, tex
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from ._data import migrations_dir
-from .errors import ConflictError, InputError
-from .models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
+from validator._data import migrations_dir
+from validator.errors import ConflictError, InputError
+from validator.store.models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
 
 __all__ = [
     "make_engine",

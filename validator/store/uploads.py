@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probes.bundle import MANIFEST, PART_FILE
-
-from . import store
-from .blobs import temp_prefix
-from .errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
-from .models import Run
-from .sources import read_bundle
+from validator.errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
+from validator.runs.sources import read_bundle
+from validator.store import crud as store
+from validator.store.blobs import temp_prefix
+from validator.store.models import Run
 
 if TYPE_CHECKING:
-    from .service import RunSummary, Service
+    from validator.service import RunSummary, Service
 
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from probes.projection import ProjectionConfig
-
-from .projection import format_table, run_projection_report
-from .report import format_comparison, headline
-from .service import Service
+from validator.judging.report import format_comparison, headline
+from validator.service import Service
+from validator.workloads.projection_report import format_table, run_projection_report
 
 __all__ = ["run_demo", "DEMO_CONFIG"]
 

@@ -4,7 +4,7 @@
 
 Sends the first ``--limit`` (64) GSM8K test questions, 5-shot, greedy, 512 output tokens, no input
 truncation, and records per request the output, the answers extracted by three rules
-(:mod:`validator.gsm8k_scoring`), finish reason, tokens, latency and every ``spec_*`` field the server
+(:mod:`validator.workloads.gsm8k_scoring`), finish reason, tokens, latency and every ``spec_*`` field the server
 returned; per run, the summary of docs/gsm8k.md. Each run is written as a run bundle::
 
     BUNDLE/manifest.json                 run name, labels (workload, concurrency, url, prompt_style, ...)
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import parse_labels
-from .errors import InputError
-from .gsm8k_client import APIS, ClientConfig, send_all
-from .gsm8k_scoring import (
+from validator.errors import InputError
+from validator.settings import parse_labels
+from validator.workloads.gsm8k_client import APIS, ClientConfig, send_all
+from validator.workloads.gsm8k_scoring import (
     compare_gsm8k,
     format_summary,
     question_hash,
@@ -334,7 +334,7 @@ def run_from_args(args: argparse.Namespace, ingest: Callable[[Path], object] | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validator.gsm8k", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m validator.workloads.gsm8k", description=__doc__.split("\n")[0])
     add_arguments(parser)
     try:
         return run_from_args(parser.parse_args(argv))

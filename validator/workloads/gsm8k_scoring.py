@@ -123,7 +123,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def summarize_rows(rows: Sequence[Mapping[str, Any]], *, total_time_s: float, concurrency: int) -> dict[str, Any]:
-    """The run summary from per-request rows (see :func:`validator.gsm8k.run_gsm8k` for the row format)."""
+    """The run summary from per-request rows (see :func:`validator.workloads.gsm8k.run_gsm8k` for the row format)."""
     n = len(rows)
     ok = [r for r in rows if r.get("ok")]
     acc = {rule: _ratio(sum(bool(r["correct"][rule]) for r in rows), n) for rule in RULES}

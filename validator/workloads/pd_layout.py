@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.sglang.heads import HeadLayoutError, check_heads, head_ranks, heads_per_rank, rank_heads
-
-from .errors import InputError
+from validator.errors import InputError
 
 __all__ = [
     "DTYPE_BYTES",

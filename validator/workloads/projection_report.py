@@ -34,8 +34,7 @@ from probes.projection import (
     parse_pp_split,
     run_probe,
 )
-
-from .metrics import TensorMetrics, compare_tensors
+from validator.metrics import TensorMetrics, compare_tensors
 
 __all__ = [
     "TOLERANCES",
@@ -511,7 +510,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m validator.projection", description=__doc__.split("\n")[0]
+        prog="python -m validator.workloads.projection_report", description=__doc__.split("\n")[0]
     )
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

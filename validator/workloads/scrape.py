@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from validator.errors import InputError
 
 __all__ = [
     "METRICS_FILE",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from probes.sglang import sglang_root, sglang_version
+from tests.paths import ROOT
 
 from .fake_sglang import write_fake_sglang
 
-ROOT = Path(__file__).resolve().parents[2]
 SIDE = ROOT / ".venv" / "sglang-versions"
 
 

@@ -20,12 +20,12 @@ import torch
 from probes.capture import ProbeWarning
 from probes.sglang import activate, check_coverage, deactivate, read_reports
 from probes.sglang.launch import environment
-from validator.shards import group_logical
-from validator.sources import open_path
+from tests.paths import ROOT
+from validator.runs.reassembly import group_logical
+from validator.runs.sources import open_path
 
 from .fake_sglang import CAPTURE, HEAD_DIM, KV_HEADS
 
-ROOT = Path(__file__).resolve().parents[2]
 PP1_POINTS = "target.hidden,ctx.project,draft.kv,draft.logits,accept"
 
 
@@ -112,7 +112,7 @@ def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: P
         assert torch.allclose(x, y, atol=1e-5), label  # different GEMM shapes: not bitwise
         assert not kb[label].notes  # replicas of each head agree
     # and through the comparison the CLI runs
-    from validator.cli import main
+    from validator.app.cli import main
 
     rc = main(["--home", str(tmp_path / "home"), "compare", str(a), str(b), "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -213,7 +213,7 @@ def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeyp
         assert kref[label].materialize().allclose(kgot[label].materialize(), atol=1e-5)
 
     # `validator compare` of the buggy PP run fails on coverage, whatever the tensors say
-    from validator.compare import compare_runs
+    from validator.judging.compare import compare_runs
 
     c = compare_runs(open_path(pp1), open_path(bad))
     assert c.verdict == "fail"

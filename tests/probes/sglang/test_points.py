@@ -24,8 +24,8 @@ from probes.sglang import (
     sglang_version,
 )
 from probes.sglang.launch import environment, site_dir
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PR_BRANCH = {"ctx.partial", "ctx.write"}
 
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.factories import tensors, write_tp_bundle
-from validator.cli import main
+from validator.app.cli import main
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.fresh_interpreter import run_child, torch_stack
-from validator.config import Settings
 from validator.service import Service
+from validator.settings import Settings
 
 CHILD = """
 import contextlib, io
@@ -27,7 +27,7 @@ import contextlib, io
 face, home, items = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 results = []
 if face == "cli":
-    from validator.cli import main
+    from validator.app.cli import main
 
     for argv in items:
         out = io.StringIO()
@@ -42,8 +42,8 @@ else:
 
     from fastapi.testclient import TestClient
 
-    from validator.api import create_app
-    from validator.config import Settings
+    from validator.app.api import create_app
+    from validator.settings import Settings
 
     with TestClient(create_app(Settings(home=Path(home)))) as client:
         results = [[r.status_code, r.text] for r in map(client.get, items)]

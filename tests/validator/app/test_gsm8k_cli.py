@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.validator.test_gsm8k import DATA, _start_server
-from validator.cli import main
-from validator.gsm8k import load_questions
+from tests.validator.workloads.test_gsm8k import DATA, _start_server
+from validator.app.cli import main
+from validator.workloads.gsm8k import load_questions
 
 
 def _oracle(tmp: Path, wrong: tuple[int, ...]) -> Path:

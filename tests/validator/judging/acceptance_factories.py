@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from validator.acceptance import records_to_frame
-from validator.acceptance_stats import StepArrays
+from validator.judging.acceptance import StepArrays
+from validator.runs.acceptance_records import records_to_frame
 
 
 def make_records(

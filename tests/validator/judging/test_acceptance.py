@@ -12,8 +12,7 @@ import pytest
 from scipy import optimize, stats
 from scipy.spatial.distance import jensenshannon
 
-from validator.acceptance import empty_frame, records_to_frame
-from validator.acceptance_stats import (
+from validator.judging.acceptance import (
     StepArrays,
     chi2_homogeneity,
     compare_acceptance,
@@ -25,9 +24,16 @@ from validator.acceptance_stats import (
     tost_p_value,
     wilson_interval,
 )
+from validator.runs.acceptance_records import empty_frame, records_to_frame
 
 try:
-    from tests.validator.acceptance_factories import make_frame, make_records, make_steps, step, steps_from_accepted
+    from tests.validator.judging.acceptance_factories import (
+        make_frame,
+        make_records,
+        make_steps,
+        step,
+        steps_from_accepted,
+    )
 except ImportError:  # tests/ is not a package: pytest puts this folder on sys.path
     from acceptance_factories import (  # type: ignore[no-redef]
         make_frame,

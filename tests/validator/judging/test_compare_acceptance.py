@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from probes import AcceptanceRecorder, BundleWriter
-from tests.validator.acceptance_factories import make_records
-from validator.acceptance import write_acceptance_jsonl
-from validator.cli import main
+from tests.validator.judging.acceptance_factories import make_records
+from validator.app.cli import main
+from validator.runs.acceptance_records import write_acceptance_jsonl
 
 RATES = [0.8, 0.7, 0.6, 0.5]
 

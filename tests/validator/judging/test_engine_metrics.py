@@ -6,9 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from validator.cli import main
-from validator.engine_metrics import compare_engine_metrics
-from validator.scrape import Scrape, acceptance_from_scrapes, parse_prometheus, write_metrics_bundle
+from validator.app.cli import main
+from validator.judging.engine_metrics import compare_engine_metrics
+from validator.workloads.scrape import Scrape, acceptance_from_scrapes, parse_prometheus, write_metrics_bundle
 
 PAGE = """# TYPE vllm:spec_decode_num_drafts_total counter
 vllm:spec_decode_num_drafts_total{{model_name="k3"}} {drafts}

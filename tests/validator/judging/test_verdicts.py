@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from validator.cli import main
-from validator.floors import BLOCKS, block_sums, bootstrap_interval, more_precise, rounding_sums
+from tests.paths import ROOT
+from validator.app.cli import main
+from validator.numerics.floors import BLOCKS, block_sums, bootstrap_interval, more_precise, rounding_sums
 
-EXAMPLE_POLICY = Path(__file__).resolve().parents[2] / "examples" / "policies" / "k3-dflash-pp-pd.toml"
+EXAMPLE_POLICY = ROOT / "examples" / "policies" / "k3-dflash-pp-pd.toml"
 
 
 def _cli(capsys, tmp_path: Path, *argv: str) -> tuple[int, str, str]:

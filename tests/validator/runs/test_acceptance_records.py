@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from probes.acceptance import ACCEPTANCE_FILE, AcceptanceRecorder, AcceptanceRecordError
-from validator.acceptance import (
+from validator.runs.acceptance_records import (
     COLUMNS,
     AcceptanceInputError,
     check_frame,
@@ -28,7 +28,7 @@ from validator.acceptance import (
 )
 
 try:
-    from tests.validator.acceptance_factories import make_records, step
+    from tests.validator.judging.acceptance_factories import make_records, step
 except ImportError:  # tests/ is not a package: pytest puts this folder on sys.path
     from acceptance_factories import make_records, step  # type: ignore[no-redef]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from validator.cli import main
-from validator.dumper import find_dump_dir, parse_dump_name, read_dumper_dir
+from tests.paths import ROOT
+from validator.app.cli import main
 from validator.errors import InputError
-from validator.shards import group_logical
-from validator.sources import open_path
+from validator.runs.dumper import find_dump_dir, parse_dump_name, read_dumper_dir
+from validator.runs.reassembly import group_logical
+from validator.runs.sources import open_path
 
-ROOT = Path(__file__).resolve().parents[2]
 SIDE = ROOT / ".venv" / "sglang-versions"
 
 # Each rank dumps: "hidden" (the same on both ranks), "attn_heads" (rank r holds heads 2r, 2r+1),

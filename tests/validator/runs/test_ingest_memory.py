@@ -24,14 +24,14 @@ from pathlib import Path
 face, home, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = []
 if face == "cli":
-    from validator.cli import main
+    from validator.app.cli import main
 
     for p in paths:
         rc = main(["--home", home, "ingest", p, "--json"])
         if rc != 0:
             raise SystemExit(f"validator ingest {p}: exit {rc}")
 else:
-    from validator.config import Settings
+    from validator.settings import Settings
     from validator.service import Service
 
     svc = Service(Settings(home=Path(home)))
@@ -76,7 +76,7 @@ def test_safetensors_ingest_does_not_import_torch(tmp_path: Path) -> None:
 
 def test_acceptance_and_full_bundle_ingest_do_not_import_torch(tmp_path: Path) -> None:
     """Partial sums, acceptance records and GSM8K rows in a bundle; a bare acceptance .jsonl file."""
-    from tests.dashboard.sample import RATES_REF, gsm8k_rows, write_model_bundle
+    from tests.validator.app.dashboard.sample import RATES_REF, gsm8k_rows, write_model_bundle
 
     bundle = write_model_bundle(tmp_path, "rich", tp=2, noise=0.0, acceptance=RATES_REF, gsm8k=gsm8k_rows("ref"))
     jsonl = bundle / "parts" / "acceptance" / "acceptance.jsonl"
@@ -90,8 +90,8 @@ def test_cli_ingest_does_not_import_torch(tmp_path: Path) -> None:
     bundle = write_tp_bundle(tmp_path, "b", tensors(), tp=2)
     home = tmp_path / "home"
     _ingest_in_child("cli", home, bundle, _safetensors(tmp_path / "one.safetensors"))
-    from validator.config import Settings
     from validator.service import Service
+    from validator.settings import Settings
 
     svc = Service(Settings(home=home))
     try:

@@ -8,10 +8,10 @@ import torch
 
 from probes import BundleWriter, ShardSpec
 from tests.factories import tensors, write_tp_bundle
-from validator.compare import compare_runs
 from validator.errors import InputError
-from validator.shards import group_logical
-from validator.sources import open_path
+from validator.judging.compare import compare_runs
+from validator.runs.reassembly import group_logical
+from validator.runs.sources import open_path
 
 
 def _logical(view):

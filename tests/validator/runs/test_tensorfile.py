@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from validator.errors import InputError
-from validator.tensorfile import SafetensorsFile
+from validator.runs.tensorfile import SafetensorsFile
 
 
 def _raw(path: Path, header: dict, data: bytes, hlen: int | None = None) -> Path:
@@ -70,7 +70,7 @@ def test_truncated_real_file(tmp_path: Path) -> None:
 
 def test_dtype_tables_agree_with_torch_and_safetensors(tmp_path: Path) -> None:
     """The plain-data tables (read without torch) against torch's dtypes and the codes safetensors writes."""
-    from validator import tensorfile as tf
+    from validator.runs import tensorfile as tf
 
     assert set(tf.DTYPE_NAMES.values()) == set(tf.ITEMSIZES)
     for code, name in tf.DTYPE_NAMES.items():

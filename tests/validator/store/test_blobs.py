@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from validator.blobs import BlobStore, LocalBlobStore
 from validator.errors import InputError
+from validator.store.blobs import BlobStore, LocalBlobStore
 
 S3 = os.environ.get("VALIDATOR_TEST_S3_ENDPOINT")
 
@@ -45,7 +45,7 @@ def blob_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobS
     if request.param == "local":
         yield LocalBlobStore(tmp_path / "blobs")
     else:
-        from validator.blobs_s3 import S3BlobStore
+        from validator.store.blobs_s3 import S3BlobStore
 
         yield S3BlobStore.from_url(_s3_url(), cache_dir=tmp_path / "cache")
 
@@ -82,8 +82,8 @@ def test_names_are_never_paths(blob_store: BlobStore, bad: str) -> None:
 @pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts")
 def test_service_on_object_storage(tmp_path: Path) -> None:
     from tests.factories import tensors, write_tp_bundle
-    from validator.config import Settings
     from validator.service import Service
+    from validator.settings import Settings
 
     svc = Service(Settings(home=tmp_path / "home", blob_url=_s3_url()))
     try:

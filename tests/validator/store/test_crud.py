@@ -9,9 +9,9 @@ from sqlalchemy import inspect, select
 
 from probes import BundleWriter
 from tests.factories import tensors, write_tp_bundle
-from validator import store
 from validator.errors import InputError
-from validator.models import Blob, Run
+from validator.store import crud as store
+from validator.store.models import Blob, Run
 
 
 def test_migration_upgrade_downgrade_upgrade(settings) -> None:
@@ -35,7 +35,7 @@ def test_migration_upgrade_downgrade_upgrade(settings) -> None:
 
 def test_models_match_migrations(settings) -> None:
     """The migrated schema has every column the models declare."""
-    from validator.models import Base
+    from validator.store.models import Base
 
     settings.home.mkdir(parents=True)
     engine = store.make_engine(settings.db_url)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from validator.cli import main
+from validator.app.cli import main
 
 
 def test_demo_stores_four_runs_and_compares(tmp_path: Path, capsys) -> None:

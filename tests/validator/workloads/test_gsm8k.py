@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.paths import DATA as TEST_DATA
 from tests.servers import free_port, start_process
 from validator.errors import InputError
-from validator.gsm8k import (
+from validator.workloads.gsm8k import (
     add_arguments,
     build_prompt,
     compare_gsm8k,
@@ -21,8 +22,8 @@ from validator.gsm8k import (
     run_gsm8k,
     select_shots,
 )
-from validator.gsm8k_client import ClientConfig, MalformedResponse, parse_response
-from validator.gsm8k_scoring import (
+from validator.workloads.gsm8k_client import ClientConfig, MalformedResponse, parse_response
+from validator.workloads.gsm8k_scoring import (
     INVALID,
     flexible_answer,
     score_output,
@@ -31,8 +32,8 @@ from validator.gsm8k_scoring import (
     summarize_rows,
 )
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "test.jsonl"
-TRAIN = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "train.jsonl"
+DATA = TEST_DATA / "gsm8k" / "test.jsonl"
+TRAIN = TEST_DATA / "gsm8k" / "train.jsonl"
 needs_data = pytest.mark.skipif(not DATA.is_file(), reason="GSM8K test data not present")
 
 
@@ -163,7 +164,7 @@ def test_without_data_or_datasets_the_error_is_clear(monkeypatch) -> None:
 def _start_server(tmp: Path, *args: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "validator.harness.server", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "validator.workloads.harness.server", "--port", str(port), *args]
     with start_process(cmd, url + "/health", log_path=tmp / f"server-{port}.log"):
         yield url
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from validator.acceptance import normalize_record, read_acceptance_bundle
-from validator.harness import EOS, Harness, HarnessConfig, spec_counters, write_acceptance_part
+from validator.runs.acceptance_records import normalize_record, read_acceptance_bundle
+from validator.workloads.harness import EOS, Harness, HarnessConfig, spec_counters, write_acceptance_part
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -129,7 +129,7 @@ def test_server_contract_in_process(tmp_path: Path) -> None:
 
     import httpx
 
-    from validator.harness.server import ServerSettings, create_app, question_of
+    from validator.workloads.harness.server import ServerSettings, create_app, question_of
 
     oracle = tmp_path / "oracle.jsonl"
     oracle.write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n")

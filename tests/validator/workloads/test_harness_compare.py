@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from validator.cli import main
-from validator.harness import Harness, write_acceptance_part
+from validator.app.cli import main
+from validator.workloads.harness import Harness, write_acceptance_part
 
 PROMPTS = [f"Question: {i} apples and {i * 3 + 1} pears. How many fruits?\nAnswer:".encode() for i in range(40)]
 

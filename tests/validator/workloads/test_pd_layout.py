@@ -8,7 +8,7 @@ import pytest
 
 from probes.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
 from probes.shards import ShardSpec
-from validator.pd_layout import (
+from validator.workloads.pd_layout import (
     KVLayout,
     PDLayoutError,
     PlanEntry,
@@ -184,7 +184,7 @@ def test_kv_head_shards_match_the_bundle_format_example() -> None:
 def test_cli_plan_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from validator.cli import main
+    from validator.app.cli import main
 
     p, d = layouts("HND")
     lay = {"total_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "page_size": 64, "layers": [0], "page_layout": "HND"}

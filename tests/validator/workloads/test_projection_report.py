@@ -13,7 +13,8 @@ import pytest
 
 from probes.bundle import BundleWriter
 from probes.projection import ProjectionConfig, make_hidden_states, run_probe
-from validator.projection import (
+from tests.paths import ROOT
+from validator.workloads.projection_report import (
     add_arguments,
     build_report,
     config_from_args,
@@ -185,8 +186,8 @@ def test_defaults_are_kimi_k3() -> None:
 
 def test_report_module_imports_without_the_store_stack() -> None:
     code = (
-        "import sys, validator.projection\n"
+        "import sys, validator.workloads.projection_report\n"
         "bad = [m for m in ('sqlalchemy', 'alembic', 'fastapi', 'pandas', 'flashinfer') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

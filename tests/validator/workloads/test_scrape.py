@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from validator.cli import main
+from validator.app.cli import main
 from validator.errors import InputError
-from validator.scrape import acceptance_from_scrapes, parse_prometheus, scrape_window
-from validator.sources import open_path
+from validator.runs.sources import open_path
+from validator.workloads.scrape import acceptance_from_scrapes, parse_prometheus, scrape_window
 
 # vLLM exposition (prometheus_client): counters carry _total and a _created companion; two engines (DP)
 VLLM = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

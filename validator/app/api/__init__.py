@@ -11,10 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..config import Settings
-from ..errors import ValidatorError
-from ..service import Service
-from .routes import comparisons, dashboard, gates, runs
+from validator.app.api.routes import comparisons, dashboard, gates, runs
+from validator.errors import ValidatorError
+from validator.service import Service
+from validator.settings import Settings
 
 __all__ = ["create_app"]
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from ..service import Service
+from validator.service import Service
 
 __all__ = ["ServiceDep", "WriteAuth", "ReadAuth", "get_service"]
 

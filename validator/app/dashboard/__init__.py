@@ -4,12 +4,12 @@
 - :mod:`.drill`: where inside one tensor two runs differ (per token, per head, histogram, worst elements)
 - :mod:`.pages`: each page's data, gathered through the Service (``?format=json`` returns it)
 
-The routes live in :mod:`validator.api.routes.dashboard`; templates and static files in ``dashboards/``.
+The routes live in :mod:`validator.app.api.routes.dashboard`; templates and static files in ``dashboards/``.
 """
 
 from __future__ import annotations
 
-from .drill import AxisProfile, ErrorProfile, WorstElement, error_profile
-from .views import first_exceedance, heatmap, pair_rows
+from validator.app.dashboard.drill import AxisProfile, ErrorProfile, WorstElement, error_profile
+from validator.app.dashboard.views import first_exceedance, heatmap, pair_rows
 
 __all__ = ["AxisProfile", "ErrorProfile", "WorstElement", "error_profile", "first_exceedance", "heatmap", "pair_rows"]

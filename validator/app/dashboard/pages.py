@@ -9,13 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from probes.shards import Coords
-
-from ..errors import InputError, NotFoundError
-from ..models import Run
-from ..service import Service
-from ..shards import LogicalTensor, group_logical
-from .drill import error_profile
-from .views import METRICS, default_metric, first_exceedance, heatmap, pair_rows
+from validator.app.dashboard.drill import error_profile
+from validator.app.dashboard.views import METRICS, default_metric, first_exceedance, heatmap, pair_rows
+from validator.errors import InputError, NotFoundError
+from validator.runs.reassembly import LogicalTensor, group_logical
+from validator.service import Service
+from validator.store.models import Run
 
 __all__ = [
     "LABEL_KEYS",
@@ -42,13 +41,13 @@ def _gsm8k_rows(svc: Service, run: Run) -> list[dict[str, Any]] | None:
     art = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
     if art is None:
         return None
-    from ..gsm8k import load_gsm8k_rows
+    from validator.workloads.gsm8k import load_gsm8k_rows
 
     return load_gsm8k_rows(svc.blobs.path(art.sha256))
 
 
 def _gsm8k_summary(run: Run, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from ..gsm8k_scoring import summarize_rows
+    from validator.workloads.gsm8k_scoring import summarize_rows
 
     conc = run.label_dict().get("concurrency", "")
     s = summarize_rows(rows, total_time_s=0.0, concurrency=int(conc) if conc.isdigit() else 0)
@@ -170,7 +169,7 @@ def _gsm8k_comparison(svc: Service, doc: dict[str, Any]) -> dict[str, Any] | Non
         return {"error": str(exc)}
     if ra is None or rb is None:
         return None
-    from ..gsm8k import compare_gsm8k
+    from validator.workloads.gsm8k import compare_gsm8k
 
     out = compare_gsm8k(ra, rb, names=(doc["a"], doc["b"]), max_listed=0)
     out.pop("table", None)
@@ -178,7 +177,7 @@ def _gsm8k_comparison(svc: Service, doc: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def acceptance_page(svc: Service, id: int) -> dict[str, Any]:
-    """The comparison's acceptance section (validator.acceptance_stats) and, when both runs hold GSM8K
+    """The comparison's acceptance section (validator.judging.acceptance) and, when both runs hold GSM8K
     results, the questions whose correctness flipped."""
     rec = _done(svc, id)
     doc = rec["result"]

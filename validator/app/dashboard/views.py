@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..text import judged_cell
+from validator.judging.text import judged_cell
 
 __all__ = ["METRICS", "default_metric", "column_of", "heatmap", "first_exceedance", "pair_rows", "finite", "json_safe"]
 

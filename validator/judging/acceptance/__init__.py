@@ -16,8 +16,8 @@ and the text table), ``pairing`` (requests and steps matched across runs, McNema
 draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
 """
 
-from .compare import acceptance_verdict, compare_acceptance
-from .primitives import (
+from validator.judging.acceptance.compare import acceptance_verdict, compare_acceptance
+from validator.judging.acceptance.primitives import (
     chi2_homogeneity,
     equivalence_verdict,
     holm_adjust,
@@ -28,7 +28,7 @@ from .primitives import (
     tost_p_value,
     wilson_interval,
 )
-from .results import (
+from validator.judging.acceptance.results import (
     AcceptanceComparison,
     AcceptanceSummary,
     ComparisonSettings,
@@ -41,7 +41,7 @@ from .results import (
     PositionComparison,
     RequestDivergence,
 )
-from .steps import StepArrays, summarize_run
+from validator.judging.acceptance.steps import StepArrays, summarize_run
 
 __all__ = [
     "AcceptanceComparison",

@@ -19,8 +19,14 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from .pairing import divergence_summary, logprob_comparisons, pair_requests, paired_mcnemar, step_pairs
-from .primitives import (
+from validator.judging.acceptance.pairing import (
+    divergence_summary,
+    logprob_comparisons,
+    pair_requests,
+    paired_mcnemar,
+    step_pairs,
+)
+from validator.judging.acceptance.primitives import (
     FloatArray,
     chi2_homogeneity,
     equivalence_verdict,
@@ -31,7 +37,7 @@ from .primitives import (
     two_sided_p,
     wilson_interval,
 )
-from .results import (
+from validator.judging.acceptance.results import (
     AcceptanceComparison,
     AcceptanceSummary,
     ComparisonSettings,
@@ -46,7 +52,7 @@ from .results import (
     PositionComparison,
     Verdict,
 )
-from .steps import StepArrays, bootstrap, nanstd, rates, summarize_run
+from validator.judging.acceptance.steps import StepArrays, bootstrap, nanstd, rates, summarize_run
 
 # -- standard errors and intervals --------------------------------------------------------------------
 
@@ -330,7 +336,7 @@ def compare_acceptance(
     pair_by: PairBy = "auto",
     labels: tuple[str, str] = ("A", "B"),
 ) -> AcceptanceComparison:
-    """Compare run B (candidate) with run A (reference): DataFrames from ``validator.acceptance`` or
+    """Compare run B (candidate) with run A (reference): DataFrames from ``validator.runs.acceptance_records`` or
     :class:`StepArrays`. ``positions`` restricts which draft positions count towards the verdict."""
     if not 0 < margin < 1 or not 0 < alpha < 0.5 or not 0 < power < 1 or resamples < 2:
         raise ValueError("need 0 < margin < 1, 0 < alpha < 0.5, 0 < power < 1 and resamples >= 2")

@@ -9,9 +9,15 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-from .primitives import IntArray, mcnemar_test
-from .results import DivergenceSummary, LogprobComparison, McNemarResult, PairBy, RequestDivergence
-from .steps import StepArrays
+from validator.judging.acceptance.primitives import IntArray, mcnemar_test
+from validator.judging.acceptance.results import (
+    DivergenceSummary,
+    LogprobComparison,
+    McNemarResult,
+    PairBy,
+    RequestDivergence,
+)
+from validator.judging.acceptance.steps import StepArrays
 
 
 def _hash_usable(s: StepArrays) -> bool:

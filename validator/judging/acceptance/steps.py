@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .primitives import FloatArray, IntArray, position_counts
-from .results import AcceptanceSummary
+from validator.judging.acceptance.primitives import FloatArray, IntArray, position_counts
+from validator.judging.acceptance.results import AcceptanceSummary
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,7 +38,7 @@ class StepArrays:
 
     @classmethod
     def from_frame(cls, df: Any) -> StepArrays:
-        """From an acceptance DataFrame (``validator.acceptance`` columns; only the first five needed)."""
+        """From an acceptance DataFrame (``validator.runs.acceptance_records`` columns; only the first five needed)."""
         n = len(df)
         rid = np.asarray(df["request_id"].to_numpy(), dtype=object)
         keys, inverse = (

@@ -1,10 +1,10 @@
 """A reference speculative-decoding harness in torch (CPU or GPU) and an HTTP server around it.
 
-:mod:`validator.harness.model` needs torch only; :mod:`validator.harness.server` adds FastAPI and uvicorn
-and is imported on its own (``python -m validator.harness.server``).
+:mod:`validator.workloads.harness.model` needs torch only; :mod:`validator.workloads.harness.server` adds FastAPI and uvicorn
+and is imported on its own (``python -m validator.workloads.harness.server``).
 """
 
-from .model import (
+from validator.workloads.harness.model import (
     BOS,
     EOS,
     MODES,

@@ -6,9 +6,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from validator.api import create_app
-from validator.config import Settings
+from validator.app.api import create_app
 from validator.service import Service
+from validator.settings import Settings
 
 TOKEN = "s3cret-token"
 

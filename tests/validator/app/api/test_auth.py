@@ -8,9 +8,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from validator.api import create_app
+from validator.app.api import create_app
+from validator.app.server import serve
 from validator.errors import InputError
-from validator.server import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +54,7 @@ async def test_protected_reads(api_service) -> None:
 
 
 def test_refuses_public_address_without_token(tmp_path) -> None:
-    from validator.config import Settings
+    from validator.settings import Settings
 
     with pytest.raises(InputError, match="refusing to serve on 0.0.0.0 without a token"):
         serve(Settings(home=tmp_path), host="0.0.0.0", port=0)

@@ -5,8 +5,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.helpers import push
 from tests.factories import tensors, write_tp_bundle
+from tests.validator.app.api.helpers import push
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from probes.bundle import MANIFEST
-from tests.api.helpers import push
 from tests.factories import tensors, write_tp_bundle
+from tests.validator.app.api.helpers import push
 
 pytestmark = pytest.mark.anyio
 
@@ -90,7 +90,7 @@ async def test_corrupt_bundle_is_refused_on_finalize(client: httpx.AsyncClient, 
 
 async def test_acceptance_summary_route(client: httpx.AsyncClient, tmp_path: Path) -> None:
     from probes import AcceptanceRecorder
-    from tests.validator.acceptance_factories import make_records
+    from tests.validator.judging.acceptance_factories import make_records
 
     bundle = write_tp_bundle(tmp_path, "acc", tensors(), tp=1)
     with AcceptanceRecorder(bundle, part="verify") as rec:

@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboard.browser import chromium, missing_browser, serve
-from tests.dashboard.sample import build_store
-from validator.api import create_app
-from validator.config import Settings
+from tests.validator.app.dashboard.browser import chromium, missing_browser, serve
+from tests.validator.app.dashboard.sample import build_store
+from validator.app.api import create_app
 from validator.service import Service
+from validator.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Sample:
 
 @pytest.fixture(scope="session")
 def sample(tmp_path_factory: pytest.TempPathFactory) -> Sample:
-    """The sample store (tests/dashboard/sample.py), built once; tests only add cached comparisons to it."""
+    """The sample store (tests/validator/app/dashboard/sample.py), built once; tests only add cached comparisons to it."""
     root = tmp_path_factory.mktemp("dashboard")
     return Sample(root / "home", build_store(root / "home", root / "bundles"))
 

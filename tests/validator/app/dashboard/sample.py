@@ -19,24 +19,25 @@ import torch
 
 from probes import BundleWriter, ShardSpec
 from probes.bundle import write_json_atomic
-from tests.validator.acceptance_factories import make_records
-from validator.acceptance import write_acceptance_jsonl
-from validator.config import Settings
-from validator.gsm8k import load_questions
-from validator.gsm8k_scoring import question_hash, reference_number, score_output
+from tests.paths import DATA
+from tests.validator.judging.acceptance_factories import make_records
+from validator.runs.acceptance_records import write_acceptance_jsonl
 from validator.service import Service
+from validator.settings import Settings
+from validator.workloads.gsm8k import load_questions
+from validator.workloads.gsm8k_scoring import question_hash, reference_number, score_output
 
 LAYERS = 6
 TOKENS, HIDDEN, HEADS, HEAD_DIM = 48, 64, 8, 16
 XSS = "<script>window.__xss = 1</script><b>bold</b>"
 RATES_REF = [0.86, 0.74, 0.63, 0.52, 0.42]
 RATES_DRIFT = [0.85, 0.71, 0.57, 0.44, 0.33]
-GSM8K_DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test.jsonl"
+GSM8K_DATA = DATA / "gsm8k" / "test.jsonl"
 GSM8K_WRONG = {"ref": {7}, "drift": {2, 5}}  # question indices answered wrongly
 
 
 def gsm8k_rows(role: str, *, script: bool = True) -> list[dict[str, object]]:
-    """Probe rows (validator.gsm8k's format) for 12 questions; the wrong ones answer reference + 1
+    """Probe rows (validator.workloads.gsm8k's format) for 12 questions; the wrong ones answer reference + 1
     (``script``: drift's wrong outputs start with a script tag)."""
     rows = []
     for i, q in enumerate(load_questions(GSM8K_DATA, 12)):

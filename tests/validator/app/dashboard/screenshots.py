@@ -1,6 +1,6 @@
 """Screenshots of the dashboard's main views over the sample store (``scripts/screenshots`` runs this).
 
-    python -m tests.dashboard.screenshots [OUT_DIR]     # default docs/screenshots
+    python -m tests.validator.app.dashboard.screenshots [OUT_DIR]     # default docs/screenshots
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.dashboard.browser import chromium, missing_browser, serve
-from tests.dashboard.sample import build_store
+from tests.validator.app.dashboard.browser import chromium, missing_browser, serve
+from tests.validator.app.dashboard.sample import build_store
 
 VIEWPORT = {"width": 1360, "height": 900}
 

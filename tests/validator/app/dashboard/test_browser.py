@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tests.dashboard.conftest import Sample
-from tests.dashboard.sample import XSS
-from tests.dashboard.screenshots import open_comparison
+from tests.validator.app.dashboard.conftest import Sample
+from tests.validator.app.dashboard.sample import XSS
+from tests.validator.app.dashboard.screenshots import open_comparison
 
 
 def test_runs_list_filters_by_label(server: str, sample: Sample, page: Any, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from validator.dashboard.drill import HIST_EDGES, error_profile
+from validator.app.dashboard.drill import HIST_EDGES, error_profile
 from validator.metrics import compare_tensors
 
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from tests.dashboard.conftest import Sample
-from validator.api import create_app
-from validator.dashboard import pages
+from tests.validator.app.dashboard.conftest import Sample
+from validator.app.api import create_app
+from validator.app.dashboard import pages
 from validator.service import Service
 
 pytestmark = pytest.mark.anyio

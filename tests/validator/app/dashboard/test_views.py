@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from validator.dashboard.views import column_of, default_metric, first_exceedance, heatmap, json_safe, pair_rows
+from validator.app.dashboard.views import column_of, default_metric, first_exceedance, heatmap, json_safe, pair_rows
 
 
 def _pair(name: str, status: str, rel: float, floor: float | None = None, **coords: Any) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from ..deps import ReadAuth, ServiceDep, WriteAuth
-from ..schemas import ComparisonCreate, ComparisonPublic
+from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
+from validator.app.api.schemas import ComparisonCreate, ComparisonPublic
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 

@@ -31,12 +31,12 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jinja2.utils import htmlsafe_json_dumps
 from markupsafe import Markup
 
-from ..._data import dashboards_dir
-from ...dashboard import pages
-from ...dashboard.views import json_safe
-from ...errors import InputError, NotFoundError, ValidatorError
-from ...text import fmt_num
-from ..deps import ReadAuth, ServiceDep
+from validator._data import dashboards_dir
+from validator.app.api.deps import ReadAuth, ServiceDep
+from validator.app.dashboard import pages
+from validator.app.dashboard.views import json_safe
+from validator.errors import InputError, NotFoundError, ValidatorError
+from validator.judging.text import fmt_num
 
 __all__ = ["router"]
 

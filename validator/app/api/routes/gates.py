@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from ..deps import ServiceDep, WriteAuth
-from ..schemas import GateCreate, GatePublic
+from validator.app.api.deps import ServiceDep, WriteAuth
+from validator.app.api.schemas import GateCreate, GatePublic
 
 router = APIRouter(prefix="/gates", tags=["gates"])
 
 
 @router.post("", dependencies=[WriteAuth])
 def create_gate(body: GateCreate, svc: ServiceDep) -> GatePublic:
-    from ...report import markdown_summary  # the report imports the comparison engine (torch): only when judging
+    from validator.judging.report import (
+        markdown_summary,  # the report imports the comparison engine (torch): only when judging
+    )
 
     rec = svc.cached_comparison(
         body.baseline, body.candidate, floor=(body.floor[0], body.floor[1]) if body.floor else None, policy=body.policy, background=False

@@ -9,11 +9,11 @@ import anyio
 import anyio.from_thread
 from fastapi import APIRouter, Query, Request
 
-from ... import uploads
-from ...config import parse_labels
-from ...errors import NotFoundError
-from ..deps import ReadAuth, ServiceDep, WriteAuth
-from ..schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
+from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
+from validator.app.api.schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
+from validator.errors import NotFoundError
+from validator.settings import parse_labels
+from validator.store import uploads
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

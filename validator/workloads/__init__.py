@@ -1,0 +1,17 @@
+"""Workloads that produce or explain runs: the demo, the projection probe's report, the GSM8K workload,
+Prometheus scraping of engine counters, the reference speculative-decoding harness, and the P->D
+draft-KV transfer layout check."""
+
+from validator._lazy import public
+
+__getattr__, __all__ = public(
+    __name__,
+    {
+        "demo": ["run_demo"],
+        "projection_report": ["ProjectionReport", "run_projection_report", "format_table"],
+        "gsm8k": ["run_gsm8k", "compare_gsm8k", "load_gsm8k_rows"],
+        "scrape": ["scrape_window", "write_metrics_bundle"],
+        "pd_layout": ["KVLayout", "transfer_plan", "check_plan", "check_compatible"],
+        "harness": ["Harness", "HarnessConfig"],
+    },
+)

@@ -2,7 +2,7 @@
 (:mod:`.api`, pure views in :mod:`.dashboard`), and ``validator serve``. Each parses input and calls
 :class:`validator.service.Service`."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

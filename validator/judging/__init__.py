@@ -1,7 +1,7 @@
 """Judging: pairing two runs' tensors, the policy and its floors, the verdict, the comparison document and
 its renderings (table, Markdown, JUnit), and the acceptance statistics (:mod:`.acceptance`)."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

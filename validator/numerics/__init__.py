@@ -2,7 +2,7 @@
 :mod:`validator.metrics`, with its backends in :mod:`validator.kernels`) and the floors and intervals a
 verdict rests on (:mod:`.floors`)."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

@@ -2,7 +2,7 @@
 folder) into one :class:`RunView`, validated safetensors reading, reassembly of logical tensors from
 TP/PP shards, and acceptance records (JSONL in, Parquet stored)."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

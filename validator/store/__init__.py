@@ -2,7 +2,7 @@
 the models in :mod:`.models`), the content-addressed blob stores (local directory, S3) and resumable
 uploads."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

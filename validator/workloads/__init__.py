@@ -2,7 +2,7 @@
 Prometheus scraping of engine counters, the reference speculative-decoding harness, and the P->D
 draft-KV transfer layout check."""
 
-from validator._lazy import public
+from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,

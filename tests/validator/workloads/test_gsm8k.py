@@ -164,7 +164,7 @@ def test_without_data_or_datasets_the_error_is_clear(monkeypatch) -> None:
 def _start_server(tmp: Path, *args: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "validator.workloads.harness.server", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "validator.workloads.harness.generate_server", "--port", str(port), *args]
     with start_process(cmd, url + "/health", log_path=tmp / f"server-{port}.log"):
         yield url
 

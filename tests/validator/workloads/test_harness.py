@@ -129,7 +129,7 @@ def test_server_contract_in_process(tmp_path: Path) -> None:
 
     import httpx
 
-    from validator.workloads.harness.server import ServerSettings, create_app, question_of
+    from validator.workloads.harness.generate_server import ServerSettings, create_app, question_of
 
     oracle = tmp_path / "oracle.jsonl"
     oracle.write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n")

@@ -16,7 +16,7 @@ and the text table), ``pairing`` (requests and steps matched across runs, McNema
 draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
 """
 
-from validator.judging.acceptance.compare import acceptance_verdict, compare_acceptance
+from validator.judging.acceptance.comparison import acceptance_verdict, compare_acceptance
 from validator.judging.acceptance.primitives import (
     chi2_homogeneity,
     equivalence_verdict,

@@ -1,6 +1,6 @@
 """Serve the reference harness over HTTP with SGLang's ``/generate`` contract and ``/v1/completions``.
 
-    python -m validator.workloads.harness.server --port 30000 [--mode pd] [--oracle test.jsonl]
+    python -m validator.workloads.harness.generate_server --port 30000 [--mode pd] [--oracle test.jsonl]
 
 The tokenizer is UTF-8 bytes (token = byte, plus EOS). Decoding is greedy only. Every response's
 ``meta_info`` carries the ``spec_*`` fields computed from the verify steps the harness actually ran, and
@@ -285,7 +285,7 @@ def create_app(settings: ServerSettings) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m validator.workloads.harness.server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m validator.workloads.harness.generate_server", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--mode", choices=("d-only", "pd", "pd-broken"), default="d-only")

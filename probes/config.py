@@ -75,7 +75,7 @@ def parse_bytes(value: Any) -> int | None:
     text = str(value).strip().lower()
     if text in ("none", "unlimited", "inf"):
         return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)", text)
     if not m or m.group(2) not in _UNITS:
         raise ProbeConfigError(f"cannot parse byte size {value!r}; expected e.g. 1048576, '512MiB', '2GB'")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
@@ -115,7 +115,7 @@ def _parse_steps(value: Any) -> tuple[tuple[int, int], ...]:
     for item in _split(value):
         if isinstance(item, (list, tuple)) and len(item) == 2:
             lo, hi = _parse_int(item[0], "steps"), _parse_int(item[1], "steps")
-        elif isinstance(item, str) and re.fullmatch(r"\d+\s*-\s*\d+", item):
+        elif isinstance(item, str) and re.fullmatch(r"[0-9]+\s*-\s*[0-9]+", item):
             lo, hi = (int(x) for x in item.split("-"))
         else:
             lo = hi = _parse_int(item, "steps")

@@ -26,7 +26,7 @@ from .config import glob_match
 __all__ = ["HookHandles", "attach", "layer_of"]
 
 What = Literal["output", "input", "both"]
-_LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_LAYER_RE = re.compile(r"(?:^|\.)([0-9]+)(?:\.|$)")
 
 
 class HookHandles:

@@ -143,7 +143,7 @@ def _as_int(v: Any, what: str) -> int:
         raise ShardSpecError(f"{what} must be an integer, got {v!r}")
     if isinstance(v, int):
         return v
-    if isinstance(v, str) and re.fullmatch(r"-?\d+", v):
+    if isinstance(v, str) and re.fullmatch(r"-?[0-9]+", v):
         return int(v)
     raise ShardSpecError(f"{what} must be an integer, got {v!r}")
 

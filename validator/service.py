@@ -153,9 +153,7 @@ class Service:
         pending: int | None = None,
     ) -> RunSummary:
         """Store a run view. ``pending``: id of a pending run (uploaded over the API) to complete."""
-        run_name = name or view.name
-        if not run_name or len(run_name) > 200 or any(ord(c) < 32 for c in run_name):
-            raise InputError(f"run name {run_name!r} must be 1-200 printable characters")
+        run_name = store.check_run_name(name or view.name)
         group_logical(view.tensors)  # refuse impossible shard layouts before storing anything
         store.check_labels({**view.labels, **(labels or {})}, where=view.location)  # and what the columns can't hold
         for ref in view.tensors:

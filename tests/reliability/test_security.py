@@ -104,6 +104,7 @@ async def test_reads_are_closed_when_protected(tmp_path: Path) -> None:
 
 XSS = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=alert(2)>"
+XSS_NAME = "<script>alert(1)"  # run names cannot hold '/', so no closing tag
 
 
 async def test_dashboard_escapes_run_data(tmp_path: Path, svc: Service) -> None:
@@ -118,11 +119,11 @@ async def test_dashboard_escapes_run_data(tmp_path: Path, svc: Service) -> None:
         m = json.loads((b / MANIFEST).read_text())
         m["run"]["notes"] = XSS
         (b / MANIFEST).write_text(json.dumps(m))
-    svc.ingest(ref, name=f"ref{XSS}", labels={"model": XSS, "k": IMG, f"<b>{IMG}</b>": "v"})
+    svc.ingest(ref, name=f"ref{XSS_NAME}", labels={"model": XSS, "k": IMG, f"<b>{IMG}</b>": "v"})
     svc.ingest(cand, name=f"cand{IMG}", labels={"model": XSS})
     async with _api_client(svc, follow_redirects=True) as c:
-        pages = ["/runs", f"/runs?model={XSS}", "/runs/1", "/runs/2", f"/runs/{XSS}", f"/runs/ref{XSS}",
-                 f"/compare?a=ref{XSS}&b=cand{IMG}", "/comparisons/1", "/comparisons/1/pairs/0", "/comparisons/1/pairs/1",
+        pages = ["/runs", f"/runs?model={XSS}", "/runs/1", "/runs/2", f"/runs/{XSS}", f"/runs/ref{XSS_NAME}",
+                 f"/compare?a=ref{XSS_NAME}&b=cand{IMG}", "/comparisons/1", "/comparisons/1/pairs/0", "/comparisons/1/pairs/1",
                  "/comparisons/1/acceptance", f"/compare?a={XSS}&b=x", f"/runs?label={IMG}"]
         seen_html = 0
         for page in pages:

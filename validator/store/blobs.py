@@ -54,7 +54,7 @@ def temp_prefix(kind: str = "tmp") -> str:
     return f"{kind}.{os.getpid()}."
 
 
-_TEMP_RE = re.compile(r"[a-z]+\.(\d+)\..*")
+_TEMP_RE = re.compile(r"[a-z]+\.([0-9]+)\..*")
 
 
 def _alive(pid: int) -> bool:

@@ -7,6 +7,7 @@ The embedded default is SQLite in WAL mode under the configured home; any SQLAlc
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "downgrade",
     "get_run",
     "check_labels",
+    "check_run_name",
     "check_tensor_record",
     "list_runs",
     "create_run",
@@ -89,6 +91,27 @@ def downgrade(engine: Engine, revision: str) -> None:
 # -- runs ---------------------------------------------------------------------------------------
 
 
+# Unicode categories refused in a run name: controls (C0, DEL, C1 such as NEL), format characters (bidi
+# overrides such as U+202E), line and paragraph separators, surrogates, private use, unassigned.
+_NAME_REFUSED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def check_run_name(name: object) -> str:
+    """A run name the store, the URLs and the dashboard can all hold: 1-200 characters, no control or
+    format characters, no '/' or '\\', not '.' or '..', and not only digits (those are run ids: a name
+    never shadows an id)."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 200:
+        raise InputError("run name must be 1-200 characters")
+    bad = sorted({f"U+{ord(c):04X}" for c in name if unicodedata.category(c) in _NAME_REFUSED})
+    if bad:
+        raise InputError(f"run name {name!r:.80} holds control or format characters ({', '.join(bad[:5])})")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise InputError(f"run name {name!r:.80} must not contain '/' or '\\' nor be '.' or '..'")
+    if name.isascii() and name.isdigit():
+        raise InputError(f"run name {name!r} is only digits: that is how run ids are written; add a letter")
+    return name
+
+
 def check_labels(labels: dict[str, str], *, where: str = "run") -> None:
     """Labels the columns can hold: keys 1-100 characters, values at most 500, no NUL (PostgreSQL refuses it)."""
     for k, v in labels.items():
@@ -105,13 +128,13 @@ def check_tensor_record(*, name: str, coords: dict[str, Any], shard: dict[str, A
 
 
 def get_run(session: Session, *, ref: str, include_pending: bool = False) -> Run | None:
-    """A run by name, or by numeric id."""
+    """A run by numeric id (ASCII digits: names never are, see :func:`check_run_name`), else by name."""
     if "\0" in ref:  # no name holds NUL (and PostgreSQL refuses to compare one)
         return None
-    q = select(Run).where(Run.name == ref)
-    run = session.scalars(q).first()
-    if run is None and ref.isascii() and ref.isdigit() and int(ref) <= _MAX_ID:  # not "²", not 2**40
-        run = session.get(Run, int(ref))
+    if ref.isascii() and ref.isdigit():
+        run = session.get(Run, int(ref)) if int(ref) <= _MAX_ID else None  # not 2**70
+    else:
+        run = session.scalars(select(Run).where(Run.name == ref)).first()
     if run is not None and run.status != "complete" and not include_pending:
         return None
     return run

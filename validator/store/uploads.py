@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
-_FILE_RE = re.compile(r"(tensors-\d{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl|metrics\.json)")
+_FILE_RE = re.compile(r"(tensors-[0-9]{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl|metrics\.json)")
 ROOT_PART = "_root"  # the manifest's pseudo-part
 
 
@@ -63,8 +63,7 @@ def _pending_run(svc: Service, ref: str) -> Run:
 
 def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Create a pending run; a retry with the same name of a still-pending run returns it again."""
-    if not name or len(name) > 200 or any(ord(c) < 32 for c in name):
-        raise InputError("run name must be 1-200 printable characters")
+    store.check_run_name(name)
     with svc.session() as s, s.begin():
         run = store.get_run(s, ref=name, include_pending=True)
         if run is not None:

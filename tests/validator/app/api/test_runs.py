@@ -106,3 +106,34 @@ async def test_acceptance_summary_route(client: httpx.AsyncClient, tmp_path: Pat
     doc = (await client.get("/api/v1/runs/acc/acceptance")).json()
     assert doc["engine_metrics"]
     assert (await client.get("/api/v1/runs/nope/acceptance")).status_code == 404
+
+
+async def test_a_run_name_never_shadows_a_run_id(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    first = await push(client, write_tp_bundle(tmp_path, "first", tensors(), tp=1), "first")
+    # a name that is the next id is refused, so "/runs/<id>" can only ever mean that id
+    nxt = str(first["id"] + 1)
+    r = await client.post("/api/v1/runs", json={"name": nxt})
+    assert r.status_code == 400 and "only digits" in r.json()["detail"]
+    second = await push(client, write_tp_bundle(tmp_path, "second", tensors(), tp=1), "second")
+    assert second["id"] == first["id"] + 1
+    assert (await client.get(f"/api/v1/runs/{nxt}")).json()["name"] == "second"
+    assert (await client.get(f"/api/v1/runs/{first['id']}")).json()["name"] == "first"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a\x7fb", "a\x85b", "evil\u202eexe.txt", "tab\there", "line\u2028sep", "a/b", "..", ".", "back\\slash", "", "x" * 201, "0042"],
+)
+async def test_unusable_run_names_are_refused_at_creation(client: httpx.AsyncClient, name: str) -> None:
+    r = await client.post("/api/v1/runs", json={"name": name})
+    assert r.status_code in (400, 422), (name, r.text)
+    assert (await client.get("/api/v1/runs")).json()["data"] == []
+
+
+def test_file_name_patterns_take_ascii_digits_only() -> None:
+    from validator.errors import InputError
+    from validator.store.uploads import check_file_name
+
+    check_file_name("p0", "tensors-00001.safetensors")
+    with pytest.raises(InputError):
+        check_file_name("p0", "tensors-٠٠٠٠١.safetensors")  # Arabic-Indic digits

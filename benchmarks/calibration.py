@@ -37,8 +37,8 @@ from collections import Counter
 import torch
 
 from validator.judging.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple
-from validator.metrics import compare_tensors
 from validator.numerics.floors import BlockSums, block_sums, rounding_sums
+from validator.numerics.metrics import compare_tensors
 
 SIZES = [(64, 256), (256, 512), (1024, 1024)]  # tokens x hidden: 16 Ki, 128 Ki, 1 Mi elements
 K = 1024

@@ -6,14 +6,14 @@
 For each bf16 pair (GPU: 8192x7168 and ``--gib`` GiB per tensor; CPU: ``--cpu-elems`` elements per
 tensor), the median time of one call, as a caller sees it (result on the host), of:
 
-- ``engine``: ``validator.metrics.compare_tensors(a, b)``, every field, the p99 ULP exact;
-- ``engine, p99=False``: ``validator.kernels.compare(..., p99=False)``, every field but the p99;
+- ``engine``: ``validator.numerics.metrics.compare_tensors(a, b)``, every field, the p99 ULP exact;
+- ``engine, p99=False``: ``validator.numerics.backends.compare(..., p99=False)``, every field but the p99;
 - ``torch float64``: norms, dot, max |d|, mean |d| and the tolerance count in plain float64 torch;
 - ``torch.compile``: the same function compiled by ``torch.compile`` (one fused pass where it can);
 - ``SGLang rel_diff``: SGLang 0.5.9's comparator math, ``1 - 2<a,b>/(|a|^2+|b|^2)`` in float64 torch.
 
 GB/s counts the bytes of both tensors. The pair is ``b = bf16(a * (1 + 1e-3 N(0,1)))``.
-``--sweep`` also times the GPU kernel's tile constants (``validator.kernels.cuda``) on both GPU pairs.
+``--sweep`` also times the GPU kernel's tile constants (``validator.numerics.backends.cuda``) on both GPU pairs.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from validator import kernels  # noqa: E402
-from validator.metrics import compare_tensors  # noqa: E402
+from validator.numerics import backends as kernels  # noqa: E402
+from validator.numerics.metrics import compare_tensors  # noqa: E402
 
 
 def torch_f64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ def section(device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, c
 
 
 def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str, Any]]:
-    from validator.kernels import cuda
+    from validator.numerics.backends import cuda
 
     saved = (cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS)
     rows = []

@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return Service
     if name in ("compare_tensors", "TensorMetrics"):
-        from validator import metrics
+        from validator.numerics import metrics
 
         return getattr(metrics, name)
     raise AttributeError(name)

@@ -14,8 +14,8 @@ from typing import Any
 
 from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
-from validator.metrics import MetricInputError, TensorMetrics, compare_tensors
 from validator.numerics.floors import BlockSums, block_sums, more_precise, rounding_sums
+from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_tensors
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
 from validator.runs.view import RunView
 

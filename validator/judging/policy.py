@@ -34,7 +34,7 @@ from validator.errors import InputError
 from validator.numerics.floors import BlockSums, bootstrap_interval
 
 if TYPE_CHECKING:
-    from validator.metrics import TensorMetrics
+    from validator.numerics.metrics import TensorMetrics
 
 __all__ = [
     "Rule",

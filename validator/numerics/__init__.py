@@ -1,10 +1,13 @@
-"""Numerics: pure math on tensors, no I/O. The metrics of a pair (``compare_tensors`` in
-:mod:`validator.metrics`, with its backends in :mod:`validator.kernels`) and the floors and intervals a
-verdict rests on (:mod:`.floors`)."""
+"""Numerics: pure math on tensors, no I/O. The metrics of a pair (:func:`compare_tensors` in
+:mod:`.metrics`, read by one of the backends in :mod:`.backends`: Triton on a GPU, torch on the CPU, the
+float64 reference elsewhere) and the floors and intervals a verdict rests on (:mod:`.floors`)."""
 
 from validator._exports import public
 
 __getattr__, __all__ = public(
     __name__,
-    {"floors": ["BlockSums", "block_sums", "rounding_sums", "more_precise", "bootstrap_interval"]},
+    {
+        "metrics": ["TensorMetrics", "MetricInputError", "compare_tensors", "metrics_from_totals"],
+        "floors": ["BlockSums", "block_sums", "rounding_sums", "more_precise", "bootstrap_interval"],
+    },
 )

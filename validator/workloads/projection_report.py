@@ -1,6 +1,6 @@
 """The projection report: runs the projection probe and compares its paths capture point by capture point.
 
-Pairs compared (``a`` = reference, ``b`` = candidate, metrics from :func:`validator.metrics.compare_tensors`):
+Pairs compared (``a`` = reference, ``b`` = candidate, metrics from :func:`validator.numerics.metrics.compare_tensors`):
 
 - every path against ``ref`` (float64): the error each path carries;
 - every ``partial-*`` path against ``concat``: what pipeline-parallel accumulation adds on top of the
@@ -10,7 +10,7 @@ Capture points: ``ctx.pre_norm``, ``ctx.normed``, ``draft.k[i]`` and ``draft.v[i
 Against ``ref`` each row also gives ``x floor``: its rel_l2 over concat's rel_l2 at the same point (the
 deployed single GEMM sets the floor), and the ULP distance from the float64 result rounded to the
 candidate's dtype. The stage view compares each partial path's running sum after every stage with the
-float64 running sum. Needs torch (and numpy-free ``validator.metrics``) only: no store, no server.
+float64 running sum. Needs torch (and numpy-free ``validator.numerics.metrics``) only: no store, no server.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from probes.projection import (
     parse_pp_split,
     run_probe,
 )
-from validator.metrics import TensorMetrics, compare_tensors
+from validator.numerics.metrics import TensorMetrics, compare_tensors
 
 __all__ = [
     "TOLERANCES",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ErrorProfile", "AxisProfile", "WorstElement", "error_profile", "HIST_EDGES"]
 
-CHUNK_ELEMS = 1 << 19  # larger pieces run several times slower on the CPU (see validator.metrics)
+CHUNK_ELEMS = 1 << 19  # larger pieces run several times slower on the CPU (see validator.numerics.metrics)
 BINS_PER_DECADE = 4
 HIST_LOW, HIST_HIGH = -16, 4  # decades of |b - a| covered by the histogram; outside values go to the ends
 HIST_EDGES: tuple[float, ...] = tuple(

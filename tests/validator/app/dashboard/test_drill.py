@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from validator.app.dashboard.drill import HIST_EDGES, error_profile
-from validator.metrics import compare_tensors
+from validator.numerics.metrics import compare_tensors
 
 
 def _pair(dtype: torch.dtype, shape: tuple[int, ...] = (40, 6, 5), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .common import NUM_KEYS, Totals, p99_from_keys, ulp_distance, ulp_key, ulp_spec
+from validator.numerics.backends.common import NUM_KEYS, Totals, p99_from_keys, ulp_distance, ulp_key, ulp_spec
 
 REFINE_BINS = 1 << 16
 CPU_PIECE = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower

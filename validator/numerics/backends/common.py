@@ -1,7 +1,7 @@
 """What every backend shares: the totals a pass produces, the ULP distance and the exact p99.
 
 A backend reads both tensors once and returns :class:`Totals`: five float64 sums, ``max_abs``, five
-counts and the ULP results. ``validator.metrics`` turns them into a ``TensorMetrics`` with the formulas
+counts and the ULP results. ``validator.numerics.metrics`` turns them into a ``TensorMetrics`` with the formulas
 of ``docs/metrics.md``, the same code for every backend.
 
 The p99 of the ULP distances is exact. A pass bins each distance ``d`` by ``ulp_key(d)``: the exponent

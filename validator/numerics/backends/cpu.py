@@ -10,7 +10,7 @@ Exactness where the reference's float64 matters:
 - the tolerance test: counted twice in float32, against tolerances moved 2**-18 down and up; if the
   two counts differ the piece is counted again in float64;
 - a piece with a non-finite value, or squares outside float32's comfortable range, goes through the
-  float64 reference (:class:`~validator.kernels.reference.Accumulator`) instead.
+  float64 reference (:class:`~validator.numerics.backends.reference.Accumulator`) instead.
 
 Other pairs (float64 or integer inputs) take the reference itself.
 """
@@ -21,8 +21,18 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .common import EPS, SAFE_HI, SAFE_LO, TINY, ULP_DTYPES, Totals, ulp_distance, ulp_key, ulp_spec
-from .reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
+from validator.numerics.backends.common import (
+    EPS,
+    SAFE_HI,
+    SAFE_LO,
+    TINY,
+    ULP_DTYPES,
+    Totals,
+    ulp_distance,
+    ulp_key,
+    ulp_spec,
+)
+from validator.numerics.backends.reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
 
 # Elements per piece: whole rows just below torch's grain size (32768), so every operation runs on the
 # calling thread. torch's threads gained about 15% on two idle cores and stalled every operation while

@@ -1,7 +1,7 @@
 """Element-wise comparison metrics for a pair of tensors (pure math, no I/O).
 
 ``a`` is always the reference run and ``b`` the candidate. :func:`compare_tensors` checks its
-inputs, has :mod:`validator.kernels` read the pair once (a fused Triton pass on a GPU, torch ops on
+inputs, has :mod:`validator.numerics.backends` read the pair once (a fused Triton pass on a GPU, torch ops on
 the CPU, the float64 reference elsewhere) and turns the totals into a :class:`TensorMetrics` with the
 formulas of :func:`metrics_from_totals`, the same for every backend. ``docs/metrics.md`` defines
 every field.
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
-from .kernels import Totals, compare
+from validator.errors import InputError
+from validator.numerics.backends import Totals, compare
 
 __all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "metrics_from_totals"]
 

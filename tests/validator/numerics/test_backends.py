@@ -1,4 +1,4 @@
-"""validator.kernels: every backend against float64 NumPy, at the engine's stated accuracy.
+"""validator.numerics.backends: every backend against float64 NumPy, at the engine's stated accuracy.
 
 Backends: the float64 reference, the CPU backend, the Triton backend on a GPU (where there is one) and
 the same Triton kernels run by Triton's interpreter on the CPU (in a subprocess, which sets
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.validator.test_metrics import _assert_matches, _np_metrics
-from validator import kernels
-from validator.kernels import Totals
-from validator.kernels.cpu import compare_cpu
-from validator.kernels.reference import compare_reference
-from validator.metrics import TensorMetrics, compare_tensors, metrics_from_totals
+from tests.paths import ROOT
+from tests.validator.numerics.test_metrics import _assert_matches, _np_metrics
+from validator.numerics import backends as kernels
+from validator.numerics.backends import Totals
+from validator.numerics.backends.cpu import compare_cpu
+from validator.numerics.backends.reference import compare_reference
+from validator.numerics.metrics import TensorMetrics, compare_tensors, metrics_from_totals
 
-ROOT = Path(__file__).resolve().parents[2]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
 ULP_DTYPES = DTYPES[:3] + DTYPES[4:]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -226,7 +226,7 @@ def _interpreter_main() -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: the Triton backend on every case, as JSON lines."""
     import warnings
 
-    from validator.kernels.cuda import compare_cuda
+    from validator.numerics.backends.cuda import compare_cuda
 
     warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
     for name, (a, b, atol, rtol) in CASES.items():
@@ -237,7 +237,7 @@ def _interpreter_main() -> None:
 def test_triton_kernels_in_interpreter() -> None:
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "from tests.validator.test_kernels import _interpreter_main; _interpreter_main()"
+    code = "from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main()"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     got = {r["case"]: TensorMetrics.from_dict(r["metrics"]) for r in map(json.loads, run.stdout.splitlines())}

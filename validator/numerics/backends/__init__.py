@@ -20,17 +20,17 @@ from typing import Any
 
 import torch
 
-from .common import FLOAT_DTYPES, Totals
-from .reference import compare_reference, compute_device
+from validator.numerics.backends.common import FLOAT_DTYPES, Totals
+from validator.numerics.backends.reference import compare_reference, compute_device
 
 __all__ = ["Totals", "backend_for", "compare", "info"]
 
 
 @functools.cache
 def _cuda() -> ModuleType | None:
-    """validator.kernels.cuda, or None where Triton cannot be imported."""
+    """validator.numerics.backends.cuda, or None where Triton cannot be imported."""
     try:
-        from . import cuda
+        from validator.numerics.backends import cuda
     except ImportError:
         return None
     return cuda
@@ -58,7 +58,7 @@ def compare(
         got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99)
         return got
     if backend == "cpu":
-        from .cpu import compare_cpu
+        from validator.numerics.backends.cpu import compare_cpu
 
         return compare_cpu(a, b, atol=atol, rtol=rtol)
     return compare_reference(a, b, atol, rtol, chunk_elems)
@@ -66,7 +66,7 @@ def compare(
 
 def info() -> dict[str, Any]:
     """What is available here (for benchmarks and bug reports)."""
-    from .cpu import threads
+    from validator.numerics.backends.cpu import threads
 
     out: dict[str, Any] = {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": None}
     if _cuda() is not None:

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EPS, KEY_BITS, SAFE_HI, SAFE_LO, TINY, Totals, p99_from_keys, ulp_spec
-from .reference import chunk_pairs, compute_device
+from validator.numerics.backends.common import EPS, KEY_BITS, SAFE_HI, SAFE_LO, TINY, Totals, p99_from_keys, ulp_spec
+from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 BLOCK = 512  # elements per tile
 TILES = 32  # tiles per program

@@ -1,4 +1,4 @@
-"""validator.metrics against independent NumPy float64 computations."""
+"""validator.numerics.metrics against independent NumPy float64 computations."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from validator.metrics import MetricInputError, TensorMetrics, compare_tensors
+from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_tensors
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
 ULP_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]

@@ -132,7 +132,7 @@ def build_store(home: Path, work: Path, *, xss: bool = True) -> dict[str, str]:
         "xss": dict(tp=1, noise=0.0, seed=5, labels={"model": XSS, "note": XSS}),
     }
     names = {"ref": "toy-d-tp2", "rerun": "toy-d-tp2-rerun", "drift": "toy-pd-tp4-e4f5a6b", "ok": "toy-pd-tp4-c7d8e9f",
-             "xss": "xss-<i>run</i>"}
+             "xss": "xss-<i>run<b>"}
     svc = Service(Settings(home=home))
     try:
         for role, spec in specs.items():

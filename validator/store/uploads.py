@@ -193,5 +193,8 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
         view = read_bundle(tmp)
         view.location = f"upload:{r.id}"
         return svc.ingest_view(view, name=r.name, pending=r.id)
+    except ValidatorError as exc:  # messages name files in the staging folder: never show the server's paths
+        msg = str(exc).replace(str(tmp) + os.sep, "").replace(str(tmp), "the upload")
+        raise type(exc)(f"run {r.name!r}: {msg}" if r.name not in msg else msg) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

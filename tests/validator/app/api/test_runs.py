@@ -137,3 +137,21 @@ def test_file_name_patterns_take_ascii_digits_only() -> None:
     check_file_name("p0", "tensors-00001.safetensors")
     with pytest.raises(InputError):
         check_file_name("p0", "tensors-٠٠٠٠١.safetensors")  # Arabic-Indic digits
+
+
+async def test_finalize_errors_never_show_server_paths(client: httpx.AsyncClient, api_service, tmp_path: Path) -> None:
+    import os
+
+    bundle = write_tp_bundle(tmp_path, "bad", tensors(), tp=1)
+    part = next((bundle / "parts").iterdir())
+    shard = next(part.glob("tensors-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-7])  # truncated: its checksum and size no longer match
+    await client.post("/api/v1/runs", json={"name": "bad"})
+    await client.put(f"/api/v1/runs/bad/files/_root/{MANIFEST}", content=(bundle / MANIFEST).read_bytes())
+    for f in sorted(part.iterdir()):
+        await client.put(f"/api/v1/runs/bad/files/{part.name}/{f.name}", content=f.read_bytes())
+    r = await client.post("/api/v1/runs/bad/finalize")
+    detail = r.json()["detail"]
+    assert r.status_code == 400 and "bad" in detail and shard.name in detail
+    home = str(api_service.settings.home)
+    assert home not in detail and "/tmp" not in detail and "finalize." not in detail and str(os.getpid()) not in detail

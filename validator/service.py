@@ -286,6 +286,10 @@ class Service:
         with self.session() as s:
             return [RunSummary.of(r) for r in store.list_runs(s, labels=labels, limit=limit, offset=offset)]
 
+    def count_runs(self, *, labels: dict[str, str] | None = None) -> int:
+        with self.session() as s:
+            return store.count_runs(s, labels=labels)
+
     def get_run(self, ref: str) -> Run:
         with self.session() as s:
             run = store.get_run(s, ref=ref)

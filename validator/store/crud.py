@@ -11,7 +11,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, insert, select, text, update
+from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +29,7 @@ __all__ = [
     "check_run_name",
     "check_tensor_record",
     "list_runs",
+    "count_runs",
     "create_run",
     "complete_run",
     "add_upload",
@@ -140,16 +141,27 @@ def get_run(session: Session, *, ref: str, include_pending: bool = False) -> Run
     return run
 
 
+def _complete_runs(labels: dict[str, str] | None) -> Any:
+    q = select(Run).where(Run.status == "complete")
+    for k, v in (labels or {}).items():
+        q = q.where(Run.labels.any((RunLabel.key == k) & (RunLabel.value == v)))
+    return q
+
+
 def list_runs(
     session: Session, *, labels: dict[str, str] | None = None, limit: int = 100, offset: int = 0
 ) -> Sequence[Run]:
-    q = select(Run).where(Run.status == "complete")
+    """One page of complete runs carrying every label in ``labels``, newest first."""
     if any("\0" in k + v for k, v in (labels or {}).items()):
         return []  # no label holds NUL
-    for k, v in (labels or {}).items():
-        q = q.where(Run.labels.any((RunLabel.key == k) & (RunLabel.value == v)))
-    q = q.order_by(Run.id.desc()).limit(limit).offset(offset)
-    return session.scalars(q).all()
+    return session.scalars(_complete_runs(labels).order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+
+
+def count_runs(session: Session, *, labels: dict[str, str] | None = None) -> int:
+    """How many complete runs carry every label in ``labels`` (all pages together)."""
+    if any("\0" in k + v for k, v in (labels or {}).items()):
+        return 0
+    return int(session.scalar(select(func.count()).select_from(_complete_runs(labels).subquery())) or 0)
 
 
 def add_blobs(session: Session, *, blobs: dict[str, int]) -> None:

@@ -36,7 +36,8 @@ class RunPublic(BaseModel):
 
 class RunsPublic(BaseModel):
     data: list[RunPublic]
-    count: int
+    count: int = Field(description="runs on this page")
+    total: int = Field(description="runs matching the filters, all pages together")
     limit: int
     offset: int
 

@@ -155,3 +155,13 @@ async def test_finalize_errors_never_show_server_paths(client: httpx.AsyncClient
     assert r.status_code == 400 and "bad" in detail and shard.name in detail
     home = str(api_service.settings.home)
     assert home not in detail and "/tmp" not in detail and "finalize." not in detail and str(os.getpid()) not in detail
+
+
+async def test_listing_says_page_count_and_total(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    for i in range(4):
+        await push(client, write_tp_bundle(tmp_path, f"r{i}", tensors(), tp=1), f"r{i}")
+    doc = (await client.get("/api/v1/runs", params={"limit": 3})).json()
+    assert doc["count"] == 3 and doc["total"] == 4 and len(doc["data"]) == 3
+    doc = (await client.get("/api/v1/runs", params={"limit": 3, "offset": 3, "label": "via=api"})).json()
+    assert doc["count"] == 1 and doc["total"] == 4
+    assert (await client.get("/api/v1/runs", params={"label": "via=nope"})).json()["total"] == 0

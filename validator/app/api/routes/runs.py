@@ -38,8 +38,10 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> RunsPublic:
-    runs = svc.list_runs(labels=parse_labels(label), limit=limit, offset=offset)
-    return RunsPublic(data=[RunPublic(**r.to_dict()) for r in runs], count=len(runs), limit=limit, offset=offset)
+    labels = parse_labels(label)
+    runs = svc.list_runs(labels=labels, limit=limit, offset=offset)
+    total = svc.count_runs(labels=labels)
+    return RunsPublic(data=[RunPublic(**r.to_dict()) for r in runs], count=len(runs), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{ref}", dependencies=[ReadAuth])

@@ -46,19 +46,44 @@ def open_path(path: str | Path) -> RunView:
     return read_safetensors_dir(p)
 
 
-def _load_json(path: Path) -> Any:
+# Limits on what a bundle's JSON may hold (docs/reliability.md): a manifest is read whole and kept in the
+# store, so it is capped in size; no document may nest deeper than the API and the dashboard can render.
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_JSON_DEPTH = 64
+
+
+def _load_json(path: Path, *, max_bytes: int | None = None) -> Any:
     try:
-        return json.loads(path.read_text())
+        if max_bytes is not None and (size := path.stat().st_size) > max_bytes:
+            raise InputError(f"{path.name}: {size:,} bytes, more than the {max_bytes:,} a manifest may hold")
+        doc = json.loads(path.read_text())
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise InputError(f"{path.name}: JSON nested deeper than the {MAX_JSON_DEPTH} levels accepted")
+    return doc
+
+
+def _depth(doc: Any) -> int:
+    """How deep arrays and objects nest in ``doc`` (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, level = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_JSON_DEPTH:  # deeper than the limit is refused anyway: stop counting
+            todo.extend((c, level + 1) for c in children)
+    return deepest
 
 
 def read_bundle(root: Path) -> RunView:
     """Read and validate a bundle (all parts merged). Nothing is loaded but headers and records."""
     mpath = root / MANIFEST
-    manifest = _load_json(mpath)
+    manifest = _load_json(mpath, max_bytes=MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise InputError(f"{mpath}: not a validator bundle manifest (format must be {BUNDLE_FORMAT!r})")
     if manifest.get("version") != BUNDLE_VERSION:

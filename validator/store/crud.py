@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from validator._data import migrations_dir
 from validator.errors import ConflictError, InputError
@@ -113,8 +113,14 @@ def check_run_name(name: object) -> str:
     return name
 
 
+MAX_LABELS = 100  # per run: every listing shows a run's labels
+
+
 def check_labels(labels: dict[str, str], *, where: str = "run") -> None:
-    """Labels the columns can hold: keys 1-100 characters, values at most 500, no NUL (PostgreSQL refuses it)."""
+    """Labels the columns can hold: at most MAX_LABELS, keys 1-100 characters, values at most 500, no NUL
+    (PostgreSQL refuses it)."""
+    if len(labels) > MAX_LABELS:
+        raise InputError(f"{where}: {len(labels)} labels; a run may carry at most {MAX_LABELS}")
     for k, v in labels.items():
         if not (isinstance(k, str) and isinstance(v, str) and 1 <= len(k) <= 100 and len(v) <= 500 and "\0" not in k + v):
             raise InputError(
@@ -154,7 +160,8 @@ def list_runs(
     """One page of complete runs carrying every label in ``labels``, newest first."""
     if any("\0" in k + v for k, v in (labels or {}).items()):
         return []  # no label holds NUL
-    return session.scalars(_complete_runs(labels).order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+    q = _complete_runs(labels).options(defer(Run.manifest))  # a listing never loads manifests
+    return session.scalars(q.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
 
 
 def count_runs(session: Session, *, labels: dict[str, str] | None = None) -> int:

@@ -64,6 +64,7 @@ def _pending_run(svc: Service, ref: str) -> Run:
 def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Create a pending run; a retry with the same name of a still-pending run returns it again."""
     store.check_run_name(name)
+    store.check_labels(labels or {}, where=f"run {name!r}")
     with svc.session() as s, s.begin():
         run = store.get_run(s, ref=name, include_pending=True)
         if run is not None:

@@ -165,3 +165,36 @@ async def test_listing_says_page_count_and_total(client: httpx.AsyncClient, tmp_
     doc = (await client.get("/api/v1/runs", params={"limit": 3, "offset": 3, "label": "via=api"})).json()
     assert doc["count"] == 1 and doc["total"] == 4
     assert (await client.get("/api/v1/runs", params={"label": "via=nope"})).json()["total"] == 0
+
+
+async def _push_manifest(client: httpx.AsyncClient, bundle: Path, name: str, manifest: bytes) -> httpx.Response:
+    await client.post("/api/v1/runs", json={"name": name})
+    await client.put(f"/api/v1/runs/{name}/files/_root/{MANIFEST}", content=manifest)
+    part = next((bundle / "parts").iterdir())
+    for f in sorted(part.iterdir()):
+        await client.put(f"/api/v1/runs/{name}/files/{part.name}/{f.name}", content=f.read_bytes())
+    return await client.post(f"/api/v1/runs/{name}/finalize")
+
+
+async def test_deep_or_huge_manifests_are_refused_at_upload(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    import json
+
+    bundle = write_tp_bundle(tmp_path, "m", tensors(), tp=1)
+    doc = json.loads((bundle / MANIFEST).read_text())
+    deep = dict(doc, run={**doc["run"], "notes": json.loads("[" * 300 + "]" * 300)})
+    r = await _push_manifest(client, bundle, "deep", json.dumps(deep).encode())
+    assert r.status_code == 400 and "nested deeper than the 64 levels" in r.json()["detail"]
+    huge = dict(doc, run={**doc["run"], "notes": {f"k{i}": i for i in range(400_000)}})
+    r = await _push_manifest(client, bundle, "huge", json.dumps(huge).encode())
+    assert r.status_code == 400 and "a manifest may hold" in r.json()["detail"]
+    assert (await client.get("/api/v1/runs")).json()["total"] == 0
+    # the same manifest at a sane depth is fine, and so is a sane run page
+    ok = dict(doc, run={**doc["run"], "notes": json.loads("[" * 20 + "]" * 20)})
+    r = await _push_manifest(client, bundle, "ok", json.dumps(ok).encode())
+    assert r.status_code == 200, r.text
+    assert (await client.get("/api/v1/runs/ok")).status_code == 200
+
+
+async def test_label_count_is_capped(client: httpx.AsyncClient) -> None:
+    r = await client.post("/api/v1/runs", json={"name": "many", "labels": {f"k{i}": "v" for i in range(101)}})
+    assert r.status_code == 400 and "at most 100" in r.json()["detail"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -82,7 +83,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = _service(args).list_runs(labels=parse_labels(args.label), limit=args.limit, offset=args.offset)
+    svc = _service(args)
+    runs = svc.list_runs(labels=parse_labels(args.label), limit=args.limit, offset=args.offset)
     if args.json:
         _print_json({"runs": [r.to_dict() for r in runs]})
         return 0
@@ -91,6 +93,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
          " ".join(f"{k}={v}" for k, v in sorted(r.labels.items()))]
         for r in runs
     ]
+    if not rows:  # say which store was read: an empty listing from the wrong VALIDATOR_HOME looks the same
+        db = svc.settings.database_url
+        where = re.sub(r"://[^@/]*@", "://***@", db) if db else str(svc.settings.home)  # no password shown
+        filters = " matching those labels" if args.label else ""
+        print(f"no runs{filters} in the store at {where} (set VALIDATOR_HOME, --home or --db for another)")
+        return 0
     print(format_rows(["id", "name", "created", "tensors", "bytes", "labels"], rows))
     return 0
 

@@ -134,3 +134,10 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     assert r.stderr == ""  # no progress bar when not on a terminal
     r = subprocess.run([str(exe), "compare", "a", str(a), "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "pass"
+
+
+def test_an_empty_listing_names_the_store_it_read(tmp_path: Path, capsys) -> None:
+    code, out, _ = _run(capsys, ["--home", str(tmp_path / "elsewhere"), "runs"])
+    assert code == 0 and f"no runs in the store at {tmp_path / 'elsewhere'}" in out and "VALIDATOR_HOME" in out
+    code, out, _ = _run(capsys, ["--db", f"sqlite:///{tmp_path / 'x.db'}", "--home", str(tmp_path / "h"), "runs"])
+    assert code == 0 and "x.db" in out

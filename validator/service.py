@@ -26,7 +26,7 @@ from validator.runs.view import RunView, TensorRef
 from validator.settings import Settings
 from validator.store import crud as store
 from validator.store.blob_url import open_blob_store
-from validator.store.blobs import remove_stale_temp, temp_prefix
+from validator.store.blobs import Durability, remove_stale_temp, temp_prefix
 from validator.store.models import ComparisonRecord, Run
 
 if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
@@ -163,11 +163,12 @@ class Service:
                 if store.get_run(s, ref=run_name, include_pending=True) is not None:
                     raise InputError(f"a run named {run_name!r} already exists; choose another with --name")
         created: list[str] = []
+        batch = Durability()  # one run's blobs made durable together, before the records that point at them
         try:
             records, blobs = [], {}
             sources: dict[str, Callable[[], Iterable[bytes | memoryview]]] = {}
             for i, ref in enumerate(view.tensors):
-                sha, size = self._store_tensor(ref, created)
+                sha, size = self._store_tensor(ref, created, batch)
                 blobs[sha] = size
                 sources[sha] = ref.byte_chunks
                 records.append(
@@ -184,6 +185,7 @@ class Service:
                 if progress:
                     progress(i + 1, len(view.tensors))
             artifacts = self._store_artifacts(view, created, blobs, sources)
+            batch.flush()
             all_labels = {**view.labels, **(labels or {})}
             with self.session() as s, s.begin():
                 store.blob_gc_lock(s, exclusive=False)
@@ -206,10 +208,10 @@ class Service:
             self._discard(created)
             raise
 
-    def _store_tensor(self, ref: TensorRef, created: list[str]) -> tuple[str, int]:
+    def _store_tensor(self, ref: TensorRef, created: list[str], batch: Durability) -> tuple[str, int]:
         """Copy one tensor's bytes into the blob store, streamed (bounded memory), sha256 checked."""
         try:
-            sha, size, new = self.blobs.put(ref.byte_chunks(), expect_sha256=ref.sha256)
+            sha, size, new = self.blobs.put(ref.byte_chunks(), expect_sha256=ref.sha256, batch=batch)
         except (InputError, StorageError) as exc:
             raise type(exc)(f"{ref.origin}: tensor {ref.name!r}: {exc}") from None
         except OSError as exc:  # reading the source file

@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +22,7 @@ from validator.runs.tensorfile import raw_tensor
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BlobStore", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
+__all__ = ["BlobStore", "Durability", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -32,9 +33,49 @@ def check_sha(sha256: str) -> str:
     return sha256
 
 
+class Durability:
+    """Blobs written as one batch (one run's tensors): each write skips its own fsyncs, and :meth:`flush`
+    makes them all durable at once, before anything that points at them is committed. One ``os.sync``
+    writes everything back in one go; an ``fsync`` of each file and directory afterwards is then cheap and
+    is what reports a write error (a full disk, say) for that file."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def add(self, *paths: Path) -> None:
+        self.paths.extend(paths)
+
+    def flush(self) -> None:
+        if not self.paths:
+            return
+        os.sync()
+        # each file and directory once; the fsyncs find nothing left to write, and several in flight share the
+        # file system's journal commits
+        with ThreadPoolExecutor(max_workers=_FLUSH_THREADS, thread_name_prefix="blob-fsync") as ex:
+            list(ex.map(_fsync_path, dict.fromkeys(self.paths)))
+        self.paths.clear()
+
+
+_FLUSH_THREADS = 8
+
+
+def _fsync_path(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(f"cannot make {p.name} durable in the blob store: {exc.strerror or exc}") from None
+
+
 class BlobStore(Protocol):
-    def put(self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None) -> tuple[str, int, bool]:
-        """Store bytes; returns (sha256, size, created). Refuses content not matching ``expect_sha256``."""
+    def put(
+        self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None, batch: Durability | None = None
+    ) -> tuple[str, int, bool]:
+        """Store bytes; returns (sha256, size, created). Refuses content not matching ``expect_sha256``.
+        With ``batch``, the bytes are durable only once ``batch.flush()`` returns."""
         ...
 
     def exists(self, sha256: str) -> bool: ...
@@ -94,9 +135,12 @@ def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
     return removed
 
 
-def write_temp(tmp_dir: Path, chunks: Iterable[bytes | memoryview], expect_sha256: str | None) -> tuple[str, str, int]:
+def write_temp(
+    tmp_dir: Path, chunks: Iterable[bytes | memoryview], expect_sha256: str | None, *, fsync: bool = True
+) -> tuple[str, str, int]:
     """Spool ``chunks`` to a temporary file in ``tmp_dir``, hashing on the way: (tmp path, sha256, size).
-    A failed write (disk full, quota) is a :class:`StorageError` and leaves no file behind."""
+    A failed write (disk full, quota) is a :class:`StorageError` and leaves no file behind. ``fsync=False``:
+    the caller makes the bytes durable later (:class:`Durability`)."""
     h = hashlib.sha256()
     size = 0
     try:
@@ -114,7 +158,8 @@ def write_temp(tmp_dir: Path, chunks: Iterable[bytes | memoryview], expect_sha25
                 size += len(c)
             writing = True
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         if not writing:
@@ -145,8 +190,10 @@ class LocalBlobStore:
     def exists(self, sha256: str) -> bool:
         return self.path(sha256).exists()
 
-    def put(self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None) -> tuple[str, int, bool]:
-        tmp, sha, size = write_temp(self.tmp, chunks, expect_sha256)
+    def put(
+        self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None, batch: Durability | None = None
+    ) -> tuple[str, int, bool]:
+        tmp, sha, size = write_temp(self.tmp, chunks, expect_sha256, fsync=batch is None)
         try:
             dest = self.path(sha)
             try:
@@ -154,8 +201,11 @@ class LocalBlobStore:
                 dest.parent.mkdir(exist_ok=True)
                 os.link(tmp, dest)  # fails if it exists: never overwrite
                 created = True
-                # the bytes were fsynced; make the name durable too before a run can point at it
-                for d in (dest.parent, self.root) if new_dir else (dest.parent,):
+                # make the name durable too before a run can point at it (the bytes are, or will be with the batch)
+                dirs = (dest.parent, self.root) if new_dir else (dest.parent,)
+                if batch is not None:
+                    batch.add(dest, *dirs)
+                for d in dirs if batch is None else ():
                     fd = os.open(d, os.O_RDONLY)
                     try:
                         os.fsync(fd)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 from validator.errors import InputError, ValidatorError
-from validator.store.blobs import LocalBlobStore, check_sha, write_temp
+from validator.store.blobs import Durability, LocalBlobStore, check_sha, write_temp
 
 if TYPE_CHECKING:
     import torch
@@ -63,10 +63,13 @@ class S3BlobStore:
                 return False
             raise ValidatorError(f"object storage: {exc}") from None
 
-    def put(self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None) -> tuple[str, int, bool]:
+    def put(
+        self, chunks: Iterable[bytes | memoryview], *, expect_sha256: str | None = None, batch: Durability | None = None
+    ) -> tuple[str, int, bool]:
+        """A PUT is durable when it returns: ``batch`` has nothing to add. The spooled copy needs no fsync."""
         from botocore.exceptions import ClientError
 
-        tmp, sha, size = write_temp(self.cache.tmp, chunks, expect_sha256)
+        tmp, sha, size = write_temp(self.cache.tmp, chunks, expect_sha256, fsync=False)
         try:
             if self.exists(sha):
                 return sha, size, False

@@ -184,9 +184,10 @@ async def test_deep_or_huge_manifests_are_refused_at_upload(client: httpx.AsyncC
     deep = dict(doc, run={**doc["run"], "notes": json.loads("[" * 300 + "]" * 300)})
     r = await _push_manifest(client, bundle, "deep", json.dumps(deep).encode())
     assert r.status_code == 400 and "nested deeper than the 64 levels" in r.json()["detail"]
-    huge = dict(doc, run={**doc["run"], "notes": {f"k{i}": i for i in range(400_000)}})
-    r = await _push_manifest(client, bundle, "huge", json.dumps(huge).encode())
-    assert r.status_code == 400 and "a manifest may hold" in r.json()["detail"]
+    huge = dict(doc, run={**doc["run"], "notes": {f"k{i}": i for i in range(400_000)}})  # ~7 MB
+    await client.post("/api/v1/runs", json={"name": "huge"})
+    r = await client.put(f"/api/v1/runs/huge/files/_root/{MANIFEST}", content=json.dumps(huge).encode())
+    assert r.status_code in (400, 413)  # over this server's upload limit; a bigger limit meets the 4 MiB cap
     assert (await client.get("/api/v1/runs")).json()["total"] == 0
     # the same manifest at a sane depth is fine, and so is a sane run page
     ok = dict(doc, run={**doc["run"], "notes": json.loads("[" * 20 + "]" * 20)})
@@ -198,3 +199,17 @@ async def test_deep_or_huge_manifests_are_refused_at_upload(client: httpx.AsyncC
 async def test_label_count_is_capped(client: httpx.AsyncClient) -> None:
     r = await client.post("/api/v1/runs", json={"name": "many", "labels": {f"k{i}": "v" for i in range(101)}})
     assert r.status_code == 400 and "at most 100" in r.json()["detail"]
+
+
+def test_manifest_size_cap_applies_to_every_ingest(tmp_path: Path) -> None:
+    import json
+
+    from validator.errors import InputError
+    from validator.runs.sources import open_path
+
+    bundle = write_tp_bundle(tmp_path, "m", tensors(), tp=1)
+    doc = json.loads((bundle / MANIFEST).read_text())
+    doc["run"]["notes"] = "x" * (5 << 20)
+    (bundle / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="more than the 4,194,304 a manifest may hold"):
+        open_path(bundle)

@@ -394,8 +394,8 @@ def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], poli
         if nofloor:
             head.append(f"{len(nofloor)} pair(s) without a floor, e.g. {_pair_reason(nofloor[0])}")
         return "inconclusive", ["; ".join(head)] + [_pair_reason(p) for p in undecided[:20]] + reasons
-    judged = [p for p in pairs if p.decision and p.decision.value is not None]
-    worst = max(judged, key=lambda p: (p.decision.value or 0.0) / (p.decision.limit or 1.0), default=None) if judged else None
+    judged = [(p, p.decision) for p in pairs if p.decision is not None and p.decision.value is not None]
+    worst = max(judged, key=lambda pd: (pd[1].value or 0.0) / (pd[1].limit or 1.0), default=(None, None))[0]
     summary = f"all {len(pairs)} pairs within their limits"
     if worst is not None and worst.decision is not None:
         summary += f" (closest: {worst.label}, {_describe(worst.decision)})"

@@ -171,6 +171,6 @@ def _ratio(d2: np.ndarray, a2: np.ndarray, fd2: np.ndarray, fa2: np.ndarray) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         err = np.where(d2 == 0, 0.0, d2 / fd2)
         scale = np.where(fa2 == a2, 1.0, fa2 / a2)
-        out = np.sqrt(err * scale)
+        out: np.ndarray = np.sqrt(err * scale)
     out[np.isnan(out)] = np.inf
     return out

@@ -346,14 +346,14 @@ def _format_table(c: AcceptanceComparison) -> str:
         lines.append(row)
     lines.append("(* not counted in the verdict: not selected or too few reached trials)")
     lines.append("")
-    for m, label in (
+    for mean, label in (
         (c.accept_length, "accept length (incl. bonus)"),
         (c.accepted_per_step, "accepted drafts/step"),
     ):
         lines.append(
-            f"{label:<28} {la} {_f(m.a, '.4f')} [{_f(m.ci_a[0], '.4f')}, {_f(m.ci_a[1], '.4f')}]"
-            f"  {lb} {_f(m.b, '.4f')} [{_f(m.ci_b[0], '.4f')}, {_f(m.ci_b[1], '.4f')}]"
-            f"  B-A {_f(m.diff, '+.4f')} [{_f(m.diff_ci[0], '+.4f')}, {_f(m.diff_ci[1], '+.4f')}]"
+            f"{label:<28} {la} {_f(mean.a, '.4f')} [{_f(mean.ci_a[0], '.4f')}, {_f(mean.ci_a[1], '.4f')}]"
+            f"  {lb} {_f(mean.b, '.4f')} [{_f(mean.ci_b[0], '.4f')}, {_f(mean.ci_b[1], '.4f')}]"
+            f"  B-A {_f(mean.diff, '+.4f')} [{_f(mean.diff_ci[0], '+.4f')}, {_f(mean.diff_ci[1], '+.4f')}]"
         )
     h = c.histogram
     lines.append(

@@ -4,7 +4,8 @@
     python benchmarks/engine_bench.py --sections gpu --json out.json
 
 For each bf16 pair (GPU: 8192x7168 and ``--gib`` GiB per tensor; CPU: ``--cpu-elems`` elements per
-tensor), the median time of one call, as a caller sees it (result on the host), of:
+tensor, 16 Mi and 64 Mi by default), the median time of one call, as a caller sees it (result on the
+host), of:
 
 - ``engine``: ``validator.numerics.metrics.compare_tensors(a, b)``, every field, the p99 ULP exact;
 - ``engine, p99=False``: ``validator.numerics.backends.compare(..., p99=False)``, every field but the p99;
@@ -13,6 +14,8 @@ tensor), the median time of one call, as a caller sees it (result on the host), 
 - ``SGLang rel_diff``: SGLang 0.5.9's comparator math, ``1 - 2<a,b>/(|a|^2+|b|^2)`` in float64 torch.
 
 GB/s counts the bytes of both tensors. The pair is ``b = bf16(a * (1 + 1e-3 N(0,1)))``.
+The CPU section also times the engine's first call in a fresh process (``first call``: numba loads
+its compiled pass from its cache) and, with an empty numba cache, the compile (``first call, cold``).
 ``--sweep`` also times the GPU kernel's tile constants (``validator.numerics.backends.cuda``) on both GPU pairs.
 """
 
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +116,40 @@ def section(device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, c
     return rows
 
 
+_FIRST_CALL = """
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+from benchmarks.engine_bench import make_pair
+a, b = make_pair({n}, "cpu")
+t = time.perf_counter()
+from validator.numerics.metrics import compare_tensors
+compare_tensors(a, b)
+print(time.perf_counter() - t)
+"""
+
+
+def first_call(n: int, cold: bool) -> float:
+    """Seconds of the first compare_tensors in a fresh process, import of the engine included; cold:
+    with an empty numba cache (NUMBA_CACHE_DIR, read by numba alone), so the pass is compiled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, **({"NUMBA_CACHE_DIR": cache} if cold else {})}
+        code = _FIRST_CALL.format(root=str(ROOT), n=n)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def first_calls(elems: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    first_call(1 << 10, cold=False)  # the cache filled
+    for n in elems:
+        for name, cold in (("first call", False), ("first call, cold", True)):
+            sec = first_call(n, cold)
+            rows.append({"device": "cpu", "pair": f"{n} elements", "impl": name, "ms": sec * 1e3, "gbps": 4 * n / sec / 1e9})
+            print(f"  {n:>13} elements {name:<20} {sec * 1e3:10.1f} ms  {rows[-1]['gbps']:9.2f} GB/s", flush=True)
+    return rows
+
+
 def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str, Any]]:
     from validator.numerics.backends import cuda
 
@@ -137,16 +177,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", default="cpu,gpu", help="comma-separated: cpu, gpu")
     p.add_argument("--gib", type=float, default=1.0, help="GiB per tensor of the large GPU pair")
-    p.add_argument("--cpu-elems", type=int, default=1 << 24, help="elements per tensor of the CPU pair")
+    p.add_argument("--cpu-elems", default=f"{1 << 24},{1 << 26}", help="elements per tensor of the CPU pairs (comma-separated)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, help="torch and numba CPU threads (default: theirs)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     sections = args.sections.split(",")
     if args.threads:
+        import numba
+
         torch.set_num_threads(args.threads)
+        numba.set_num_threads(args.threads)
     out: dict[str, Any] = {
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
@@ -163,9 +206,15 @@ def main() -> None:
         if args.sweep:
             out["sweep"] = sweep(shapes, args.reps)
     if "cpu" in sections:
-        print(f"== CPU: {out['machine']}, {out['cpu_threads']} threads, torch {torch.__version__}", flush=True)
-        shapes = [(f"{args.cpu_elems} elements", (args.cpu_elems,))]
+        import numba
+
+        out["numba"] = numba.__version__
+        print(f"== CPU: {out['machine']}, {out['cpu_threads']} torch threads, numba {numba.__version__} "
+              f"({out['engine']['cpu_threads']} threads), torch {torch.__version__}", flush=True)
+        elems = [int(e) for e in args.cpu_elems.split(",")]
+        shapes = [(f"{n} elements", (n,)) for n in elems]
         out["rows"] += section("cpu", shapes, max(3, args.reps // 4), not args.no_compile)
+        out["rows"] += first_calls(elems)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

@@ -1,8 +1,9 @@
 """validator.numerics.backends: every backend against float64 NumPy, at the engine's stated accuracy.
 
-Backends: the float64 reference, the CPU backend, the Triton backend on a GPU (where there is one) and
-the same Triton kernels run by Triton's interpreter on the CPU (in a subprocess, which sets
-``TRITON_INTERPRET=1`` before Triton is imported).
+Backends: the float64 reference, the CPU backend (numba) on contiguous inputs and on strided views
+(copied in pieces), the Triton backend on a GPU (where there is one) and the same Triton kernels run
+by Triton's interpreter on the CPU (in a subprocess, which sets ``TRITON_INTERPRET=1`` before Triton
+is imported).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numba
+import numpy as np
 import pytest
 import torch
 
 from tests.paths import ROOT
 from tests.validator.numerics.test_metrics import _assert_matches, _np_metrics
 from validator.numerics import backends as kernels
-from validator.numerics.backends import Totals
+from validator.numerics.backends import Totals, cpu
+from validator.numerics.backends.common import ulp_key
 from validator.numerics.backends.cpu import compare_cpu
 from validator.numerics.backends.reference import compare_reference
 from validator.numerics.metrics import TensorMetrics, compare_tensors, metrics_from_totals
@@ -103,11 +107,19 @@ def cases() -> dict[str, Case]:
     return out
 
 
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as a 1-D view with stride 2 (not contiguous for more than one element)."""
+    raw = t.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return torch.stack([raw, raw], 1)[:, 0].view(t.dtype)
+
+
 CASES = cases()
 Backend = Callable[[torch.Tensor, torch.Tensor, float, float], Totals]
 BACKENDS: dict[str, Backend] = {
     "reference": lambda a, b, atol, rtol: compare_reference(a, b, atol, rtol, 1000),
     "cpu": lambda a, b, atol, rtol: compare_cpu(a, b, atol=atol, rtol=rtol),
+    # not contiguous: copied in pieces of chunk_elems, each piece its own pass
+    "cpu-strided": lambda a, b, atol, rtol: compare_cpu(strided(a), strided(b), atol=atol, rtol=rtol, chunk_elems=1000),
 }
 
 
@@ -136,6 +148,7 @@ def test_routing() -> None:
     a, b = pair(torch.bfloat16, 10)
     assert kernels.backend_for(a, b) == "cpu"
     assert kernels.backend_for(a.double(), b) == "cpu"
+    assert kernels.backend_for(a.to(torch.float8_e5m2), b.to(torch.float8_e5m2)) == "cpu"
     assert kernels.backend_for(a.to(torch.int32), b.to(torch.int32)) == "reference"
     m = compare_tensors(a.to(torch.int32), b.to(torch.int32))  # integers: the reference
     assert m.max_ulp is None and m.numel == 10
@@ -158,9 +171,63 @@ def with_threads(n: int, fn: Callable[[], object]) -> object:
         torch.set_num_threads(saved)
 
 
+def with_numba_threads(n: int, fn: Callable[[], object]) -> object:
+    """fn() with the CPU backend's kernels on n of numba's threads."""
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        return fn()
+    finally:
+        numba.set_num_threads(saved)
+
+
+def large_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs spanning many blocks and groups of the CPU pass: every dtype, NaN/Inf, wide ULP spreads."""
+    out = []
+    for i, dt in enumerate(DTYPES):
+        a, b = with_nonfinite(*pair(dt, 1_000_003, seed=20 + i, noise=0.02))
+        if dt != torch.float64:
+            b[5000:7000] = (a[5000:7000].double() * -3).to(dt)
+        out.append((a, b))
+    return out
+
+
 def test_thread_count_does_not_change_results() -> None:
     a, b = pair(torch.float16, 1_000_003, seed=9)
     assert with_threads(1, lambda: compare_tensors(a, b).to_dict()) == with_threads(3, lambda: compare_tensors(a, b).to_dict())
+
+
+def test_cpu_bitwise_equal_across_thread_counts() -> None:
+    for a, b in large_pairs():
+        one = with_numba_threads(1, lambda: compare_tensors(a, b).to_dict())
+        two = with_numba_threads(2, lambda: compare_tensors(a, b).to_dict())
+        assert one == two and with_numba_threads(2, lambda: compare_tensors(a, b).to_dict()) == two, a.dtype
+
+
+def test_cpu_agrees_with_torch_float64_reference() -> None:
+    # the float64 torch reference: sums within the stated accuracy, counts, max_abs and ULP exact
+    for a, b in large_pairs():
+        got, ref = compare_cpu(a, b, atol=1e-5, rtol=1e-3), compare_reference(a, b, 1e-5, 1e-3, 1 << 20)
+        assert (got.counts, got.max_abs, got.ulp) == (ref.counts, ref.max_abs, ref.ulp), a.dtype
+        for x, y in zip(got.sums, ref.sums):
+            assert math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-300), (a.dtype, got.sums, ref.sums)
+        _assert_matches(_metrics(got, a, b, 1e-5, 1e-3), _np_metrics(a, b, 1e-5, 1e-3))
+
+
+def test_cpu_pairs_from_several_threads_at_once() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = [pair(torch.bfloat16, 300_000 + i, seed=30 + i) for i in range(6)]
+    alone = [compare_tensors(a, b).to_dict() for a, b in pairs]
+    with ThreadPoolExecutor(3) as ex:
+        assert list(ex.map(lambda p: compare_tensors(*p).to_dict(), pairs)) == alone
+
+
+def test_cpu_ulp_key_is_common_ulp_key() -> None:
+    d = np.concatenate([np.arange(70_000), np.unique(np.geomspace(70_000, 2**32 - 2, 5000).astype(np.int64))])
+    d = np.concatenate([d, [2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 2]])
+    expected = ulp_key(torch.from_numpy(d)).tolist()
+    assert [int(cpu._key(np.int64(x))) for x in d] == expected
 
 
 def boundary_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -176,7 +243,10 @@ def boundary_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_tolerance_boundary_passes_like_float64() -> None:
     for a, b in boundary_pairs():
-        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+        expected = compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == expected
+        # rtol past 2**20: every block counted in float64
+        assert compare_cpu(a, b, atol=1e-5, rtol=2.0**21).counts == compare_reference(a, b, 1e-5, 2.0**21, 1 << 22).counts
 
 
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:

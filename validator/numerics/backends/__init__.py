@@ -5,11 +5,11 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 - ``reference.py``: the definition, streamed float64 torch (integer and bool inputs, MPS, other
   accelerators, and CUDA without Triton);
 - ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes);
-- ``cpu.py``: torch operations on CPU (float dtypes), on torch's own threads.
+- ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads.
 
 Counts, ``max_abs`` and the ULP metrics are exact on every backend; the sums agree with the float64
 reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns
-bit-identical results for the same inputs, whatever ran before.
+bit-identical results for the same inputs, whatever ran before and however many threads it has.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def compare(
     if backend == "cpu":
         from validator.numerics.backends.cpu import compare_cpu
 
-        return compare_cpu(a, b, atol=atol, rtol=rtol)
+        return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
     return compare_reference(a, b, atol, rtol, chunk_elems)
 
 

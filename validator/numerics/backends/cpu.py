@@ -1,140 +1,394 @@
-"""CPU backend: the pass as torch operations on float32 pieces.
+"""CPU backend: one fused numba pass per pair, float32 per element, float64 across blocks.
 
-Pairs of 8-, 16- and 32-bit floats are read in pieces of :data:`PIECE` elements, converted to float32
-and combined with a few vectorised torch operations per piece; the piece totals are added in float64.
-Exactness where the reference's float64 matters:
+Both tensors are read as raw bytes in blocks of :data:`BLOCK` elements; ``prange`` hands groups of
+:data:`GROUP` blocks to numba's threads. Each block is read from memory once, into two float32
+scratch buffers (bf16: its bits shifted up by 16; fp16 and fp8: a table of every bit pattern built
+once from torch's own conversion; float32 as is: all exact), and everything else reads the scratch:
 
-- sums: float32 within rows of :data:`ROW` elements, float64 across rows;
-- ``max_abs``: float32 rounding is monotonic, so the piece holding the largest float32 ``|d|`` also
-  holds the largest exact one; its candidates are recomputed in float64;
-- the tolerance test: counted twice in float32, against tolerances moved 2**-18 down and up; if the
-  two counts differ the piece is counted again in float64;
-- a piece with a non-finite value, or squares outside float32's comfortable range, goes through the
-  float64 reference (:class:`~validator.numerics.backends.reference.Accumulator`) instead.
+- sums of a², b², d², |d|, a·d in :data:`LANES` float32 lanes, added in float64 per block;
+- the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
+  (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
+- the ULP distances from the raw bits: their maximum, and either the counts of distances 1 and 2 (all
+  distances <= 2) or each distance's key (``common.ulp_key``) added to the group's histogram.
 
-Other pairs (float64 or integer inputs) take the reference itself.
+A block whose float32 sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
+float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
+masked and counted. Pairs with a float64 side take that path for every block. ``max_abs``: float32
+rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
+the blocks that hold it are read again in float64. The p99 bin is refined by further parallel passes.
+
+Each block writes one row of partials and the rows are added in block order, so the result does not
+depend on the thread count or on which thread ran which block. Integer and boolean pairs take the
+reference (``backends.backend_for``).
 """
 
+# mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterator
 
+import numba
+import numpy as np
 import torch
+from numba import njit, prange
 
 from validator.numerics.backends.common import (
     EPS,
+    KEY_BITS,
+    NUM_KEYS,
     SAFE_HI,
     SAFE_LO,
     TINY,
-    ULP_DTYPES,
     Totals,
-    ulp_distance,
-    ulp_key,
+    p99_from_keys,
     ulp_spec,
 )
-from validator.numerics.backends.reference import CPU_PIECE, Accumulator, chunk_pairs, compare_reference
+from validator.numerics.backends.reference import chunk_pairs
 
-# Elements per piece: whole rows just below torch's grain size (32768), so every operation runs on the
-# calling thread. torch's threads gained about 15% on two idle cores and stalled every operation while
-# another process held a core; pairs run side by side instead (validator.compare).
-PIECE = 31 << 10
-ROW = 1024  # sums are taken per row of a piece
+BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
+GROUP = 32  # blocks per prange iteration
+LANES = 32  # float32 accumulators per sum within a block
+PARTS = 16  # fixed slices of a refining pass, each with its own histogram
+REFINE_BINS = 1 << 12
+# BLOCK, GROUP, LANES, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
+# fix the float32 summation order, nothing else in a result depends on them
+F32, BF16, LUT16, LUT8, F64 = 0, 1, 2, 3, 4  # how a side is widened
+_KINDS = {
+    torch.float32: F32,
+    torch.bfloat16: BF16,
+    torch.float16: LUT16,
+    torch.float8_e4m3fn: LUT8,
+    torch.float8_e5m2: LUT8,
+    torch.float64: F64,
+}
+# ULP dtypes: element size, sign bit, magnitude mask, exponent field (all ones: NaN or Inf)
+_ULP_BITS = {
+    torch.bfloat16: (2, 15, 0x7FFF, 0x7F80),
+    torch.float16: (2, 15, 0x7FFF, 0x7C00),
+    torch.float32: (4, 31, 0x7FFFFFFF, 0x7F800000),
+    torch.float8_e4m3fn: (1, 7, 0x7F, 0x7F),  # no Inf; NaN is S.1111.111
+    torch.float8_e5m2: (1, 7, 0x7F, 0x7C),
+}
+_FRAC = (1 << KEY_BITS) - 1
+# one kernel at a time: numba's default "workqueue" threading layer must not be entered from two
+# threads at once, and a call already keeps every core busy
+_LOCK = threading.Lock()
 
 
 def threads() -> int:
-    """How many pairs are worth comparing at once: torch's thread count (one pair runs on one thread)."""
-    return torch.get_num_threads()
+    """The threads one comparison runs on (numba's)."""
+    return int(numba.get_num_threads())
 
 
-def compare_cpu(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float) -> Totals:
-    if a.dtype not in ULP_DTYPES or b.dtype not in ULP_DTYPES or not 0 <= rtol <= 2.0**20 or atol > SAFE_HI:
-        return compare_reference(a, b, atol, rtol, CPU_PIECE)
-    run = _Pass(atol, rtol, ulp_spec(a, b), min(PIECE, max(1, a.numel())))
-    for ca, cb in chunk_pairs(a, b, PIECE):
-        run.add(ca, cb)
-    return run.totals(a.numel(), lambda: chunk_pairs(a, b, CPU_PIECE))
+@functools.cache
+def _table(dtype: torch.dtype) -> np.ndarray:
+    """float32 bits of every bit pattern of a 16- or 8-bit float type (torch's conversion, exact)."""
+    if dtype not in (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+        return np.zeros(1, np.uint32)
+    bits = np.arange(1 << (8 * dtype.itemsize), dtype=np.uint16).astype(np.int16 if dtype.itemsize == 2 else np.uint8)
+    table: np.ndarray = torch.from_numpy(bits).view(dtype).float().numpy().view(np.uint32)
+    return table
 
 
-class _Pass:
-    def __init__(self, atol: float, rtol: float, spec: tuple[torch.dtype, int] | None, piece: int) -> None:
-        self.atol, self.rtol, self.spec = atol, rtol, spec
-        self.ref = Accumulator(torch.device("cpu"), atol, rtol, spec)  # pieces that need float64
-        piece = -(-piece // ROW) * ROW
-        self.x = torch.empty(3, piece)  # rows a, b, d
-        self.t, self.u = torch.empty(piece), torch.empty(piece)
-        self.rows = torch.empty(5, piece // ROW)  # float32 sums per row of a², b², d², a·d, |d|
-        self.mask = torch.empty(piece, dtype=torch.bool)
-        self.sums = [0.0] * 5
-        self.n_both = self.n_pass = self.max_ulp = 0
-        self.max32, self.max_abs = -1.0, 0.0
-        self.keys = torch.zeros_like(self.ref.keys)
-        self.low = [0, 0, 0]  # counts of distances 0, 1, 2 from pieces whose distances are all <= 2
-        # tolerances moved down (lo) and up (hi): a float32 count against each brackets the exact one
-        self.lo = (atol * (1 - EPS) - TINY, rtol * (1 - EPS))
-        self.hi = (atol * (1 + EPS) + TINY, rtol * (1 + EPS))
+# ---------------------------------------------------------------- the kernels
 
-    def add(self, ca: torch.Tensor, cb: torch.Tensor) -> None:
-        n = ca.numel()
-        m = -(-n // ROW) * ROW  # whole rows; the padding is zero and adds nothing to the sums
-        x = self.x[:, :m]  # rows a, b, d = b - a
-        xa, xb, d = x[0], x[1], x[2]
-        xa[:n].copy_(ca)
-        xb[:n].copy_(cb)
-        x[:2, n:].zero_()
-        torch.sub(xb, xa, out=d)
-        rows, u = self.rows[:, : m // ROW], self.u[:m]
-        for j, (p, q) in enumerate(((xa, xa), (xb, xb), (d, d), (xa, d))):
-            torch.sum(torch.mul(p, q, out=u).view(-1, ROW), 1, out=rows[j])
-        d.abs_()
-        torch.sum(d.view(-1, ROW), 1, out=rows[4])
-        sums, top = rows.double().sum(1), d.amax().double()
-        s_a2, s_b2, s_d2, s_ad, s_abs, top = torch.cat([sums, top.view(1)]).tolist()
-        fine = all(SAFE_LO <= s <= SAFE_HI for s in (s_a2, s_b2)) and (SAFE_LO <= s_d2 <= SAFE_HI or top == 0)
-        if not fine:  # non-finite values (their squares are not finite) or squares near float32's limits
-            self.ref.add(ca, cb)
-            return
-        for i, s in enumerate((s_a2, s_b2, s_d2, s_abs, s_ad)):
-            self.sums[i] += s
-        self.n_both += n
-        self.n_pass += self._passed(ca, cb, xa[:n], d[:n])
-        if top >= self.max32:  # the exact largest |d| is among this piece's largest float32 |d|
-            at = torch.eq(d[:n], top, out=self.mask[:n])
-            exact = float((cb.masked_select(at).double() - ca.masked_select(at).double()).abs().max())
-            self.max32, self.max_abs = top, max(self.max_abs, exact)
-        if self.spec is not None:
-            dist = ulp_distance(ca, cb, self.spec)
-            top_ulp = int(dist.max())
-            self.max_ulp = max(self.max_ulp, top_ulp)
-            if top_ulp <= 2:  # distances 0, 1, 2 only: their counts follow from two moments
-                m1, m2 = int(dist.sum()), int((dist * dist).sum())
-                self.low[2] += (m2 - m1) // 2
-                self.low[1] += m1 - (m2 - m1)
-                self.low[0] += n - (m1 - (m2 - m1)) - (m2 - m1) // 2
+
+@njit(cache=True)
+def _widen(raw, kind, table, lo, m, out):
+    """float32 bits of elements lo .. lo+m of ``raw`` (bytes) into out[:m]; out[m:] zeroed."""
+    if kind == F32:
+        x32 = raw[4 * lo : 4 * (lo + m)].view(np.uint32)
+        for j in range(m):
+            out[j] = x32[j]
+    elif kind == BF16:
+        x16 = raw[2 * lo : 2 * (lo + m)].view(np.uint16)
+        for j in range(m):
+            out[j] = np.uint32(x16[j]) << 16
+    elif kind == LUT16:
+        x16 = raw[2 * lo : 2 * (lo + m)].view(np.uint16)
+        for j in range(m):
+            out[j] = table[x16[j]]
+    else:
+        x8 = raw[lo : lo + m]
+        for j in range(m):
+            out[j] = table[x8[j]]
+    out[m:] = 0
+
+
+@njit(cache=True)
+def _widen64(raw, kind, table, lo, m, bits, out):
+    """Elements lo .. lo+m of ``raw`` as float64 into out[:m] (``bits``: float32 scratch)."""
+    if kind == F64:
+        out[:m] = raw[8 * lo : 8 * (lo + m)].view(np.float64)
+    else:
+        _widen(raw, kind, table, lo, m, bits)
+        out[:m] = bits[:m].view(np.float32)
+
+
+@njit(cache=True)
+def _fast(xa, xb, m, tol, lanes, f, c):
+    """A block in float32 lanes: sums and largest |d| into row f, counts into row c. False: the block
+    needs float64 (row c untouched). tol: atol, rtol, the band's atol, rtol down and up, band?"""
+    mm = -(-m // LANES) * LANES  # whole lanes; the scratch past m is zero
+    rows_a, rows_b = xa[:mm].reshape(-1, LANES), xb[:mm].reshape(-1, LANES)
+    s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
+    lanes[:] = 0
+    for k in range(rows_a.shape[0]):
+        ra, rb = rows_a[k], rows_b[k]
+        for j in range(LANES):
+            x, y = ra[j], rb[j]
+            d = y - x
+            ad = abs(d)
+            s_a2[j] += x * x
+            s_b2[j] += y * y
+            s_d2[j] += d * d
+            s_abs[j] += ad
+            s_ad[j] += x * d
+            s_top[j] = max(s_top[j], ad)
+    a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
+    n_lo = n_hi = 0
+    for j in range(m):
+        ad, aa = abs(xb[j] - xa[j]), abs(xa[j])
+        n_lo += ad <= aa * r_lo + a_lo
+        n_hi += ad <= aa * r_hi + a_hi
+    for i in range(5):
+        f[i] = 0.0
+        for j in range(LANES):
+            f[i] += np.float64(lanes[i, j])
+    top = np.float64(lanes[5].max())
+    # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
+    if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
+        return False
+    if tol[6] == 0 or n_lo != n_hi:
+        n_lo = 0
+        for j in range(m):
+            x, y = np.float64(xa[j]), np.float64(xb[j])
+            n_lo += abs(y - x) <= tol[0] + tol[1] * abs(x)
+    f[5], f[6] = 0.0, top  # the float32 max: made exact at the end of _pass
+    c[0], c[1], c[2], c[3], c[4] = m, n_lo, 0, 0, 0
+    return True
+
+
+@njit(cache=True)
+def _masked(xa, xb, m, atol, rtol, f, c):
+    """A block the reference's way, in float64: NaN/Inf left out of the sums and counted."""
+    s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
+    both = passed = nf_a = nf_b = mismatch = 0
+    for j in range(m):
+        x, y = xa[j], xb[j]
+        fin_a, fin_b = np.isfinite(x), np.isfinite(y)
+        if fin_a and fin_b:
+            d = y - x
+            ad = abs(d)
+            s_a2 += x * x
+            s_b2 += y * y
+            s_d2 += d * d
+            s_abs += ad
+            s_ad += x * d
+            top = max(top, ad)
+            both += 1
+            passed += ad <= atol + rtol * abs(x)
+        else:
+            nf_a += not fin_a
+            nf_b += not fin_b
+            if not fin_a and not fin_b and (x == y or (np.isnan(x) and np.isnan(y))):
+                passed += 1  # NaN/NaN, +Inf/+Inf or -Inf/-Inf
             else:
-                self.keys += torch.bincount(ulp_key(dist), minlength=self.keys.numel())
+                mismatch += 1
+    f[0], f[1], f[2], f[3], f[4], f[5], f[6] = s_a2, s_b2, s_d2, s_abs, s_ad, top, 0.0
+    c[0], c[1], c[2], c[3], c[4] = both, passed, nf_a, nf_b, mismatch
 
-    def _passed(self, ca: torch.Tensor, cb: torch.Tensor, xa: torch.Tensor, absd: torch.Tensor) -> int:
-        """How many of the piece pass ``|d| <= atol + rtol |a|``, exactly as in float64."""
-        n = xa.numel()
-        t, u, mask = self.t[:n], self.u[:n], self.mask[:n]
-        torch.abs(xa, out=t)
-        counts = []
-        for atol, rtol in (self.lo, self.hi):
-            torch.mul(t, rtol, out=u).add_(atol)
-            counts.append(int(torch.count_nonzero(torch.le(absd, u, out=mask))))
-        if counts[0] == counts[1]:
-            return counts[0]
-        a64 = ca.double()
-        return int(torch.count_nonzero((cb.double() - a64).abs() <= self.atol + self.rtol * a64.abs()))
 
-    def totals(self, numel: int, pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]) -> Totals:
-        ref = self.ref
-        ref.sums += torch.tensor(self.sums, dtype=torch.float64)
-        ref.counts[0] += self.n_both
-        ref.counts[1] += self.n_pass
-        ref.max_abs = torch.clamp(ref.max_abs, min=self.max_abs)
-        ref.max_ulp = torch.clamp(ref.max_ulp, min=self.max_ulp)
-        ref.keys += self.keys
-        for dist, count in enumerate(self.low):
-            ref.keys[int(ulp_key(torch.tensor([dist])))] += count
-        return ref.totals(numel, pieces)
+@njit(cache=True)
+def _ordinal(x, sign, mask):
+    """Bit pattern -> point on a monotonic integer line: x, or -(x & mask) if the sign bit is set."""
+    neg = x >> sign
+    return ((x & mask) ^ -neg) + neg
+
+
+@njit(cache=True)
+def _key(d):
+    """common.ulp_key: exponent and KEY_BITS leading fraction bits of d + 1 (d < 2**32)."""
+    v = d + 1
+    e = 0
+    for step in (16, 8, 4, 2, 1):
+        if v >> (e + step):
+            e += step
+    return (e << KEY_BITS) + (((v << KEY_BITS) >> e) & _FRAC)
+
+
+@njit(cache=True)
+def _ulp(ra, rb, sign, mask, em, hist, clean):
+    """Largest ULP distance of a block over the positions finite in both (all of them if ``clean``);
+    their keys added to hist. The bits are read as mask's integer type."""
+    zero = mask - mask
+    top = c1 = c2 = 0
+    both = ra.size
+    if clean:
+        for j in range(ra.size):
+            d = abs(_ordinal(ra[j] + zero, sign, mask) - _ordinal(rb[j] + zero, sign, mask))
+            top = max(top, d)
+            c1 += d == 1
+            c2 += d == 2
+    else:
+        both = 0
+        for j in range(ra.size):
+            x, y = ra[j] + zero, rb[j] + zero
+            ok = ((x & em) != em) & ((y & em) != em)
+            d = abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)) * ok
+            top = max(top, d)
+            both += ok
+            c1 += d == 1
+            c2 += d == 2
+    if top <= 2:  # the usual case: three bins
+        hist[_key(0)] += both - c1 - c2
+        hist[_key(1)] += c1
+        hist[_key(2)] += c2
+        return top
+    for j in range(ra.size):
+        x, y = ra[j] + zero, rb[j] + zero
+        if ((x & em) != em) & ((y & em) != em):
+            hist[_key(abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)))] += 1
+    return top
+
+
+@njit(cache=True)
+def _block_ulp(ra, rb, lo, m, spec, hist, clean):
+    """_ulp of a block, its bits read as 8-, 16- or 32-bit integers (spec[0]: bytes per element)."""
+    size, sign, mask, em = spec[0], spec[1], spec[2], spec[3]
+    if size == 1:
+        return _ulp(ra[lo : lo + m], rb[lo : lo + m], sign, mask, em, hist, clean)
+    if size == 2:
+        x16, y16 = ra[2 * lo : 2 * (lo + m)].view(np.uint16), rb[2 * lo : 2 * (lo + m)].view(np.uint16)
+        return _ulp(x16, y16, sign, mask, em, hist, clean)
+    x32, y32 = ra[4 * lo : 4 * (lo + m)].view(np.uint32), rb[4 * lo : 4 * (lo + m)].view(np.uint32)
+    return _ulp(x32, y32, sign, mask, em, hist, clean)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, keys):
+    """Rows of partials per block: part_f (a², b², d², |d|, a·d, exact max |d|, float32 max |d|),
+    part_i (both, passed, non-finite a, b, mismatched, max ULP); keys: a ULP key histogram per group.
+    Returns the exact largest |d|."""
+    blocks = part_f.shape[0]
+    exact = kinds[0] == F64 or kinds[1] == F64
+    for g in prange(keys.shape[0]):
+        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
+        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
+        lanes = np.empty((6, LANES), np.float32)
+        for blk in range(g * GROUP, min(blocks, (g + 1) * GROUP)):
+            lo = blk * BLOCK
+            m = min(BLOCK, n - lo)
+            f, c = part_f[blk], part_i[blk]
+            fast = False
+            if not exact:
+                _widen(ra, kinds[0], ta, lo, m, ua)
+                _widen(rb, kinds[1], tb, lo, m, ub)
+                fast = _fast(ua.view(np.float32), ub.view(np.float32), m, tol, lanes, f, c)
+            if not fast:
+                _widen64(ra, kinds[0], ta, lo, m, ua, ya)
+                _widen64(rb, kinds[1], tb, lo, m, ub, yb)
+                _masked(ya, yb, m, tol[0], tol[1], f, c)
+            c[5] = _block_ulp(ra, rb, lo, m, spec, keys[g], fast) if spec[0] else 0
+    # the exact largest |d|: among the positions whose float32 |d| is the largest float32 |d|
+    best, top32 = part_f[:, 5].max(), part_f[:, 6].max()
+    if top32 > 0:
+        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
+        for blk in range(blocks):
+            if part_f[blk, 6] == top32:
+                lo = blk * BLOCK
+                m = min(BLOCK, n - lo)
+                _widen(ra, kinds[0], ta, lo, m, ua)
+                _widen(rb, kinds[1], tb, lo, m, ub)
+                xa, xb = ua.view(np.float32), ub.view(np.float32)
+                for j in range(m):
+                    if abs(xb[j] - xa[j]) == top32:
+                        best = max(best, abs(np.float64(xb[j]) - np.float64(xa[j])))
+    return best
+
+
+@njit(cache=True)
+def _count(ra, rb, spec, lo, shift, out):
+    """out[i] += how many positions finite in both have (d - lo) >> shift == i."""
+    sign, mask, em = spec[1], spec[2], spec[3]
+    for j in range(ra.size):
+        x, y = np.int64(ra[j]), np.int64(rb[j])
+        if ((x & em) != em) & ((y & em) != em):
+            k = (abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)) - lo) >> shift
+            if 0 <= k < out.size:
+                out[k] += 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _refine(ra, rb, n, spec, lo, shift, out):
+    """out[p]: the counts of :func:`_count` over slice p of PARTS (integer counts: any order)."""
+    size = spec[0]
+    for p in prange(PARTS):
+        s0, s1 = p * n // PARTS * size, (p + 1) * n // PARTS * size
+        if size == 1:
+            _count(ra[s0:s1], rb[s0:s1], spec, lo, shift, out[p])
+        elif size == 2:
+            _count(ra[s0:s1].view(np.uint16), rb[s0:s1].view(np.uint16), spec, lo, shift, out[p])
+        else:
+            _count(ra[s0:s1].view(np.uint32), rb[s0:s1].view(np.uint32), spec, lo, shift, out[p])
+
+
+# ---------------------------------------------------------------- the pass over a pair
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of ``t`` (flattened; copied only where it is not one dense run)."""
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:
+        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
+    return flat.view(torch.uint8).numpy()
+
+
+def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The pair as bytes: whole when both are contiguous, else contiguous copies of ``chunk_elems``."""
+    if a.is_contiguous() and b.is_contiguous():
+        yield _bytes(a), _bytes(b)
+        return
+    for ca, cb in chunk_pairs(a, b, chunk_elems):
+        yield _bytes(ca), _bytes(cb)
+
+
+def compare_cpu(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22) -> Totals:
+    """The totals of ``a`` against ``b``, both float dtypes on the CPU."""
+    kinds = np.array([_KINDS[a.dtype], _KINDS[b.dtype]], np.int64)
+    ta, tb = _table(a.dtype), _table(b.dtype)
+    spec = np.array(_ULP_BITS[a.dtype] if ulp_spec(a, b) else (0, 0, 0, 0), np.int64)
+    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    tol = np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
+    sums, counts, max_abs, max_ulp = np.zeros(5), np.zeros(5, np.int64), 0.0, 0
+    keys = np.zeros(NUM_KEYS, np.int64)
+    pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]] = lambda: _pieces(a, b, chunk_elems)  # noqa: E731
+    for ra, rb in pieces():
+        n = ra.size // a.element_size()
+        if n == 0:
+            continue
+        blocks = -(-n // BLOCK)
+        part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
+        group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
+        with _LOCK, numba.parallel_chunksize(1):  # groups handed out one at a time: a busy core holds up no one
+            max_abs = max(max_abs, float(_pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, group_keys)))
+        sums += part_f[:, :5].sum(0)  # in float64, in an order fixed by the number of blocks
+        counts += part_i[:, :5].sum(0)
+        max_ulp = max(max_ulp, int(part_i[:, 5].max()))
+        keys += group_keys.sum(0)
+    ulp = None
+    if spec[0]:
+
+        def refine(lo: int, shift: int, bins: int) -> list[int]:
+            hist = np.zeros(bins, np.int64)
+            for ra, rb in pieces():
+                out = np.zeros((PARTS, bins), np.int64)
+                with _LOCK, numba.parallel_chunksize(1):
+                    _refine(ra, rb, ra.size // a.element_size(), spec, lo, shift, out)
+                hist += out.sum(0)
+            return [int(x) for x in hist]
+
+        ulp = (max_ulp, p99_from_keys([int(k) for k in keys], int(counts[0]), refine, REFINE_BINS))
+    return Totals(a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp)  # type: ignore[arg-type]

@@ -55,14 +55,8 @@ REFINE_BINS = 1 << 12
 # BLOCK, GROUP, LANES, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
 # fix the float32 summation order, nothing else in a result depends on them
 F32, BF16, LUT16, LUT8, F64 = 0, 1, 2, 3, 4  # how a side is widened
-_KINDS = {
-    torch.float32: F32,
-    torch.bfloat16: BF16,
-    torch.float16: LUT16,
-    torch.float8_e4m3fn: LUT8,
-    torch.float8_e5m2: LUT8,
-    torch.float64: F64,
-}
+_KINDS = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: LUT16, torch.float64: F64}
+_KINDS |= {torch.float8_e4m3fn: LUT8, torch.float8_e5m2: LUT8}
 # ULP dtypes: element size, sign bit, magnitude mask, exponent field (all ones: NaN or Inf)
 _ULP_BITS = {
     torch.bfloat16: (2, 15, 0x7FFF, 0x7F80),

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -119,6 +120,15 @@ class Service:
                 p.unlink(missing_ok=True)
                 stale += 1
         return {"comparisons": n, "temp_files": stale}
+
+    def check_store(self, *, deep: bool = True) -> list[str]:
+        """Problems in the store (validator.store.check); empty when database and blobs agree."""
+        from validator.store.check import check_store
+
+        with self.session() as s:
+            problems = check_store(s, self.blobs, staging_dir=self.settings.staging_dir, deep=deep)
+        home = str(self.settings.home) + os.sep  # paths relative to the store's home, as the API shows them
+        return [p.replace(home, "") for p in problems]
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

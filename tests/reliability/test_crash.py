@@ -49,6 +49,14 @@ def _assert_consistent(home: Path, db_url: str | None, bundle: Path | None = Non
     stored tensors are exactly the bundle's."""
     on_disk = check_blob_store(home / "blobs")
     assert set(on_disk) == db_blobs(_settings(home, db_url))
+    from validator.service import Service as _Service
+
+    checker = _Service(_settings(home, db_url))
+    try:  # `validator check` agrees (orphan blob rows are expected here only while uploads are pending)
+        problems = [p for p in checker.check_store() if "orphan row" not in p]
+    finally:
+        checker.close()
+    assert problems == [], problems
     staging = home / "staging"
     left = sorted(p.name for p in staging.iterdir()) if staging.exists() else []
     assert left == [], left

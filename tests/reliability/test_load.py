@@ -123,6 +123,11 @@ def test_64_concurrent_rank_uploads_with_gates(tmp_path: Path, db_url: str | Non
     assert stored == expected
     blobs = check_blob_store(home / "blobs")
     assert set(stored.values()) <= set(blobs) and set(blobs) == db_blobs(settings)
+    svc = Service(settings)
+    try:
+        assert svc.check_store() == []  # `validator check`: database and blobs agree after the load
+    finally:
+        svc.close()
 
 
 def test_overlapping_retries_of_one_file(tmp_path: Path) -> None:

@@ -103,6 +103,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    problems = _service(args).check_store(deep=not args.quick)
+    if args.json:
+        _print_json({"ok": not problems, "problems": problems})
+    else:
+        print("\n".join(problems) if problems else "store ok: database and blobs agree")
+    return 1 if problems else 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     doc = _service(args).show_run(args.run)
     if args.json:
@@ -305,6 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--offset", type=int, default=0)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser(
+        "check",
+        help="check the store: database integrity, every blob present with its size and hash, no orphans, "
+        "no leftovers of dead processes; exit 0 ok, 1 problems (listed)",
+    )
+    s.add_argument("--quick", action="store_true", help="do not hash local blobs (sizes only)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("show", help="show one stored run: manifest, labels and tensor inventory")
     s.add_argument("run", help="run name or id")

@@ -22,7 +22,7 @@ from validator.runs.tensorfile import raw_tensor
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BlobStore", "Durability", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "remove_stale_temp"]
+__all__ = ["BlobStore", "Durability", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "stale_temp", "remove_stale_temp"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -113,25 +113,31 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
-    """Remove entries of ``directory`` named by :func:`temp_prefix` with one of ``kinds`` whose owning
-    process is gone (and entries named ``KIND...`` without an owner, left by older versions). Returns
-    what was removed."""
-    import shutil
-
-    removed = []
-    for p in directory.iterdir() if directory.is_dir() else ():
+def stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
+    """Entries of ``directory`` named by :func:`temp_prefix` with one of ``kinds`` whose owning process is
+    gone (and entries named ``KIND...`` without an owner, left by older versions)."""
+    out = []
+    for p in sorted(directory.iterdir()) if directory.is_dir() else ():
         m = _TEMP_RE.fullmatch(p.name)
         if m and p.name.split(".", 1)[0] in kinds:
             if _alive(int(m.group(1))):
                 continue
         elif not p.name.startswith(kinds):
             continue
+        out.append(p)
+    return out
+
+
+def remove_stale_temp(directory: Path, *, kinds: tuple[str, ...]) -> list[Path]:
+    """Remove :func:`stale_temp` entries of ``directory``; returns what was removed."""
+    import shutil
+
+    removed = stale_temp(directory, kinds=kinds)
+    for p in removed:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-        removed.append(p)
     return removed
 
 

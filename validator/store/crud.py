@@ -30,6 +30,9 @@ __all__ = [
     "check_tensor_record",
     "list_runs",
     "count_runs",
+    "database_problems",
+    "blob_sizes",
+    "blob_references",
     "create_run",
     "complete_run",
     "add_upload",
@@ -339,3 +342,28 @@ def interrupt_comparisons(session: Session, *, error: str) -> int:
         .values(status="error", error=error)
     )
     return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# -- checking the store (validator.store.check) -------------------------------------------------
+
+
+def database_problems(session: Session) -> list[str]:
+    """The database's own consistency check: SQLite's integrity_check; on PostgreSQL, that the catalog reads."""
+    if session.get_bind().dialect.name == "sqlite":
+        got = [str(r) for r in session.scalars(text("PRAGMA integrity_check"))]
+        return [] if got == ["ok"] else got
+    session.scalar(select(func.count()).select_from(text("pg_catalog.pg_class")))
+    return []
+
+
+def blob_sizes(session: Session) -> dict[str, int]:
+    """Every blob row: sha256 -> recorded size."""
+    return {sha: int(n) for sha, n in session.execute(select(Blob.sha256, Blob.nbytes))}
+
+
+def blob_references(session: Session) -> list[tuple[str, str, int]]:
+    """Every row pointing at a blob, as (kind, sha256, size it records): tensors, artifacts, uploads."""
+    out: list[tuple[str, str, int]] = []
+    for model, kind in ((Tensor, "tensor"), (Artifact, "artifact"), (Upload, "upload")):
+        out += [(kind, sha, int(n)) for sha, n in session.execute(select(model.sha256, model.nbytes))]
+    return out

@@ -79,3 +79,8 @@ class GatePublic(BaseModel):
     comparison_id: int
     counts: dict[str, int]
     markdown: str
+
+
+class StoreCheck(BaseModel):
+    ok: bool
+    problems: list[str]

@@ -1,0 +1,88 @@
+"""Checking a store: does what the database says match what the blob store holds?
+
+Problems found (each one line, naming the blob or file):
+
+- the database's own check fails (SQLite ``PRAGMA integrity_check``; on PostgreSQL the catalog is read);
+- a row (tensor, artifact, upload) points at a blob the blobs table does not hold, or disagrees on its size;
+- a blob row's object is missing or has another size; with ``deep``, a local blob's bytes do not hash to its
+  name;
+- a blob row nothing points at, or (local store) a blob file with no row: an orphan;
+- a temporary file or staging directory left by a process that is gone.
+
+Read-only: it reports, it does not repair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from validator.store import crud
+from validator.store.blobs import LocalBlobStore, stale_temp
+
+__all__ = ["check_store"]
+
+_SHA_NAME = re.compile(r"[0-9a-f]{62}")
+_READ = 1 << 20
+
+
+def check_store(session: Session, blobs: Any, *, staging_dir: Path, deep: bool = True) -> list[str]:
+    """Every problem found in the store (empty: consistent). ``blobs``: the store's blob store."""
+    problems = [f"database: {p}" for p in crud.database_problems(session)]
+    rows = crud.blob_sizes(session)
+    used: set[str] = set()
+    for what, sha, nbytes in crud.blob_references(session):
+        used.add(sha)
+        if sha not in rows:
+            problems.append(f"{what} row points at blob {sha}, which the blobs table does not hold")
+        elif what != "upload" and nbytes != rows[sha]:
+            problems.append(f"{what} row says blob {sha} has {nbytes} bytes, the blobs table {rows[sha]}")
+    problems += [f"blob {sha}: no tensor, artifact or upload points at it (orphan row)" for sha in sorted(rows.keys() - used)]
+    problems += _objects(blobs, rows, deep)
+    for directory, kinds in _temp_dirs(blobs, staging_dir):
+        problems += [f"{p}: left by a process that is gone" for p in stale_temp(directory, kinds=kinds)]
+    return problems
+
+
+def _objects(blobs: Any, rows: dict[str, int], deep: bool) -> list[str]:
+    problems = []
+    local = blobs if isinstance(blobs, LocalBlobStore) else None
+    for sha, nbytes in sorted(rows.items()):
+        if local is None:
+            if not blobs.exists(sha):
+                problems.append(f"blob {sha}: missing from the object store")
+            continue
+        path = local.path(sha)
+        if not path.is_file():
+            problems.append(f"blob {sha}: missing ({path.name} not in {path.parent.name}/)")
+        elif path.stat().st_size != nbytes:
+            problems.append(f"blob {sha}: {path.stat().st_size} bytes on disk, {nbytes} recorded")
+        elif deep and _sha256(path) != sha:
+            problems.append(f"blob {sha}: its bytes hash to something else (corrupt)")
+    if local is not None:
+        for d in sorted(local.root.iterdir()):
+            if d.is_dir() and len(d.name) == 2 and d.name != "tmp":
+                for f in sorted(d.iterdir()):
+                    if _SHA_NAME.fullmatch(f.name) and d.name + f.name not in rows:
+                        problems.append(f"blob file {d.name}/{f.name}: no row in the blobs table (orphan file)")
+    return problems
+
+
+def _temp_dirs(blobs: Any, staging_dir: Path) -> list[tuple[Path, tuple[str, ...]]]:
+    out = [(staging_dir, ("tmp", "finalize"))]
+    for spool in (getattr(blobs, "tmp", None), getattr(getattr(blobs, "cache", None), "tmp", None)):
+        if spool is not None:
+            out.append((Path(spool), ("tmp",)))
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ):
+            h.update(chunk)
+    return h.hexdigest()

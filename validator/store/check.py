@@ -73,7 +73,7 @@ def _objects(blobs: Any, rows: dict[str, int], deep: bool) -> list[str]:
 
 
 def _temp_dirs(blobs: Any, staging_dir: Path) -> list[tuple[Path, tuple[str, ...]]]:
-    out = [(staging_dir, ("tmp", "finalize"))]
+    out: list[tuple[Path, tuple[str, ...]]] = [(staging_dir, ("tmp", "finalize"))]
     for spool in (getattr(blobs, "tmp", None), getattr(getattr(blobs, "cache", None), "tmp", None)):
         if spool is not None:
             out.append((Path(spool), ("tmp",)))

@@ -122,8 +122,8 @@ class Service:
         return {"comparisons": n, "temp_files": stale}
 
     def check_store(self, *, deep: bool = True) -> list[str]:
-        """Problems in the store (validator.store.check); empty when database and blobs agree."""
-        from validator.store.check import check_store
+        """Problems in the store (validator.store.integrity); empty when database and blobs agree."""
+        from validator.store.integrity import check_store
 
         with self.session() as s:
             problems = check_store(s, self.blobs, staging_dir=self.settings.staging_dir, deep=deep)

@@ -13,5 +13,6 @@ __getattr__, __all__ = public(
         "blob_url": ["open_blob_store"],
         "blobs_s3": ["S3BlobStore"],
         "uploads": ["create_pending", "upload_file", "upload_status", "finalize"],
+        "integrity": ["check_store"],
     },
 )

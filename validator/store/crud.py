@@ -344,7 +344,7 @@ def interrupt_comparisons(session: Session, *, error: str) -> int:
     return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
 
-# -- checking the store (validator.store.check) -------------------------------------------------
+# -- checking the store (validator.store.integrity) -------------------------------------------------
 
 
 def database_problems(session: Session) -> list[str]:

@@ -36,8 +36,9 @@ from collections import Counter
 
 import torch
 
+from validator.judging.compare import Measured, floor_from, measure_tensors
 from validator.judging.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple
-from validator.numerics.floors import BlockSums, block_sums, rounding_sums
+from validator.numerics.floors import rounding_sums
 from validator.numerics.metrics import compare_tensors
 
 SIZES = [(64, 256), (256, 512), (1024, 1024)]  # tokens x hidden: 16 Ki, 128 Ki, 1 Mi elements
@@ -75,16 +76,17 @@ RATIOS: dict[str, list[float]] = {}
 
 
 def _judge(ref: torch.Tensor, cand: torch.Tensor, floor: Floor, dtype_b: str, kind: str = "") -> str:
-    m = compare_tensors(ref, cand)
-    d = POLICY.decide("y", m, floor, have_floor=True, dtypes=("float64", dtype_b), blocks=block_sums(ref, cand))
+    """The default policy's status for one pair, through the calls compare_runs makes."""
+    got = measure_tensors(ref, cand)
+    assert got.metrics is not None
+    d = POLICY.decide("y", got.metrics, floor, have_floor=True, dtypes=("float64", dtype_b), blocks=got.blocks)
     if kind and d.value is not None and d.interval is not None:
         RATIOS.setdefault(kind, []).extend([d.value, d.interval[1] - d.interval[0]])
     return d.status
 
 
 def _measured(ref: torch.Tensor, floor_cand: torch.Tensor) -> Floor:
-    blocks: BlockSums = block_sums(ref, floor_cand)
-    return Floor("measured", compare_tensors(ref, floor_cand).rel_l2, blocks)
+    return floor_from(measure_tensors(ref, floor_cand), Measured(None, None), have_floor=True)
 
 
 def measured_floor(replicates: int) -> tuple[dict[str, Counter[str]], dict[tuple[float, int], Counter[str]]]:

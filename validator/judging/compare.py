@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
@@ -19,7 +19,10 @@ from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
 from validator.runs.view import RunView
 
-__all__ = ["PairResult", "Comparison", "compare_runs", "merge_verdicts", "VERDICT_EXIT"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PairResult", "Comparison", "Measured", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts", "VERDICT_EXIT"]
 
 VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
 _STATUS_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "pass": 3}
@@ -132,32 +135,63 @@ class Comparison:
 
 
 @dataclass
-class _Measured:
+class Measured:
+    """One pair measured: its metrics (or why not), its block sums for the interval and NaN counts, and
+    the reference's rounding floor when one was asked for."""
+
     metrics: TensorMetrics | None
     error: str | None
-    notes: list[str]
+    notes: list[str] = field(default_factory=list)
     blocks: BlockSums | None = None
-    rounding: BlockSums | None = None  # the reference rounded to B's captured dtype, when asked for
+    rounding: BlockSums | None = None
+
+    @property
+    def usable_as_floor(self) -> bool:
+        """Measured, with no NaN and no Inf difference: fit to be another pair's floor."""
+        if self.metrics is None or self.metrics.nonfinite_mismatch:
+            return False
+        return self.blocks is None or not (self.blocks.nan_a or self.blocks.nan_b)
 
 
-def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> _Measured:
-    notes: list[str] = []
-    ta, tb = la.materialize(), lb.materialize()
-    notes += [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+def measure_tensors(ta: torch.Tensor, tb: torch.Tensor, *, rounding_dtype: str | None = None) -> Measured:
+    """The metrics of a pair of equal-shape tensors and its block sums; with ``rounding_dtype``, also the
+    rounding floor of ``ta`` in that dtype."""
     if tuple(ta.shape) != tuple(tb.shape):
-        return _Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}", notes)
+        return Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}")
     try:
         m = compare_tensors(ta, tb)
     except MetricInputError as exc:
-        return _Measured(None, str(exc), notes)
+        return Measured(None, str(exc))
     if not (ta.is_floating_point() and tb.is_floating_point()):
-        return _Measured(m, None, notes)
-    blocks = block_sums(ta, tb)
+        return Measured(m, None)
+    rounding = rounding_sums(ta, rounding_dtype) if rounding_dtype else None
+    return Measured(m, None, blocks=block_sums(ta, tb), rounding=rounding)
+
+
+def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool) -> Floor:
+    """The floor ``pair`` is judged against: the floor pair's measurement when it has this tensor and it
+    is usable, else the rounding floor, else none with the reason."""
+    note = ""
+    if floor_pair is not None and floor_pair.metrics is not None:
+        if floor_pair.usable_as_floor:
+            return Floor("measured", floor_pair.metrics.rel_l2, floor_pair.blocks)
+        note = "the floor pair has NaN or differing Inf for this tensor: its measured floor is not used"
+    if pair.rounding is not None and pair.rounding.rel_l2 > 0:
+        return Floor("rounding", pair.rounding.rel_l2, pair.rounding, note=note)
+    why = note or ("not in the floor pair" if have_floor else "no floor pair given")
+    if pair.rounding is not None:
+        return Floor("none", reason=f"{why}; the reference is exact in the candidate's dtype")
+    return Floor("none", reason=f"{why}; the reference is not more precise than the candidate")
+
+
+def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Measured:
     wants_rounding = rounding and more_precise(la.dtype, lb.dtype)
-    return _Measured(m, None, notes, blocks, rounding_sums(ta, lb.dtype) if wants_rounding else None)
+    got = measure_tensors(la.materialize(), lb.materialize(), rounding_dtype=lb.dtype if wants_rounding else None)
+    got.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+    return got
 
 
-def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, _Measured]:
+def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, Measured]:
     if floor is None:
         return {}
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
@@ -166,30 +200,7 @@ def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, _Mea
     return {key: got for key, got in zip(keys, measured) if got.metrics is not None}
 
 
-def _usable(fm: _Measured | None) -> bool:
-    """A floor pair's measurement that can serve as a floor: measured, with no NaN and no Inf difference."""
-    if fm is None or fm.metrics is None:
-        return False
-    return not (fm.metrics.nonfinite_mismatch or (fm.blocks is not None and (fm.blocks.nan_a or fm.blocks.nan_b)))
-
-
-def _floor_for(key: LogicalKey, floor_m: dict[LogicalKey, _Measured], got: _Measured, have_floor: bool) -> Floor:
-    """The measured floor when the floor pair has this tensor, else the rounding floor, else a reason."""
-    fm = floor_m.get(key)
-    note = ""
-    if fm is not None and fm.metrics is not None:
-        if _usable(fm):
-            return Floor("measured", fm.metrics.rel_l2, fm.blocks)
-        note = "the floor pair has NaN or differing Inf for this tensor: its measured floor is not used"
-    if got.rounding is not None and got.rounding.rel_l2 > 0:
-        return Floor("rounding", got.rounding.rel_l2, got.rounding, note=note)
-    why = note or ("not in the floor pair" if have_floor else "no floor pair given")
-    if got.rounding is not None:
-        return Floor("none", reason=f"{why}; the reference is exact in the candidate's dtype")
-    return Floor("none", reason=f"{why}; the reference is not more precise than the candidate")
-
-
-def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor, bool]]) -> Iterator[_Measured]:
+def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor, bool]]) -> Iterator[Measured]:
     """``_measure`` of each pair, in order, several pairs at a time (the kernels release the GIL).
 
     At most ``workers`` pairs are loaded at once, so memory stays bounded by the largest pairs, not by
@@ -221,7 +232,7 @@ def compare_runs(
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
     pairs: list[PairResult] = []
     have = floor is not None
-    rounding = [not _usable(floor_m.get(k)) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
+    rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
     measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)])
     for i, (key, got) in enumerate(zip(keys, measured)):
         la, lb = ga[key], gb[key]
@@ -232,7 +243,7 @@ def compare_runs(
             d = policy.decide(
                 la.name,
                 m,
-                _floor_for(key, floor_m, got, floor is not None),
+                floor_from(floor_m.get(key), got, have_floor=floor is not None),
                 have_floor=floor is not None,
                 dtypes=(la.dtype, lb.dtype),
                 blocks=got.blocks,

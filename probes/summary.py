@@ -10,11 +10,10 @@
     [4] checksum   position-weighted sum of the raw bit patterns, mod 2**48 (see below)
 
 norm, absmax and mean follow IEEE arithmetic over every element: one NaN makes all three NaN, an inf
-makes norm and absmax inf; ``nonfinite`` says how many there were. On CUDA, 16- and 32-bit floats are
-reduced with float32 accumulation in tree reductions (bf16/f16 are widened inside the reduction kernels,
-without a widened copy of the tensor; relative error about 1e-6 or less); everything else, and everything
-on the CPU (whose float32 reductions are less accurate), is widened to float64 one chunk at a time. Complex tensors are
-summarised as their real view (``torch.view_as_real``). An empty tensor gives ``[0, 0, nan, 0, 0]``.
+makes norm and absmax inf; ``nonfinite`` says how many there were (for float8 the bit patterns decide).
+Complex tensors are summarised as their real view (``torch.view_as_real``). An empty tensor gives
+``[0, 0, nan, 0, 0]``. norm and mean agree with a float64 computation to about 1e-6 relative or better;
+absmax, nonfinite and checksum exactly.
 
 Checksum. The tensor's bytes (row-major, little-endian, as stored in a bundle) are read as signed 16-bit
 words (signed 8-bit words for 1-byte dtypes); word ``i`` is weighted by ``(i mod 65521) + 1`` and the
@@ -25,22 +24,32 @@ weighted words are summed in int64, reduced mod 2**48 (exact in the float64 resu
 Integer addition is associative, so the value does not depend on the reduction order, chunking or device:
 identical bytes give identical checksums everywhere. The position weights make it sensitive to swapped
 elements or rows (a plain sum of bit patterns is not). Any change of one element changes it; it is a
-checksum, not a cryptographic hash. Every partial sum stays below 2**58, so nothing overflows.
+checksum, not a cryptographic hash. The torch path's partial sums stay below 2**58; the fused path's
+int64 sums may wrap modulo 2**64, which leaves them exact modulo 2**48.
 
-The non-finite count is computed as the number of NaNs in ``x - x`` (0 for finite values), summed as
-ones in the accumulation dtype (exact: chunks hold at most 2**24 elements).
+Two implementations give these values:
 
-Everything runs as device kernels with no host synchronisation, so it can be captured in a CUDA graph:
-about 13 small kernels for a tensor of one chunk (6 for the statistics, 4-6 for the checksum, 1 to pack).
-The CPU path (float64 throughout) is correct but not tuned for speed.
-The work is chunked (``chunk`` elements for the statistics, the nearest whole number of 65521-word periods
-for the checksum) so that temporaries stay bounded: about 9 bytes per element of one chunk, ~150 MB at
-the default 2**24; a non-contiguous input is first copied to a contiguous temporary.
+- **fused** (:mod:`probes.fused_summary`, Triton): CUDA tensors of bf16, f16, f32, f64 and float8 (e4m3fn,
+  e5m2). Two kernel launches per tensor: one pass that reads it once, one program that adds the partial
+  rows in a fixed order and writes the result (and a CUDA graph slot's generation counter). Per element
+  float32 (float64 for float64 input), float64 across lanes and programs; a program whose largest finite
+  |x| is outside [2**-40, 2**60] sums again in float64. Used when Triton imports; never during import of
+  this module.
+- **torch** (plain PyTorch, the fallback): everything else, and everything when Triton is missing. 16- and
+  32-bit floats on CUDA are reduced with float32 accumulation in torch's tree reductions; other dtypes and
+  everything on the CPU in float64, one chunk at a time. The non-finite count is the number of NaNs in
+  ``x - x``. About 13 small kernels for a tensor of one chunk; temporaries are bounded by ``chunk``
+  (about 9 bytes per element of one chunk).
+
+Both run as device kernels with no host synchronisation, so they can be captured in a CUDA graph. A
+non-contiguous input is first copied to a contiguous temporary (one more kernel).
 """
 
 from __future__ import annotations
 
 import math
+from types import ModuleType
+from typing import Literal
 
 import torch
 
@@ -50,6 +59,7 @@ __all__ = [
     "SUMMARY_FIELDS",
     "SUMMARY_NBYTES",
     "describe",
+    "fused",
     "prepare",
     "summarize",
 ]
@@ -62,6 +72,20 @@ _CHECKSUM_MASK = (1 << CHECKSUM_BITS) - 1
 _NATIVE = (torch.float16, torch.bfloat16, torch.float32)
 
 _weights_cache: dict[torch.device, torch.Tensor] = {}
+_fused_module: list[ModuleType | None] = []  # [] until tried; [None] when Triton is missing
+Backend = Literal["auto", "fused", "torch"]
+
+
+def fused() -> ModuleType | None:
+    """:mod:`probes.fused_summary`, imported on first use; ``None`` where Triton cannot be imported."""
+    if not _fused_module:
+        try:
+            from . import fused_summary
+        except ImportError:
+            _fused_module.append(None)
+        else:
+            _fused_module.append(fused_summary)
+    return _fused_module[0]
 
 
 def _capturing(device: torch.device) -> bool:
@@ -87,6 +111,9 @@ def prepare(device: torch.device | str) -> None:
     if _capturing(dev):
         raise RuntimeError("probes.summary.prepare() must be called outside CUDA graph capture")
     _weights(dev)
+    mod = fused() if dev.type == "cuda" else None
+    if mod is not None:
+        mod.warm_up(dev)  # compile now: not while a graph is being captured
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor:
@@ -139,11 +166,21 @@ def _chunk_stats(c: torch.Tensor, acc: torch.dtype, mean: bool) -> list[torch.Te
     return [norm, amax, centre, nonfinite]
 
 
-def summarize(t: torch.Tensor, *, out: torch.Tensor | None = None, chunk: int = 1 << 24) -> torch.Tensor:
+def summarize(
+    t: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    chunk: int = 1 << 24,
+    counter: torch.Tensor | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
     """The 5-value float64 summary of ``t`` (layout in the module docstring), computed on ``t``'s device.
 
-    ``out``: a float64 tensor of 5 elements on the same device to write into (a CUDA graph slot).
-    Reads ``t`` only; never synchronises with the host. About 13 kernels for a tensor of one chunk.
+    ``out``: a float64 tensor of 5 elements on the same device to write into (a slot). ``counter``: an
+    int64 one-element tensor to add 1 to after the summary is written (a CUDA graph slot's generation).
+    ``backend``: ``"auto"`` (fused for CUDA float tensors where Triton imports, else torch), ``"fused"``
+    (also on the CPU under ``TRITON_INTERPRET=1``; raises where Triton is missing) or ``"torch"``.
+    Reads ``t`` only; never synchronises with the host.
     """
     x = t.detach()
     if x.is_complex():
@@ -152,20 +189,36 @@ def summarize(t: torch.Tensor, *, out: torch.Tensor | None = None, chunk: int = 
         out = torch.empty(len(SUMMARY_FIELDS), dtype=torch.float64, device=x.device)
     elif out.dtype != torch.float64 or out.shape != (len(SUMMARY_FIELDS),) or out.device != x.device:
         raise ValueError(f"summary out must be float64 [{len(SUMMARY_FIELDS)}] on {x.device}")
-    n = x.numel()
-    if n == 0:
-        out.zero_()
-        out[2].fill_(math.nan)
-        return out
+    mod = fused() if backend != "torch" else None
+    if backend == "fused" and mod is None:
+        raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
+    use_fused = mod is not None and x.dtype in mod.FUSED_DTYPES and (backend == "fused" or x.is_cuda)
     flat = x.reshape(-1)  # a contiguous copy when x is not contiguous
     if not flat.is_contiguous():
         flat = flat.contiguous()
+    if use_fused:
+        assert mod is not None
+        mod.summarize_fused(flat, out, counter)
+        return out
+    _summarize_torch(flat, out, chunk)
+    if counter is not None:
+        counter.add_(1)
+    return out
+
+
+def _summarize_torch(flat: torch.Tensor, out: torch.Tensor, chunk: int) -> None:
+    """The torch fallback: ``flat`` contiguous and 1-D; about 13 kernels for a tensor of one chunk."""
+    n = flat.numel()
+    if n == 0:
+        out.zero_()
+        out[2].fill_(math.nan)
+        return
     chunk = max(1, min(chunk, 1 << 24))  # float32 counts of non-finite values stay exact
     checksum = _checksum(flat, chunk).double()
     if n <= chunk:
         c, acc = _reduce_input(flat)
         torch.stack([*_chunk_stats(c, acc, mean=True), checksum], out=out)
-        return out
+        return
     norms, maxes, sums, bad = [], [], [], []
     for start in range(0, n, chunk):
         c, acc = _reduce_input(flat[start : start + chunk])
@@ -179,7 +232,6 @@ def summarize(t: torch.Tensor, *, out: torch.Tensor | None = None, chunk: int = 
     mean = torch.stack(sums).double().sum().div_(n)
     nonfinite = torch.stack(bad).double().sum()
     torch.stack([norm, amax, mean, nonfinite, checksum], out=out)
-    return out
 
 
 def describe(summary: torch.Tensor) -> dict[str, float]:

@@ -1,0 +1,113 @@
+"""The fused (Triton) summary against NumPy float64, on the CPU under Triton's interpreter.
+
+The kernels run in a subprocess that sets ``TRITON_INTERPRET=1`` before Triton is imported (no opt-in
+variable needed from whoever runs the tests); the parent compares what it prints with
+``tests.probes.test_capture.np_summary``. The same cases run on a CUDA device where there is one
+(``test_fused_on_cuda``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from probes.summary import summarize
+from tests.paths import ROOT
+from tests.probes.test_capture import assert_summary
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _with_nonfinite(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone().reshape(-1)
+    if t.dtype == torch.float8_e4m3fn:  # no infinities in this format
+        t[3] = t[9000 % t.numel()] = math.nan
+    else:
+        t[3], t[5], t[6] = math.nan, math.inf, -math.inf
+    return t
+
+
+def cases() -> dict[str, torch.Tensor]:
+    """Tensors the fused summary must get right: every float dtype, NaN/Inf, empty, views, several
+    programs and checksum periods, magnitudes that float32 squares cannot hold."""
+    g = torch.Generator().manual_seed(3)
+    out: dict[str, torch.Tensor] = {}
+    for dt in FLOATS:
+        base = torch.randn(257, 96, generator=g) * 3 + 0.5
+        out[f"plain-{_name(dt)}"] = base.to(dt)
+        out[f"nonfinite-{_name(dt)}"] = _with_nonfinite(base.to(dt))
+        # several programs and more than one checksum period (65521 words)
+        out[f"long-{_name(dt)}"] = (torch.randn(70_001, generator=g) * 2).to(dt)
+        out[f"transposed-{_name(dt)}"] = base.to(dt).t()
+        out[f"strided-{_name(dt)}"] = base.to(dt)[1::3, ::2]
+        out[f"empty-{_name(dt)}"] = torch.empty(0, 5, dtype=dt)
+        out[f"one-{_name(dt)}"] = torch.tensor([-1.5]).to(dt)
+    x = torch.randn(40_000, generator=g)
+    out["tiny-float32"] = x * 1e-30  # squares underflow float32: the program sums in float64
+    out["subnormal-float32"] = x * 1e-41
+    out["huge-bfloat16"] = (x * 1e30).to(torch.bfloat16)  # squares overflow float32
+    out["huge-float64"] = x.double() * 1e200  # squares overflow float64 too: inf, like NumPy
+    out["mixed-scale-float32"] = torch.cat([x[:20000] * 1e-30, x[20000:]])
+    out["zeros-bfloat16"] = torch.zeros(5000, dtype=torch.bfloat16)
+    out["all-nan-float16"] = torch.full((3000,), math.nan, dtype=torch.float16)
+    out["plus-minus-inf-float32"] = torch.tensor([math.inf, -math.inf, 1.0])
+    out["scalar-float32"] = torch.tensor(2.5)
+    return out
+
+
+def _interpreter_main() -> None:
+    """Run in a subprocess with TRITON_INTERPRET=1: the fused summary of every case, as JSON lines."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf, 0 / 0
+    for name, t in cases().items():
+        print(json.dumps({"case": name, "summary": summarize(t, backend="fused").tolist()}))
+
+
+def test_fused_summary_in_interpreter_matches_numpy() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    code = "from tests.probes.test_fused_summary import _interpreter_main; _interpreter_main()"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = {r["case"]: r["summary"] for r in map(json.loads, run.stdout.splitlines())}
+    want = cases()
+    assert set(got) == set(want)
+    for name, t in want.items():
+        check(torch.tensor(got[name], dtype=torch.float64), t, name)
+
+
+def check(got: torch.Tensor, t: torch.Tensor, name: str) -> None:
+    if t.numel() == 0:
+        assert got[[0, 1, 3, 4]].tolist() == [0, 0, 0, 0] and math.isnan(got[2].item()), name
+        return
+    try:
+        assert_summary(got, t, rtol=1e-6)
+    except AssertionError as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+
+
+def test_torch_and_fused_agree_on_backend_choice() -> None:
+    # on the CPU, "auto" is the float64 torch path; "torch" is always available
+    t = torch.randn(100).to(torch.bfloat16)
+    assert summarize(t).tolist() == summarize(t, backend="torch").tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_on_cuda() -> None:
+    pytest.importorskip("triton")
+    for name, t in cases().items():
+        got = summarize(t.cuda())
+        check(got.cpu(), t, name)
+        again = summarize(t.cuda())
+        assert torch.equal(got.view(torch.int64), again.view(torch.int64)), name  # same bits every call

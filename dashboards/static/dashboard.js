@@ -119,19 +119,26 @@
       return row.map(function (z, c) {
         if (h.pair[r][c] === null) return "";
         let s = esc(h.rows[r]) + " · " + esc(h.cols[c]) + "<br>" + esc(h.metric) + " = " + esc(h.text[r][c]) + "<br>status: " + esc(h.status[r][c]);
-        if (h.count[r][c] > 1) s += "<br>worst of " + h.count[r][c] + " pairs";
+        if (h.step && h.step[r][c] !== null) s += " (step " + h.step[r][c] + ")";
+        if (h.count[r][c] > 1) {
+          s += "<br>worst of " + h.count[r][c] + " pairs";
+          if (h.fails && h.fails[r][c]) s += ", " + h.fails[r][c] + " failing";
+          s += "<br>click to list them";
+        }
         return s;
       });
     });
     const ticks = decadeTicks(zmin, zmax, ratio);
     const cells = h.rows.length * h.cols.length;
+    // a value printed in each cell only while cells are wide enough to hold it (not at 93 layers)
+    const labels = cells <= 400 && h.cols.length <= 24;
     const trace = {
       type: "heatmap",
       z: h.z,
       x: h.cols.map(esc),
       y: h.rows.map(esc),
       text: h.text,
-      texttemplate: cells <= 400 ? "%{text}" : "",
+      texttemplate: labels ? "%{text}" : "",
       textfont: { size: 10 },
       hovertext: hover,
       hoverinfo: "text",
@@ -152,7 +159,7 @@
       type: "heatmap", z: blank, x: trace.x, y: trace.y, showscale: false, xgap: 2, ygap: 2,
       colorscale: [[0, "#dee2e6"], [1, "#dee2e6"]], zmin: 0, zmax: 1, hovertext: hover, hoverinfo: "text",
       text: blank.map(function (row) { return row.map(function (v) { return v === null ? "" : "n/a"; }); }),
-      texttemplate: cells <= 400 ? "%{text}" : "", textfont: { size: 10, color: "#68717a" },
+      texttemplate: labels ? "%{text}" : "", textfont: { size: 10, color: "#68717a" },
     };
     const shapes = [];
     const annotations = [];
@@ -179,8 +186,18 @@
       el.on("plotly_click", function (ev) {
         const pt = ev.points && ev.points[0];
         if (!pt) return;
-        const idx = h.pair[pt.pointIndex[0]][pt.pointIndex[1]];
-        if (idx !== null && idx !== undefined) {
+        const r = pt.pointIndex[0];
+        const c = pt.pointIndex[1];
+        const idx = h.pair[r][c];
+        if (idx === null || idx === undefined) return;
+        if (h.count[r][c] > 1) { // several pairs (steps...): list them in the table, worst first
+          const url = new URL(window.location.href);
+          url.searchParams.set("name", h.rows[r]);
+          url.searchParams.set("where", h.cols[c]);
+          ["page", "status", "sort", "dir"].forEach(function (k) { url.searchParams.delete(k); });
+          url.hash = "pair-list";
+          window.location.href = url.toString();
+        } else {
           window.location.href = base + "/comparisons/" + encodeURIComponent(d.comparison) + "/pairs/" + encodeURIComponent(idx);
         }
       });
@@ -323,6 +340,9 @@
   }
 
   document.querySelectorAll("table.sortable").forEach(makeSortable);
+  // the drift map's step selector: choosing a step shows it (the button stays for keyboards / no script)
+  const stepSelect = document.getElementById("step-select");
+  if (stepSelect) stepSelect.addEventListener("change", function () { stepSelect.form.submit(); });
   const page = document.body.dataset.page;
   if (page === "comparison") drawHeatmap();
   if (page === "pair") drawPair();

@@ -6,11 +6,24 @@ Each function returns one JSON-able dict: the page renders it, and ``?format=jso
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from probes.shards import Coords
 from validator.app.dashboard.drill import error_profile
-from validator.app.dashboard.views import METRICS, default_metric, first_exceedance, heatmap, pair_rows
+from validator.app.dashboard.views import (
+    METRICS,
+    TableQuery,
+    default_metric,
+    first_exceedance,
+    heatmap,
+    pair_rows,
+    pair_table,
+    steps,
+)
 from validator.errors import InputError, NotFoundError
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.service import Service
@@ -22,6 +35,7 @@ __all__ = [
     "run_page",
     "open_comparison",
     "comparison_page",
+    "parse_step",
     "pair_page",
     "acceptance_page",
     "capture_order",
@@ -77,8 +91,11 @@ def open_comparison(svc: Service, a: str, b: str, floor: tuple[str, str] | None)
 
 def capture_order(svc: Service, run_name: str) -> dict[str, int]:
     """Logical tensor label -> rank in the order the run's records were written (its capture order)."""
-    view = svc.stored_view(svc.get_run(run_name))
-    return {lt.label: i for i, lt in enumerate(group_logical(view.tensors).values())}
+    order: dict[str, int] = {}
+    for ref in svc.stored_view(svc.get_run(run_name)).tensors:  # shards of one tensor share its label
+        where = ref.coords.label()
+        order.setdefault(f"{ref.name} [{where}]" if where else ref.name, len(order))
+    return order
 
 
 def _done(svc: Service, id: int) -> dict[str, Any]:
@@ -94,24 +111,123 @@ def _has_gsm8k(svc: Service, doc: dict[str, Any]) -> bool:
     return all(any(a.kind == "gsm8k" for a in svc.get_run(doc[s]).artifacts) for s in ("a", "b"))
 
 
-def comparison_page(svc: Service, id: int, *, metric: str | None = None) -> dict[str, Any]:
-    """``GET /api/v1/comparisons/{id}`` plus the heatmap, the first exceedance and the pairs table."""
-    rec = svc.get_comparison(id)
-    out: dict[str, Any] = {"comparison": rec}
+def parse_step(text: str) -> int | None:
+    """The ``step`` query parameter: empty or 'all' -> None (every step), else a step number."""
+    text = text.strip()
+    if text in ("", "all"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"step must be a step number or 'all', got {text!r}") from None
+
+
+# The comparison page's data derived from a done comparison, kept per Service (a few comparisons each):
+# a done comparison never changes, and deriving it (reading a document of thousands of pairs and run A's
+# capture order) costs far more than rendering one page of it.
+CACHED_COMPARISONS = 8
+_HEAVY = ("pairs", "acceptance", "gsm8k")  # document sections the comparison page does not show
+
+
+@dataclass
+class _Prepared:
+    summary: dict[str, Any]  # the comparison record, its document without the _HEAVY sections
+    doc_pairs: list[dict[str, Any]]
+    order: dict[str, int]
+    rows: list[dict[str, Any]]
+    first: dict[str, Any] | None
+    steps: list[dict[str, int]]
+    acceptance_view: bool
+    heatmaps: dict[tuple[str, int | None], dict[str, Any]] = field(default_factory=dict)
+
+    def heatmap(self, metric: str, step: int | None) -> dict[str, Any]:
+        key = (metric, step)
+        if key not in self.heatmaps:
+            self.heatmaps[key] = heatmap({"pairs": self.doc_pairs}, metric=metric, order=self.order, step=step)
+        return self.heatmaps[key]
+
+
+_cache: weakref.WeakKeyDictionary[Service, OrderedDict[int, _Prepared]] = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _prepare(svc: Service, rec: dict[str, Any]) -> _Prepared:
     doc = rec["result"]
-    if rec["status"] != "done" or doc is None:
-        return out
+    order = capture_order(svc, doc["a"]) if doc.get("pairs") else {}
+    return _Prepared(
+        summary={**rec, "result": {k: v for k, v in doc.items() if k not in _HEAVY}},
+        doc_pairs=doc.get("pairs", []),
+        order=order,
+        rows=pair_rows(doc),
+        first=first_exceedance(doc, order),
+        steps=steps(doc),
+        acceptance_view="acceptance" in doc or _has_gsm8k(svc, doc),
+    )
+
+
+def _prepared(svc: Service, id: int) -> _Prepared | dict[str, Any]:
+    """The derived data of a done comparison (cached), or the record of one that is not done."""
+    with _cache_lock:
+        entries = _cache.setdefault(svc, OrderedDict())
+        hit = entries.get(id)
+        if hit is not None:
+            entries.move_to_end(id)
+            return hit
+    rec = svc.get_comparison(id)
+    if rec["status"] != "done" or rec["result"] is None:
+        return rec
+    prepared = _prepare(svc, rec)
+    with _cache_lock:
+        entries[id] = prepared
+        while len(entries) > CACHED_COMPARISONS:
+            entries.popitem(last=False)
+    return prepared
+
+
+def comparison_page(
+    svc: Service,
+    id: int,
+    *,
+    metric: str | None = None,
+    step: int | None = None,
+    table: TableQuery | None = None,
+    full: bool = True,
+) -> dict[str, Any]:
+    """``GET /api/v1/comparisons/{id}`` plus the heatmap (every step's worst, or one ``step``), the first
+    exceedance, the steps, every pair's row (``pairs``) and one page of the pairs table (``table``).
+
+    ``full=False`` (the HTML page) leaves out what the page does not show: ``comparison.result`` without
+    its pairs, acceptance and GSM8K sections, and no ``pairs``.
+    """
+    got = _prepared(svc, id)
+    if isinstance(got, dict):
+        return {"comparison": got}
+    doc = got.summary["result"]
     metric = metric or default_metric(doc)
     if metric not in METRICS:
         raise InputError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    order = capture_order(svc, doc["a"]) if doc.get("pairs") else {}
-    out.update(
-        metric=metric,
-        heatmap=heatmap(doc, metric=metric, order=order),
-        first=first_exceedance(doc, order),
-        pairs=pair_rows(doc),
-        acceptance_view="acceptance" in doc or _has_gsm8k(svc, doc),
-    )
+    if step is not None and not any(s["step"] == step for s in got.steps):
+        raise InputError(f"comparison {id} has no pairs at step {step}")
+    query = table or TableQuery()
+    if query.step != step:
+        query = TableQuery(**{**query.__dict__, "step": step})
+    bad = query.problems()
+    if bad:
+        raise InputError("; ".join(bad))
+    first = got.first
+    out: dict[str, Any] = {
+        "comparison": svc.get_comparison(id) if full else got.summary,
+        "metric": metric,
+        "step": step,
+        "steps": got.steps,
+        "heatmap": got.heatmap(metric, step),
+        "first": first,
+        "first_pair": got.rows[first["index"]] if first else None,
+        "table": pair_table(got.rows, query, metric=metric),
+        "acceptance_view": got.acceptance_view,
+    }
+    if full:
+        out["pairs"] = got.rows
     return out
 
 

@@ -2,10 +2,11 @@
 
 - the heatmap: one row per capture point (tensor name), one column per place in the model (layer, and
   any extra coordinates such as a PP stage); a cell holding several pairs (other steps, requests or
-  token ranges) shows the worst of them;
+  token ranges) shows the worst of them, or only one step's pairs (``step``);
 - the first point, in capture order, where the drift exceeds what the policy allows (with a noise floor:
   its multiple of the floor); when nothing fails, the first point above 1x the floor;
-- the rows of the pairs table.
+- the rows of the pairs table, and one page of them (:func:`pair_table`: filtered, sorted, failing and
+  worst first by default), so that a page never carries thousands of rows.
 
 Capture order is the order in which run A's records were written (``order``: pair label -> rank); without
 it, pairs are ordered by layer, then name.
@@ -15,11 +16,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from validator.judging.text import judged_cell
 
-__all__ = ["METRICS", "default_metric", "column_of", "heatmap", "first_exceedance", "pair_rows", "finite", "json_safe"]
+__all__ = [
+    "METRICS",
+    "SORTS",
+    "STATUS_FILTERS",
+    "PER_PAGE",
+    "MAX_PER_PAGE",
+    "TableQuery",
+    "default_metric",
+    "column_of",
+    "heatmap",
+    "first_exceedance",
+    "pair_rows",
+    "pair_table",
+    "steps",
+    "finite",
+    "json_safe",
+]
 
 METRICS = {
     "rel_l2": "relative L2 (||B - A|| / ||A||)",
@@ -27,6 +45,22 @@ METRICS = {
     "limit_ratio": "rel_l2 / threshold applied",
 }
 _BAD = ("fail", "error")
+STATUS_RANK = {"error": 0, "fail": 1, "inconclusive": 2, "pass": 3}  # the order of "worst first"
+STATUS_FILTERS: dict[str, tuple[str, ...] | None] = {
+    "all": None,
+    "failing": _BAD,
+    "fail": ("fail",),
+    "error": ("error",),
+    "inconclusive": ("inconclusive",),
+    "pass": ("pass",),
+}
+# the pairs table's sort keys: "worst" (failing first, then the largest value of the page's metric), the
+# numeric columns, and the text columns
+NUMERIC_SORTS = ("index", "status", "step", "rel_l2", "cosine", "max_abs", "floor_rel_l2", "limit", "threshold",
+                 "floor_ratio", "limit_ratio", "sqnr_db")
+TEXT_SORTS = ("label", "where")
+SORTS = ("worst", *NUMERIC_SORTS, *TEXT_SORTS)
+PER_PAGE, MAX_PER_PAGE = 100, 1000
 
 
 def finite(v: Any) -> float | None:
@@ -88,7 +122,11 @@ def _order_key(p: Mapping[str, Any], order: Mapping[str, int] | None) -> tuple[A
 def first_exceedance(doc: Mapping[str, Any], order: Mapping[str, int] | None = None) -> dict[str, Any] | None:
     """The first pair in capture order that fails (``kind`` 'limit'); when none does, the first whose
     rel_l2 is above its noise floor's (``kind`` 'floor'). ``index`` is the pair's index in ``doc['pairs']``."""
-    indexed = sorted(enumerate(doc.get("pairs", [])), key=lambda ip: _order_key(ip[1], order))
+    return _first(list(enumerate(doc.get("pairs", []))), order)
+
+
+def _first(pairs: list[tuple[int, Mapping[str, Any]]], order: Mapping[str, int] | None) -> dict[str, Any] | None:
+    indexed = sorted(pairs, key=lambda ip: _order_key(ip[1], order))
     for i, p in indexed:
         if p["status"] in _BAD:
             return {"index": i, "label": p["label"], "kind": "limit", "status": p["status"], "reasons": p.get("reasons", [])}
@@ -107,12 +145,33 @@ def _fmt(v: float | None) -> str:
     return f"{v:.3g}"
 
 
-def heatmap(doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | None = None) -> dict[str, Any]:
+def _step(p: Mapping[str, Any]) -> int | None:
+    step = (p.get("coords") or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def steps(doc: Mapping[str, Any]) -> list[dict[str, int]]:
+    """The steps the pairs come from, for the step selector: ``step``, its ``pairs`` and ``failing`` pairs."""
+    count: dict[int, list[int]] = {}
+    for p in doc.get("pairs", []):
+        s = _step(p)
+        if s is not None:
+            c = count.setdefault(s, [0, 0])
+            c[0] += 1
+            c[1] += p["status"] in _BAD
+    return [{"step": s, "pairs": c[0], "failing": c[1]} for s, c in sorted(count.items())]
+
+
+def heatmap(
+    doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | None = None, step: int | None = None
+) -> dict[str, Any]:
     """The grid: ``z`` holds log10 of the metric (None: no pair there, or no value), ``value`` the metric,
-    ``pair`` the index into ``doc['pairs']`` a cell opens, ``status`` its pair's status."""
+    ``pair`` the index into ``doc['pairs']`` a cell opens, ``status`` its pair's status, ``step`` its step,
+    ``count`` how many pairs the cell holds and ``fails`` how many of them fail. With ``step``, only that
+    step's pairs are drawn (and ``first`` is the first exceedance among them)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    pairs = list(enumerate(doc.get("pairs", [])))
+    pairs = [(i, p) for i, p in enumerate(doc.get("pairs", [])) if step is None or _step(p) == step]
     row_rank: dict[str, tuple[Any, ...]] = {}
     cols: dict[str, tuple[Any, ...]] = {}
     for _, p in pairs:
@@ -128,16 +187,19 @@ def heatmap(doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | N
     value: list[list[float | None]] = [[None] * shape[1] for _ in range(shape[0])]
     cell_pair: list[list[int | None]] = [[None] * shape[1] for _ in range(shape[0])]
     count = [[0] * shape[1] for _ in range(shape[0])]
+    fails = [[0] * shape[1] for _ in range(shape[0])]
     status: list[list[str | None]] = [[None] * shape[1] for _ in range(shape[0])]
+    cell_step: list[list[int | None]] = [[None] * shape[1] for _ in range(shape[0])]
     held: dict[tuple[int, int], tuple[bool, float]] = {}
     for i, p in pairs:
         r, c = ri[p["name"]], ci[column_of(p.get("coords") or {})[1]]
         count[r][c] += 1
+        fails[r][c] += p["status"] in _BAD
         v = _num(p.get(metric))
         badness = (p["status"] in _BAD, v if v is not None else -math.inf)
         if (r, c) not in held or badness > held[r, c]:
             held[r, c] = badness
-            value[r][c], cell_pair[r][c], status[r][c] = v, i, p["status"]
+            value[r][c], cell_pair[r][c], status[r][c], cell_step[r][c] = v, i, p["status"], _step(p)
     positive = [v for row in value for v in row if v is not None and 0 < v < math.inf]
     lo = math.log10(min(positive)) if positive else 0.0
     hi = math.log10(max(positive)) if positive else 0.0
@@ -160,7 +222,7 @@ def heatmap(doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | N
             tr.append("" if cell_pair[r][c] is None else _fmt(v))
         z.append(zr)
         text.append(tr)
-    first = first_exceedance(doc, order)
+    first = _first(pairs, order)
     mark = None
     if first is not None:
         p = doc["pairs"][first["index"]]
@@ -175,7 +237,10 @@ def heatmap(doc: Mapping[str, Any], *, metric: str, order: Mapping[str, int] | N
         "text": text,
         "pair": cell_pair,
         "count": count,
+        "fails": fails,
         "status": status,
+        "step": cell_step,
+        "steps": step,
         "first": mark,
         "center": 0.0 if metric in ("floor_ratio", "limit_ratio") else None,  # log10(1): the diverging scale's middle
     }
@@ -192,6 +257,7 @@ def pair_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "label": p["label"],
                 "name": p["name"],
                 "where": column_of(p.get("coords") or {})[1],
+                "step": _step(p),
                 "status": p["status"],
                 "rel_l2": _num(p.get("rel_l2")),
                 "cosine": _num(p.get("cosine")),
@@ -212,3 +278,91 @@ def pair_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+@dataclass(frozen=True)
+class TableQuery:
+    """Which page of the pairs table to show: filters (``status``, one of STATUS_FILTERS; ``name``: a
+    capture point; ``where``: a heatmap column; ``step``), the sort (one of SORTS, ``dir`` 'asc' or
+    'desc'; "worst" puts errors, then failures, then inconclusive pairs first, each by the largest value
+    of the page's metric) and the page (from 1; one past the last shows the last)."""
+
+    sort: str = "worst"
+    dir: str = "desc"
+    status: str = "all"
+    name: str | None = None
+    where: str | None = None
+    step: int | None = None
+    page: int = 1
+    per_page: int = PER_PAGE
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.sort not in SORTS:
+            out.append(f"sort must be one of {', '.join(SORTS)}, got {self.sort!r}")
+        if self.dir not in ("asc", "desc"):
+            out.append(f"dir must be asc or desc, got {self.dir!r}")
+        if self.status not in STATUS_FILTERS:
+            out.append(f"status must be one of {', '.join(STATUS_FILTERS)}, got {self.status!r}")
+        if self.page < 1:
+            out.append(f"page must be 1 or more, got {self.page}")
+        if not 1 <= self.per_page <= MAX_PER_PAGE:
+            out.append(f"per_page must be between 1 and {MAX_PER_PAGE}, got {self.per_page}")
+        return out
+
+
+def _sorted(rows: list[dict[str, Any]], sort: str, desc: bool, metric: str) -> list[dict[str, Any]]:
+    if sort == "worst":
+        def worst(r: dict[str, Any]) -> tuple[int, float, int]:
+            v = r.get(metric)
+            return (STATUS_RANK.get(r["status"], 9), -v if v is not None else math.inf, r["index"])
+
+        return sorted(rows, key=worst)
+    if sort == "status":
+        return sorted(rows, key=lambda r: (STATUS_RANK.get(r["status"], 9), r["index"]), reverse=desc)
+    if sort in TEXT_SORTS:
+        return sorted(rows, key=lambda r: (str(r[sort]).lower(), r["index"]), reverse=desc)
+    have = [r for r in rows if r.get(sort) is not None]
+    missing = [r for r in rows if r.get(sort) is None]  # rows without a value stay last either way
+    return sorted(have, key=lambda r: r[sort], reverse=desc) + missing  # a stable sort: ties keep their order
+
+
+def pair_table(rows: list[dict[str, Any]], query: TableQuery, *, metric: str) -> dict[str, Any]:
+    """One page of ``rows`` (:func:`pair_rows`), with what the table's controls need: ``total`` rows,
+    ``matched`` by the filters, ``pages``, ``start``/``end`` (1-based, inclusive; 0 when nothing matches)
+    and ``status_counts`` (matches of each status filter under the other filters)."""
+    bad = query.problems()
+    if bad:
+        raise ValueError("; ".join(bad))
+    others = [
+        r
+        for r in rows
+        if (query.name is None or r["name"] == query.name)
+        and (query.where is None or r["where"] == query.where)
+        and (query.step is None or r["step"] == query.step)
+    ]
+    status_counts = {k: sum(1 for r in others if v is None or r["status"] in v) for k, v in STATUS_FILTERS.items()}
+    wanted = STATUS_FILTERS[query.status]
+    matched = [r for r in others if wanted is None or r["status"] in wanted]
+    pages = max(1, -(-len(matched) // query.per_page))
+    page = min(query.page, pages)
+    start = (page - 1) * query.per_page
+    shown = _sorted(matched, query.sort, query.dir == "desc", metric)[start : start + query.per_page]
+    return {
+        "rows": shown,
+        "total": len(rows),
+        "matched": len(matched),
+        "page": page,
+        "pages": pages,
+        "per_page": query.per_page,
+        "start": start + 1 if shown else 0,
+        "end": start + len(shown),
+        "sort": query.sort,
+        "dir": query.dir,
+        "status": query.status,
+        "name": query.name,
+        "where": query.where,
+        "step": query.step,
+        "metric": metric,
+        "status_counts": status_counts,
+    }

@@ -34,14 +34,15 @@ def test_compare_then_pair_then_acceptance(server: str, sample: Sample, page: An
     assert first.inner_text() == "hidden [step=0 tok=0:48 layer=3]"  # drift starts at layer 3
     page.screenshot(path=tmp_path / "comparison.png", full_page=True)
 
-    # the pairs table sorts by a column, both ways
+    # the pairs table: failing pairs first; sorted on the server by a column, both ways
+    rel = {p["index"]: p["rel_l2"] for p in page.request.get(page.url + "?format=json").json()["pairs"]}
     table = page.locator("#pairs")
-    table.locator("th", has_text="rel_l2").click()
-    values = [float(v) for v in table.locator("tbody tr td:nth-child(5)").evaluate_all("tds => tds.map(td => td.dataset.v)")]
-    assert values == sorted(values)
-    table.locator("th", has_text="rel_l2").click()
-    values = [float(v) for v in table.locator("tbody tr td:nth-child(5)").evaluate_all("tds => tds.map(td => td.dataset.v)")]
-    assert values == sorted(values, reverse=True)
+    assert (table.locator("tbody tr").first.get_attribute("class") or "").split()[0] == "row-fail"
+    for direction in ("desc", "asc"):
+        table.locator("th a", has_text="rel_l2").click()
+        page.wait_for_url(re.compile(rf"sort=rel_l2&dir={direction}"))
+        values = [rel[int(i)] for i in page.locator("#pairs tbody tr td:first-child").all_inner_texts()]
+        assert len(values) == len(rel) and values == sorted(values, reverse=direction == "desc")
 
     # into one pair: per-token and per-head charts, histogram, worst elements
     page.locator("a.pair-link", has_text="attn.q [step=0 tok=0:48 layer=5]").click()

@@ -4,7 +4,8 @@
     /runs?model=&draft=&topology=&engine_commit=&label=K=V   runs, filtered by labels
     /runs/{ref}                         one run: manifest, tensors, acceptance and eval summaries
     /compare?a=&b=[&floor_a=&floor_b=]  -> 303 /comparisons/{id} (computed once, cached)
-    /comparisons/{id}[?metric=]         verdict, heatmap, first exceedance, pairs table
+    /comparisons/{id}[?metric=&step=]   verdict, heatmap (worst step, or one step), first exceedance,
+        [&page=&per_page=&sort=&dir=&status=&name=&where=]   and one page of the pairs table
     /comparisons/{id}/pairs/{i}         one pair: error per token, per head, histogram, worst elements
     /comparisons/{id}/acceptance        acceptance per position, histograms, tests; GSM8K flips
     /static/{file}                      the dashboard's CSS/JS and plotly.min.js (no CDN)
@@ -34,7 +35,7 @@ from markupsafe import Markup
 from validator._data import dashboards_dir
 from validator.app.api.deps import ReadAuth, ServiceDep
 from validator.app.dashboard import pages
-from validator.app.dashboard.views import json_safe
+from validator.app.dashboard.views import MAX_PER_PAGE, PER_PAGE, TableQuery, json_safe
 from validator.errors import InputError, NotFoundError, ValidatorError
 from validator.judging.text import fmt_num
 
@@ -225,8 +226,30 @@ def compare(
 
 
 @router.get("/comparisons/{id}", dependencies=[ReadAuth])
-def comparison(id: int, request: Request, svc: ServiceDep, metric: str | None = None) -> Response:
-    return _page(request, "comparison.html", lambda: pages.comparison_page(svc, id, metric=metric))
+def comparison(
+    id: int,
+    request: Request,
+    svc: ServiceDep,
+    metric: str | None = None,
+    step: str = "",
+    page: Annotated[int, Query(ge=1)] = 1,
+    per_page: Annotated[int, Query(ge=1, le=MAX_PER_PAGE)] = PER_PAGE,
+    sort: str = "worst",
+    dir: str = "desc",
+    status: str = "all",
+    name: str | None = None,
+    where: str | None = None,
+) -> Response:
+    """The comparison; the pairs table is paged here, on the server (failing and worst pairs first)."""
+
+    def build() -> dict[str, Any]:
+        at = pages.parse_step(step)
+        table = TableQuery(sort=sort, dir=dir, status=status, name=name or None, where=where or None, step=at,
+                           page=page, per_page=per_page)
+        full = request.query_params.get("format") == "json"
+        return pages.comparison_page(svc, id, metric=metric or None, step=at, table=table, full=full)
+
+    return _page(request, "comparison.html", build)
 
 
 @router.get("/comparisons/{id}/pairs/{index}", dependencies=[ReadAuth])

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.validator.app.dashboard import large
 from tests.validator.app.dashboard.browser import chromium, missing_browser, serve
 from tests.validator.app.dashboard.sample import build_store
 from validator.app.api import create_app
@@ -27,6 +28,21 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> Sample:
     """The sample store (tests/validator/app/dashboard/sample.py), built once; tests only add cached comparisons to it."""
     root = tmp_path_factory.mktemp("dashboard")
     return Sample(root / "home", build_store(root / "home", root / "bundles"))
+
+
+@dataclass(frozen=True)
+class Large:
+    home: Path
+    names: dict[str, str]
+    comparison: int
+
+
+@pytest.fixture(scope="session")
+def large_store(tmp_path_factory: pytest.TempPathFactory) -> Large:
+    """A stored comparison of 5,000 pairs (tests/validator/app/dashboard/large.py; about two minutes to build)."""
+    root = tmp_path_factory.mktemp("dashboard-large")
+    names = large.build_store(root / "home", root / "bundles")
+    return Large(root / "home", names, large.compare(root / "home", names))
 
 
 @pytest.fixture
@@ -77,3 +93,11 @@ def page(browser: Any) -> Iterator[Any]:
     pg.set_default_timeout(15000)
     yield pg
     context.close()
+
+
+@pytest.fixture(scope="module")
+def large_server(browser: Any, large_store: Large, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `validator serve` process over the 5,000-pair store."""
+    log = tmp_path_factory.mktemp("server-large") / "server.log"
+    with serve(large_store.home, log) as url:
+        yield url

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
-from validator.numerics.floors import BlockSums, block_sums, more_precise, rounding_sums
-from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_tensors
+from validator.numerics.floors import BlockSums, measure_blocks, more_precise, rounding_sums
+from validator.numerics.metrics import MetricInputError, TensorMetrics
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
 from validator.runs.view import RunView
 
@@ -159,13 +159,13 @@ def measure_tensors(ta: torch.Tensor, tb: torch.Tensor, *, rounding_dtype: str |
     if tuple(ta.shape) != tuple(tb.shape):
         return Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}")
     try:
-        m = compare_tensors(ta, tb)
+        m, blocks = measure_blocks(ta, tb)
     except MetricInputError as exc:
         return Measured(None, str(exc))
     if not (ta.is_floating_point() and tb.is_floating_point()):
         return Measured(m, None)
     rounding = rounding_sums(ta, rounding_dtype) if rounding_dtype else None
-    return Measured(m, None, blocks=block_sums(ta, tb), rounding=rounding)
+    return Measured(m, None, blocks=blocks, rounding=rounding)
 
 
 def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool) -> Floor:

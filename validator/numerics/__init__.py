@@ -7,7 +7,7 @@ from validator._exports import public
 __getattr__, __all__ = public(
     __name__,
     {
-        "metrics": ["TensorMetrics", "MetricInputError", "compare_tensors", "metrics_from_totals"],
-        "floors": ["BlockSums", "block_sums", "rounding_sums", "more_precise", "bootstrap_interval"],
+        "metrics": ["TensorMetrics", "MetricInputError", "compare_tensors", "measure", "metrics_from_totals"],
+        "floors": ["BlockSums", "block_edges", "block_sums", "measure_blocks", "rounding_sums", "more_precise", "bootstrap_interval"],
     },
 )

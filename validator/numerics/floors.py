@@ -21,10 +21,14 @@ the same on every run.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from validator.numerics.backends.reference import chunk_pairs
+from validator.numerics.metrics import TensorMetrics, measure
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +38,9 @@ __all__ = [
     "LEVEL",
     "RESAMPLES",
     "BlockSums",
+    "block_edges",
     "block_sums",
+    "measure_blocks",
     "rounding_sums",
     "more_precise",
     "bootstrap_interval",
@@ -44,7 +50,7 @@ BLOCKS = 64  # row blocks per tensor (fewer when the tensor has fewer rows)
 RESAMPLES = 1000  # bootstrap resamples per interval
 LEVEL = 0.95  # two-sided interval level
 _SEED = 20261201  # fixed: an interval never changes between runs
-_PIECE = 1 << 20  # elements upcast at once
+_PIECE = 1 << 20  # elements checked for NaN at once
 
 # Floating dtypes from most to least precise (by significand bits).
 _PRECISION = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
@@ -83,47 +89,43 @@ def _rel(num: float, den: float) -> float:
     return 0.0 if num == 0 else math.inf
 
 
-def _row_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor as ``[rows, cols]``: rows along the first dimension (tokens). When that dimension has
-    fewer than ``BLOCKS`` entries (one decode token, a batch dimension of 2) or the tensor is 1-D, every
-    element is a row, so blocks are contiguous runs of elements in memory order."""
-    if t.dim() <= 1 or t.shape[0] < BLOCKS:
-        return t.reshape(-1, 1)
-    rows = t.shape[0]
-    return t.reshape(rows, t.numel() // rows)
-
-
-def _bounds(rows: int) -> list[tuple[int, int]]:
+def block_edges(shape: Sequence[int]) -> list[int]:
+    """Element offsets (row-major) of the row blocks of a tensor of ``shape``: at most ``BLOCKS`` runs of
+    whole rows along the first dimension (tokens). When that dimension has fewer than ``BLOCKS`` entries
+    (one decode token, a batch dimension of 2) or the tensor is 1-D, every element is a row, so blocks are
+    runs of elements in memory order."""
+    numel, rows = math.prod(shape), _rows(shape)
+    cols = numel // rows if rows else 0
     n = min(BLOCKS, rows)
-    return [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
+    return [i * rows // n * cols for i in range(n)] + [numel]
 
 
-def _pieces(rows: torch.Tensor, lo: int, hi: int) -> list[tuple[int, int]]:
-    step = max(1, _PIECE // max(1, rows.shape[1]))
-    return [(s, min(hi, s + step)) for s in range(lo, hi, step)]
+def _rows(shape: Sequence[int]) -> int:
+    return shape[0] if len(shape) >= 2 and shape[0] >= BLOCKS else math.prod(shape)
+
+
+def measure_blocks(a: torch.Tensor, b: torch.Tensor) -> tuple[TensorMetrics, BlockSums]:
+    """The metrics of a pair of equal shape and its block sums, from one pass of the engine (``d = b - a``).
+    Raises ``MetricInputError`` as :func:`validator.numerics.metrics.compare_tensors` does."""
+    edges = block_edges(tuple(a.shape))
+    m, totals = measure(a, b, edges=edges)
+    nan_a = nan_b = inf_matched = 0
+    if m.nonfinite_a or m.nonfinite_b:  # rare: count what the pass does not tell apart
+        import torch
+
+        with torch.no_grad():
+            for ra, rb in chunk_pairs(a.detach(), b.detach(), _PIECE):
+                ca, cb = ra.to(torch.float64), rb.to(torch.float64)  # exact; float8 has no isinf
+                nan_a += int(torch.isnan(ca).sum())
+                nan_b += int(torch.isnan(cb).sum())
+                inf_matched += int((torch.isinf(ca) & (ca == cb)).sum())
+    blocks = BlockSums(np.array(totals.block_d2), np.array(totals.block_a2), _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
+    return m, blocks
 
 
 def block_sums(a: torch.Tensor, b: torch.Tensor) -> BlockSums:
-    """Block sums of ``d = b - a`` and ``a`` for a pair of equal shape, in float64."""
-    import torch
-
-    ra, rb = _row_view(a.detach()), _row_view(b.detach())
-    bounds = _bounds(ra.shape[0])
-    d2, a2 = np.zeros(len(bounds)), np.zeros(len(bounds))
-    nan_a = nan_b = inf_matched = 0
-    with torch.no_grad():
-        for j, (lo, hi) in enumerate(bounds):
-            for s, e in _pieces(ra, lo, hi):
-                xa, xb = ra[s:e].to(torch.float64), rb[s:e].to(torch.float64)
-                both = torch.isfinite(xa) & torch.isfinite(xb)
-                d = torch.where(both, xb - xa, 0.0)
-                za = torch.where(both, xa, 0.0)
-                d2[j] += float((d * d).sum())
-                a2[j] += float((za * za).sum())
-                nan_a += int(torch.isnan(xa).sum())
-                nan_b += int(torch.isnan(xb).sum())
-                inf_matched += int((torch.isinf(xa) & (xa == xb)).sum())
-    return BlockSums(d2, a2, ra.shape[0], nan_a, nan_b, inf_matched)
+    """Block sums of ``d = b - a`` and ``a`` for a pair of equal shape."""
+    return measure_blocks(a, b)[1]
 
 
 def rounding_sums(a: torch.Tensor, dtype: str) -> BlockSums:

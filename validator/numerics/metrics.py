@@ -10,7 +10,7 @@ every field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 from validator.errors import InputError
 from validator.numerics.backends import Totals, compare
 
-__all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "metrics_from_totals"]
+__all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "measure", "metrics_from_totals"]
 
 
 class MetricInputError(InputError, ValueError):
@@ -85,10 +85,27 @@ def compare_tensors(
     Raises :class:`MetricInputError` for non-tensors, complex/quantized/sparse/meta tensors,
     shape mismatch, negative or non-finite tolerances and ``chunk_elems < 1``.
     """
+    return measure(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)[0]
+
+
+def measure(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    chunk_elems: int = 1 << 22,
+    edges: Sequence[int] = (),
+) -> tuple[TensorMetrics, Totals]:
+    """:func:`compare_tensors` and the totals of its pass, with d² and a² summed per block of ``edges``
+    (element offsets in row-major order, 0 first and ``numel`` last; one block by default)."""
     _check_inputs(a, b, atol, rtol, chunk_elems)
+    edges = tuple(edges) or (0, a.numel())
+    if edges[0] != 0 or edges[-1] != a.numel() or any(x > y for x, y in zip(edges, edges[1:])):
+        raise MetricInputError(f"edges must rise from 0 to numel {a.numel()}, got {edges[:3]}...{edges[-3:]}")
     with torch.no_grad():
-        totals = compare(a.detach(), b.detach(), atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems)
-    return metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol)
+        totals = compare(a.detach(), b.detach(), atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
+    return metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol), totals
 
 
 def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: int) -> None:

@@ -59,7 +59,8 @@ def test_block_sums_match_float64_numpy(dtype: torch.dtype, shape: tuple[int, ..
     got = block_sums(a, b)
     na, nb = a.double().numpy(), b.double().numpy()
     d2, a2 = _np_blocks(na, nb)
-    assert np.allclose(got.d2, d2, rtol=1e-12, atol=0) and np.allclose(got.a2, a2, rtol=1e-12, atol=0)
+    rel = 1e-12 if dtype == torch.float64 else 1e-6  # the engine's stated accuracy (float32 inside a block)
+    assert np.allclose(got.d2, d2, rtol=rel, atol=0) and np.allclose(got.a2, a2, rtol=rel, atol=0)
     assert got.nan_a == int(np.isnan(na).sum()) and got.nan_b == int(np.isnan(nb).sum())
     assert got.inf_matched == int((np.isinf(na) & (na == nb)).sum())
 

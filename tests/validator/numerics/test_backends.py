@@ -113,13 +113,32 @@ def strided(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([raw, raw], 1)[:, 0].view(t.dtype)
 
 
+def edges(n: int) -> list[int]:
+    """Uneven blocks, one of them empty, for the per-block sums."""
+    return [0, n // 7, n // 7, n // 3, n]
+
+
+def assert_blocks(t: Totals, a: torch.Tensor, b: torch.Tensor, at: list[int]) -> None:
+    """Totals.block_d2 / block_a2 against float64 NumPy over the positions finite in both."""
+    x, y = a.double().reshape(-1).numpy(), b.double().reshape(-1).numpy()
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
+    with np.errstate(over="ignore"):
+        d2 = [float(np.sum((y[lo:hi] - x[lo:hi]) ** 2)) for lo, hi in zip(at, at[1:])]
+        a2 = [float(np.sum(x[lo:hi] ** 2)) for lo, hi in zip(at, at[1:])]
+    rel = 1e-12 if torch.float64 in (a.dtype, b.dtype) else 1e-6
+    assert np.allclose(t.block_d2, d2, rtol=rel, atol=0) and np.allclose(t.block_a2, a2, rtol=rel, atol=0)
+
+
 CASES = cases()
 Backend = Callable[[torch.Tensor, torch.Tensor, float, float], Totals]
 BACKENDS: dict[str, Backend] = {
-    "reference": lambda a, b, atol, rtol: compare_reference(a, b, atol, rtol, 1000),
-    "cpu": lambda a, b, atol, rtol: compare_cpu(a, b, atol=atol, rtol=rtol),
+    "reference": lambda a, b, atol, rtol: compare_reference(a, b, atol, rtol, 1000, edges(a.numel())),
+    "cpu": lambda a, b, atol, rtol: compare_cpu(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
     # not contiguous: copied in pieces of chunk_elems, each piece its own pass
-    "cpu-strided": lambda a, b, atol, rtol: compare_cpu(strided(a), strided(b), atol=atol, rtol=rtol, chunk_elems=1000),
+    "cpu-strided": lambda a, b, atol, rtol: compare_cpu(
+        strided(a), strided(b), atol=atol, rtol=rtol, chunk_elems=1000, edges=edges(a.numel())
+    ),
 }
 
 
@@ -131,8 +150,9 @@ def _metrics(t: Totals, a: torch.Tensor, b: torch.Tensor, atol: float, rtol: flo
 @pytest.mark.parametrize("case", list(CASES))
 def test_backend_matches_numpy(backend: str, case: str) -> None:
     a, b, atol, rtol = CASES[case]
-    m = _metrics(BACKENDS[backend](a, b, atol, rtol), a, b, atol, rtol)
-    _assert_matches(m, _np_metrics(a, b, atol, rtol))
+    t = BACKENDS[backend](a, b, atol, rtol)
+    _assert_matches(_metrics(t, a, b, atol, rtol), _np_metrics(a, b, atol, rtol))
+    assert_blocks(t, a, b, edges(a.numel()))
 
 
 @pytest.mark.parametrize("case", ["plain-bfloat16", "nonfinite-float32", "spread-float16", "non-contiguous"])
@@ -300,8 +320,9 @@ def _interpreter_main() -> None:
 
     warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
     for name, (a, b, atol, rtol) in CASES.items():
-        t = compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=777)
-        print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict()}))
+        t = compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=777, edges=edges(a.numel()))
+        row = {"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2]}
+        print(json.dumps(row))
 
 
 def test_triton_kernels_in_interpreter() -> None:
@@ -310,10 +331,12 @@ def test_triton_kernels_in_interpreter() -> None:
     code = "from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main()"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    got = {r["case"]: TensorMetrics.from_dict(r["metrics"]) for r in map(json.loads, run.stdout.splitlines())}
-    assert set(got) == set(CASES)
+    rows = {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
+    assert set(rows) == set(CASES)
     for name, (a, b, atol, rtol) in CASES.items():
-        _assert_matches(got[name], _np_metrics(a, b, atol, rtol))
+        _assert_matches(TensorMetrics.from_dict(rows[name]["metrics"]), _np_metrics(a, b, atol, rtol))
+        d2, a2 = rows[name]["blocks"]
+        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, edges(a.numel()))
 
 
 @CUDA
@@ -324,6 +347,9 @@ def test_cuda_matches_numpy(case: str) -> None:
     expected = _np_metrics(a, b, atol, rtol)
     _assert_matches(compare_tensors(a.cuda(), b.cuda(), atol=atol, rtol=rtol), expected)
     _assert_matches(compare_tensors(a.cuda(), b, atol=atol, rtol=rtol, chunk_elems=999), expected)  # b copied over
+    for b_side, chunk in ((b.cuda(), 1 << 22), (b, 999)):
+        t = kernels.compare(a.cuda(), b_side, atol=atol, rtol=rtol, chunk_elems=chunk, edges=edges(a.numel()))
+        assert_blocks(t, a, b, edges(a.numel()))
 
 
 @CUDA

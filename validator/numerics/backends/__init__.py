@@ -15,6 +15,7 @@ bit-identical results for the same inputs, whatever ran before and however many 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -47,21 +48,30 @@ def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def compare(
-    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    atol: float,
+    rtol: float,
+    chunk_elems: int,
+    p99: bool = True,
+    edges: Sequence[int] = (),
 ) -> Totals:
     """The totals of ``a`` (reference) against ``b`` (inputs already checked). ``p99=False`` leaves out
-    the exact p99 ULP (``Totals.ulp`` then holds ``(max_ulp, None)``) where that saves time (GPU)."""
+    the exact p99 ULP (``Totals.ulp`` then holds ``(max_ulp, None)``) where that saves time (GPU).
+    ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
+    a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""
     backend = backend_for(a, b)
     if backend == "cuda":
         cuda = _cuda()
         assert cuda is not None
-        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99)
+        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99, edges=edges)
         return got
     if backend == "cpu":
         from validator.numerics.backends.cpu import compare_cpu
 
-        return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)
-    return compare_reference(a, b, atol, rtol, chunk_elems)
+        return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+    return compare_reference(a, b, atol, rtol, chunk_elems, edges)
 
 
 def info() -> dict[str, Any]:

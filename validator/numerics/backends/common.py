@@ -13,7 +13,8 @@ distances inside it (``refine``) until one value is left.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +42,29 @@ NUM_KEYS = 32 << KEY_BITS  # keys of every distance below 2**32 (float32's large
 class Totals:
     """One pass over a pair. ``sums``: a², b², d², |d|, a·d over the positions finite in both
     (d = b - a); ``counts``: finite in both, passed, non-finite in a, in b, mismatched;
-    ``ulp``: (max, p99) of the ULP distances (p99 ``None`` if not asked for), ``None`` without ULP metrics."""
+    ``ulp``: (max, p99) of the ULP distances (p99 ``None`` if not asked for), ``None`` without ULP metrics;
+    ``block_d2``, ``block_a2``: d² and a² summed over each block of the ``edges`` the pass was given."""
 
     numel: int
     sums: tuple[float, float, float, float, float]
     max_abs: float
     counts: tuple[int, int, int, int, int]
     ulp: tuple[int, int | None] | None
+    block_d2: tuple[float, ...] = ()
+    block_a2: tuple[float, ...] = ()
+
+
+def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+    """(block, lo, hi) of each block of ``edges`` (element offsets, 0 first, numel last) that meets
+    elements ``start .. stop``, lo and hi relative to ``start``."""
+    out = []
+    j = max(0, bisect.bisect_right(edges, start) - 1)
+    while j + 1 < len(edges) and edges[j] < stop:
+        lo, hi = max(edges[j], start), min(edges[j + 1], stop)
+        if hi > lo:
+            out.append((j, lo - start, hi - start))
+        j += 1
+    return out
 
 
 def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None:

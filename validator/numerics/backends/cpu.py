@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numba
 import numpy as np
@@ -43,6 +43,7 @@ from validator.numerics.backends.common import (
     TINY,
     Totals,
     p99_from_keys,
+    pieces_of,
     ulp_spec,
 )
 from validator.numerics.backends.reference import chunk_pairs
@@ -262,10 +263,10 @@ def _block_ulp(ra, rb, lo, m, spec, hist, clean):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, keys):
-    """Rows of partials per block: part_f (a², b², d², |d|, a·d, exact max |d|, float32 max |d|),
-    part_i (both, passed, non-finite a, b, mismatched, max ULP); keys: a ULP key histogram per group.
-    Returns the exact largest |d|."""
+def _pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, keys):
+    """Rows of partials per block (block i: elements starts[i] .. starts[i+1]): part_f (a², b², d², |d|,
+    a·d, exact max |d|, float32 max |d|), part_i (both, passed, non-finite a, b, mismatched, max ULP);
+    keys: a ULP key histogram per group. Returns the exact largest |d|."""
     blocks = part_f.shape[0]
     exact = kinds[0] == F64 or kinds[1] == F64
     for g in prange(keys.shape[0]):
@@ -273,8 +274,8 @@ def _pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, keys):
         ya, yb = np.empty(BLOCK), np.empty(BLOCK)
         lanes = np.empty((6, LANES), np.float32)
         for blk in range(g * GROUP, min(blocks, (g + 1) * GROUP)):
-            lo = blk * BLOCK
-            m = min(BLOCK, n - lo)
+            lo = starts[blk]
+            m = starts[blk + 1] - lo
             f, c = part_f[blk], part_i[blk]
             fast = False
             if not exact:
@@ -292,8 +293,8 @@ def _pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, keys):
         ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
         for blk in range(blocks):
             if part_f[blk, 6] == top32:
-                lo = blk * BLOCK
-                m = min(BLOCK, n - lo)
+                lo = starts[blk]
+                m = starts[blk + 1] - lo
                 _widen(ra, kinds[0], ta, lo, m, ua)
                 _widen(rb, kinds[1], tb, lo, m, ub)
                 xa, xb = ua.view(np.float32), ub.view(np.float32)
@@ -340,6 +341,15 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
+def _rows(edges: Sequence[int], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, owner): rows of at most BLOCK elements of piece ``start .. start + n``, none across an
+    edge (row i: elements starts[i] .. starts[i+1] of the piece), and the edge block each row is in."""
+    found = pieces_of(edges, start, start + n)
+    rows = [np.arange(lo, hi, BLOCK, dtype=np.int64) for _, lo, hi in found]
+    owner = np.repeat([j for j, _, _ in found], [len(r) for r in rows])
+    return np.concatenate([*rows, [n]]), owner
+
+
 def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The pair as bytes: whole when both are contiguous, else contiguous copies of ``chunk_elems``."""
     if a.is_contiguous() and b.is_contiguous():
@@ -349,8 +359,11 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
         yield _bytes(ca), _bytes(cb)
 
 
-def compare_cpu(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22) -> Totals:
-    """The totals of ``a`` against ``b``, both float dtypes on the CPU."""
+def compare_cpu(
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
+) -> Totals:
+    """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``)."""
+    edges = edges or (0, a.numel())
     kinds = np.array([_KINDS[a.dtype], _KINDS[b.dtype]], np.int64)
     ta, tb = _table(a.dtype), _table(b.dtype)
     spec = np.array(_ULP_BITS[a.dtype] if ulp_spec(a, b) else (0, 0, 0, 0), np.int64)
@@ -358,20 +371,26 @@ def compare_cpu(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, c
     tol = np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
     sums, counts, max_abs, max_ulp = np.zeros(5), np.zeros(5, np.int64), 0.0, 0
     keys = np.zeros(NUM_KEYS, np.int64)
+    block_d2, block_a2 = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
     pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]] = lambda: _pieces(a, b, chunk_elems)  # noqa: E731
+    offset = 0
     for ra, rb in pieces():
         n = ra.size // a.element_size()
         if n == 0:
             continue
-        blocks = -(-n // BLOCK)
+        starts, owner = _rows(edges, offset, n)
+        offset += n
+        blocks = len(starts) - 1
         part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
         group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
         with _LOCK, numba.parallel_chunksize(1):  # groups handed out one at a time: a busy core holds up no one
-            max_abs = max(max_abs, float(_pass(ra, rb, kinds, ta, tb, n, tol, spec, part_f, part_i, group_keys)))
+            max_abs = max(max_abs, float(_pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, group_keys)))
         sums += part_f[:, :5].sum(0)  # in float64, in an order fixed by the number of blocks
         counts += part_i[:, :5].sum(0)
         max_ulp = max(max_ulp, int(part_i[:, 5].max()))
         keys += group_keys.sum(0)
+        block_d2 += np.bincount(owner, part_f[:, 2], len(block_d2))  # row order: fixed
+        block_a2 += np.bincount(owner, part_f[:, 0], len(block_a2))
     ulp = None
     if spec[0]:
 
@@ -385,4 +404,7 @@ def compare_cpu(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, c
             return [int(x) for x in hist]
 
         ulp = (max_ulp, p99_from_keys([int(k) for k in keys], int(counts[0]), refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp)  # type: ignore[arg-type]
+    return Totals(
+        a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp,  # type: ignore[arg-type]
+        tuple(block_d2.tolist()), tuple(block_a2.tolist()),
+    )  # fmt: skip

@@ -22,19 +22,32 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from validator.numerics.backends.common import EPS, KEY_BITS, SAFE_HI, SAFE_LO, TINY, Totals, p99_from_keys, ulp_spec
+from validator.numerics.backends.common import (
+    EPS,
+    KEY_BITS,
+    SAFE_HI,
+    SAFE_LO,
+    TINY,
+    Totals,
+    p99_from_keys,
+    pieces_of,
+    ulp_spec,
+)
 from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 BLOCK = 512  # elements per tile
 TILES = 32  # tiles per program
 NUM_WARPS = 4
+STAGES = 2  # tiles in flight per program (Triton's software pipelining)
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
-# BLOCK, TILES, NUM_WARPS: chosen on an H200 (benchmarks/engine_bench.md); results do not depend on them
+# BLOCK, TILES, NUM_WARPS, STAGES: chosen on an H200 (benchmarks/engine_bench.md); results do not depend on them
 # beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -105,16 +118,26 @@ def _unfused(product, keep, other):
 
 
 @triton.jit
-def _load(a_ptr, b_ptr, n, start, t, BLOCK: tl.constexpr):
-    """Tile t of the program starting at element ``start`` (int32 offsets from the program's base)."""
+def _span(seg_ptr, K):
+    """Elements start .. end of this program: part pid % K of K equal parts of segment pid // K (a
+    segment: seg[s] .. seg[s + 1], inside one block of the edges)."""
+    pid = tl.program_id(0)
+    s, i = pid // K, (pid % K).to(tl.int64)
+    lo, hi = tl.load(seg_ptr + s), tl.load(seg_ptr + s + 1)
+    return lo + (hi - lo) * i // K, lo + (hi - lo) * (i + 1) // K
+
+
+@triton.jit
+def _load(a_ptr, b_ptr, end, start, t, BLOCK: tl.constexpr):
+    """Tile t of the program's elements start .. end (int32 offsets from the program's base)."""
     offs = t * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < tl.minimum(n - start, 1 << 30).to(tl.int32)
+    inb = offs < tl.minimum(end - start, 1 << 30).to(tl.int32)
     return tl.load(a_ptr + start + offs, mask=inb, other=0.0), tl.load(b_ptr + start + offs, mask=inb, other=0.0), inb
 
 
 @triton.jit
 def _masked_program(
-    a_ptr, b_ptr, n, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr
+    a_ptr, b_ptr, end, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr
 ):  # fmt: skip
     """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted."""
     s_a2 = tl.cast(0.0, tl.float64)
@@ -122,7 +145,7 @@ def _masked_program(
     c_both = tl.cast(0, tl.int64)
     c_pass, c_nfa, c_nfb, c_mis = c_both, c_both, c_both, c_both
     for t in tl.range(TILES):
-        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
         ya, yb = _f64(a), _f64(b)
         fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
         both = fa & fb & inb
@@ -147,11 +170,11 @@ def _masked_program(
 
 
 @triton.jit
-def _passed_program(a_ptr, b_ptr, n, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _passed_program(a_ptr, b_ptr, end, start, atol, rtol, BLOCK: tl.constexpr, TILES: tl.constexpr):
     """The tolerance test of a program's (finite) tiles in float64, as the reference rounds it."""
     count = tl.cast(0, tl.int64)
     for t in tl.range(TILES):
-        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
         a64, b64 = _f64(a), _f64(b)
         count += tl.sum((inb & (tl.abs(b64 - a64) <= atol + _unfused(rtol * tl.abs(a64), inb, a64))).to(tl.int32))
     return count
@@ -159,7 +182,7 @@ def _passed_program(a_ptr, b_ptr, n, start, atol, rtol, BLOCK: tl.constexpr, TIL
 
 @triton.jit
 def _ulp_program(
-    a_ptr, b_ptr, n, start, keys_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr,
+    a_ptr, b_ptr, end, start, keys_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr,
     A8: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
 ):  # fmt: skip
     """Largest ULP distance of a program's positions finite in both, and (HIST) their key histogram
@@ -167,7 +190,7 @@ def _ulp_program(
     top = tl.cast(0, tl.int64)
     hist = tl.zeros([NKEYS], dtype=tl.int32)
     for t in tl.range(TILES):
-        a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+        a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
         both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, A8)
         dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
         top = tl.maximum(top, tl.max(dist).to(tl.int64))
@@ -180,19 +203,20 @@ def _ulp_program(
 
 @triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, n, tol_ptr, part_ptr, keys_ptr,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, keys_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     F64: tl.constexpr, BAND: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """One program's partial totals: row ``pid`` of ``part_ptr`` (_FLOATS float64, then _INTS int64 as bits)."""
     pid = tl.program_id(0)
-    start = pid.to(tl.int64) * (TILES * BLOCK)
+    start, end = _span(seg_ptr, K)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     top32 = tl.cast(0.0, tl.float64)
     small, m1, m2 = tl.cast(0, tl.int64), tl.cast(0, tl.int64), tl.cast(0, tl.int64)
     if F64:  # a float64 input: the reference's float64 throughout
         s_a2, s_b2, s_d2, s_abs, s_ad, top64, c_both, c_pass, c_nfa, c_nfb, c_mis = _masked_program(
-            a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES, A8, B8
+            a_ptr, b_ptr, end, start, atol, rtol, BLOCK, TILES, A8, B8
         )
         top_ulp = top32.to(tl.int64)
     else:  # float32 per element, accumulated per lane, reduced once; checked before it counts
@@ -203,11 +227,8 @@ def _pass_kernel(
         v_lo = tl.zeros([BLOCK], dtype=tl.int32)
         v_hi, v_bad, v_m1, v_m2 = v_lo, v_lo, v_lo, v_lo
         v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
-        a_next, b_next, inb_next = _load(a_ptr, b_ptr, n, start, 0, BLOCK)
-        for t in tl.range(TILES):
-            a, b, inb = a_next, b_next, inb_next
-            if t + 1 < TILES:  # the next tile's loads go out before this tile's arithmetic
-                a_next, b_next, inb_next = _load(a_ptr, b_ptr, n, start, t + 1, BLOCK)
+        for t in tl.range(TILES, num_stages=STAGES):  # STAGES: the loads of later tiles go out early
+            a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
             d = xb - xa
             ad = tl.abs(d)
@@ -226,8 +247,9 @@ def _pass_kernel(
             if BITS != 0:  # valid while the program is clean (checked below)
                 dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
                 v_ulp = tl.maximum(v_ulp, dist)
-                v_m1 += dist.to(tl.int32)
-                v_m2 += (dist * dist).to(tl.int32)
+                if HIST:
+                    v_m1 += dist.to(tl.int32)
+                    v_m2 += (dist * dist).to(tl.int32)
         qa, qb, qd, m = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.max(v_top)
         # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False);
         # tiny squares (or all zeros, which the float64 path handles too) lose precision
@@ -237,7 +259,7 @@ def _pass_kernel(
             s_a2, s_b2, s_d2 = qa.to(tl.float64), qb.to(tl.float64), qd.to(tl.float64)
             s_abs, s_ad = tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64)
             top64, top32 = tl.cast(0.0, tl.float64), m.to(tl.float64)  # top32: made exact by _exact_max_kernel
-            c_both = tl.minimum(n - start, TILES * BLOCK).to(tl.int64)
+            c_both = (end - start).to(tl.int64)
             c_nfa, c_nfb, c_mis = c_both * 0, c_both * 0, c_both * 0
             n_lo, n_hi = tl.sum(v_lo), tl.sum(v_hi)
             if not BAND:
@@ -245,11 +267,11 @@ def _pass_kernel(
             if n_lo == n_hi:
                 c_pass = n_lo.to(tl.int64)
             else:
-                c_pass = _passed_program(a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES)
+                c_pass = _passed_program(a_ptr, b_ptr, end, start, atol, rtol, BLOCK, TILES)
             top_ulp = tl.max(v_ulp).to(tl.int64)
         else:
             s_a2, s_b2, s_d2, s_abs, s_ad, top64, c_both, c_pass, c_nfa, c_nfb, c_mis = _masked_program(
-                a_ptr, b_ptr, n, start, atol, rtol, BLOCK, TILES, A8, B8
+                a_ptr, b_ptr, end, start, atol, rtol, BLOCK, TILES, A8, B8
             )
             top_ulp = top32.to(tl.int64) - 1  # marks "read the distances again" below
     if BITS != 0:  # top_ulp < 0: the distances must be read again, masked
@@ -257,9 +279,9 @@ def _pass_kernel(
             if (top_ulp >= 0) & (top_ulp <= 2):  # distances 0, 1, 2 only: counts from two moments
                 small, m1, m2 = small + 1, tl.sum(v_m1).to(tl.int64), tl.sum(v_m2).to(tl.int64)
             else:
-                top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
+                top_ulp = _ulp_program(a_ptr, b_ptr, end, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
         elif top_ulp < 0:
-            top_ulp = _ulp_program(a_ptr, b_ptr, n, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
+            top_ulp = _ulp_program(a_ptr, b_ptr, end, start, keys_ptr, BLOCK, TILES, BITS, A8, KEY_BITS, NKEYS, HIST)
     row = part_ptr + pid * (_FLOATS + _INTS)
     tl.store(row + 0, s_a2)
     tl.store(row + 1, s_b2)
@@ -280,29 +302,42 @@ def _pass_kernel(
 
 
 @triton.jit
-def _finish_kernel(part_ptr, programs, out_ptr, CHUNK: tl.constexpr):
-    """Adds the programs' partials in a fixed order (one program): sums and counts added, maxima taken.
-    out: the 5 sums, max top64, max top32, then the 5 counts, max ULP, small, m1, m2 (as int64 bits)."""
+def _finish_kernel(part_ptr, programs, out_ptr, seg_out_ptr, K, CHUNK: tl.constexpr):
+    """Adds the programs' partials in a fixed order. Program 0: sums and counts added, maxima taken;
+    out: the 5 sums, max top64, max top32, then the 5 counts, max ULP, small, m1, m2 (as int64 bits).
+    Program s + 1: d² and a² of segment s (its K programs) into seg_out[2s], seg_out[2s + 1]."""
     rows = tl.arange(0, CHUNK)
-    cols = tl.arange(0, 16)
-    is_int = cols >= _FLOATS
-    is_max = (cols == 5) | (cols == 6) | (cols == 12)
-    acc_f = tl.zeros([CHUNK, 16], dtype=tl.float64)
-    acc_i = tl.zeros([CHUNK, 16], dtype=tl.int64)
-    for start in tl.range(0, programs, CHUNK):
-        r = start + rows
-        v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0)
-        vi = v.to(tl.int64, bitcast=True)
-        acc_f = tl.where(is_max[None, :], tl.maximum(acc_f, v), acc_f + v)
-        acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
-    total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
-    total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
-    tl.store(out_ptr + cols, tl.where(is_int, total_i.to(tl.float64, bitcast=True), total_f))
+    pid = tl.program_id(0)
+    if pid > 0:
+        base = (pid - 1).to(tl.int64) * K
+        acc_d, acc_a = tl.zeros([CHUNK], dtype=tl.float64), tl.zeros([CHUNK], dtype=tl.float64)
+        for r0 in tl.range(0, K, CHUNK, num_stages=3):
+            r = (base + r0 + rows) * 16
+            inside = r0 + rows < K
+            acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0)
+            acc_a += tl.load(part_ptr + r, mask=inside, other=0.0)
+        tl.store(seg_out_ptr + 2 * (pid - 1), tl.sum(acc_d))
+        tl.store(seg_out_ptr + 2 * (pid - 1) + 1, tl.sum(acc_a))
+    else:
+        cols = tl.arange(0, 16)
+        is_int = cols >= _FLOATS
+        is_max = (cols == 5) | (cols == 6) | (cols == 12)
+        acc_f = tl.zeros([CHUNK, 16], dtype=tl.float64)
+        acc_i = tl.zeros([CHUNK, 16], dtype=tl.int64)
+        for start in tl.range(0, programs, CHUNK, num_stages=3):
+            r = start + rows
+            v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0)
+            vi = v.to(tl.int64, bitcast=True)
+            acc_f = tl.where(is_max[None, :], tl.maximum(acc_f, v), acc_f + v)
+            acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
+        total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
+        total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
+        tl.store(out_ptr + cols, tl.where(is_int, total_i.to(tl.float64, bitcast=True), total_f))
 
 
 @triton.jit
 def _exact_max_kernel(
-    a_ptr, b_ptr, n, part_ptr, out_ptr,
+    a_ptr, b_ptr, seg_ptr, K, part_ptr, out_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
 ):  # fmt: skip
     """The exact largest |d| of the float32 programs: float32 rounding is monotonic, so it is the largest
@@ -314,9 +349,9 @@ def _exact_max_kernel(
     if (tl.load(part_ptr + pid * (_FLOATS + _INTS) + 6) == g) & (g > 0):
         g32 = g.to(tl.float32)
         best = tl.cast(0.0, tl.float64)
-        start = pid.to(tl.int64) * (TILES * BLOCK)
+        start, end = _span(seg_ptr, K)
         for t in tl.range(TILES):
-            a, b, inb = _load(a_ptr, b_ptr, n, start, t, BLOCK)
+            a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
             hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
             best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
@@ -359,11 +394,18 @@ def _tolerances(atol: float, rtol: float, device: torch.device) -> torch.Tensor:
     return torch.tensor([atol, rtol, *band], dtype=torch.float64).to(device)
 
 
+@functools.lru_cache(maxsize=256)
+def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).to(device)
+
+
 def compare_cuda(
-    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True
-) -> Totals:
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True,
+    edges: Sequence[int] = (),
+) -> Totals:  # fmt: skip
     device = compute_device(a, b)
     spec = ulp_spec(a, b)
+    edges = edges or (0, a.numel())
     bits = _BITS[a.element_size()] if spec is not None else 0
     hist = bool(bits) and p99
     nkeys = (bits << KEY_BITS) if hist else 1  # keys of the distances below 2**bits
@@ -374,23 +416,35 @@ def compare_cuda(
     per_program = BLOCK * TILES
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:
-        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None)
-    programs = [triton.cdiv(ca.numel(), per_program) for ca, _ in pieces]
+        zeros = (0.0,) * (len(edges) - 1)
+        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None, zeros, zeros)
+    # each piece's blocks (segments), each cut into K programs of at most per_program elements
+    segs, offset = [], 0
+    for ca, _ in pieces:
+        segs.append(pieces_of(edges, offset, offset + ca.numel()))
+        offset += ca.numel()
+    K = triton.cdiv(max(hi - lo for found in segs for _, lo, hi in found), per_program)
+    programs = [K * len(found) for found in segs]
+    nseg = sum(len(found) for found in segs)
     part = torch.empty(sum(programs), 16, dtype=torch.float64, device=device)
-    out = torch.zeros(16 + nkeys, dtype=torch.float64, device=device)  # totals, then the key histogram
-    keys = out.view(torch.int64)[16:]
+    out = torch.zeros(16 + nkeys + 2 * nseg, dtype=torch.float64, device=device)  # totals, key histogram, segments
+    keys = out.view(torch.int64)[16 : 16 + nkeys]
     rows = [part[r - p : r] for p, r in zip(programs, itertools.accumulate(programs))]
+    seg_edges = [_on_device((*(lo for _, lo, _ in found), found[-1][2]), device) for found in segs]
     launch = {"BLOCK": BLOCK, "TILES": TILES, "num_warps": NUM_WARPS, "enable_fp_fusion": True}
-    for (ca, cb), p, mine in zip(pieces, programs, rows):
+    for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges):
         _pass_kernel[(p,)](
-            ca, cb, ca.numel(), tol, mine, keys, BITS=bits, **f8, F64=f64, BAND=band,
-            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, **launch,
+            ca, cb, se, K, tol, mine, keys, BITS=bits, **f8, F64=f64, BAND=band,
+            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, STAGES=STAGES, **launch,
         )  # fmt: skip
-    _finish_kernel[(1,)](part, part.shape[0], out, CHUNK=256, num_warps=4, enable_fp_fusion=True)
-    for (ca, cb), p, mine in zip(pieces, programs, rows) if not f64 else []:
-        _exact_max_kernel[(p,)](ca, cb, ca.numel(), mine, out, **f8, **launch)
+    _finish_kernel[(1 + nseg,)](part, part.shape[0], out, out[16 + nkeys :], K, CHUNK=256, num_warps=4, enable_fp_fusion=True)
+    for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges) if not f64 else []:
+        _exact_max_kernel[(p,)](ca, cb, se, K, mine, out, **f8, **launch)
     res = out.cpu()
-    floats, ints = res[:7].tolist(), res.view(torch.int64)[7:].tolist()
+    floats, ints = res[:7].tolist(), res.view(torch.int64)[7 : 16 + nkeys].tolist()
+    owner = [j for found in segs for j, _, _ in found]
+    block_d2 = np.bincount(owner, res[16 + nkeys :: 2].numpy(), len(edges) - 1)  # segment order: fixed
+    block_a2 = np.bincount(owner, res[17 + nkeys :: 2].numpy(), len(edges) - 1)
     counts = tuple(ints[:5])
     ulp: tuple[int, int | None] | None = None
     if spec is not None:
@@ -406,11 +460,13 @@ def compare_cuda(
 
             def refine(lo: int, shift: int, bins: int) -> list[int]:
                 found = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
-                for (ca, cb), p in zip(pieces, programs):
-                    _refine_kernel[(p,)](
+                for ca, cb in pieces:
+                    _refine_kernel[(triton.cdiv(ca.numel(), per_program),)](
                         ca, cb, ca.numel(), lo, shift, found, BITS=bits, A8=f8["A8"], NBINS=REFINE_BINS, **launch
                     )
                 return found[:bins].cpu().tolist()
 
             ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp)
+    return Totals(
+        a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp, tuple(block_d2.tolist()), tuple(block_a2.tolist())
+    )

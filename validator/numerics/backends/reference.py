@@ -7,11 +7,19 @@ accumulated in float64 / int64 on the compute device. Plain torch, one formula p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from validator.numerics.backends.common import NUM_KEYS, Totals, p99_from_keys, ulp_distance, ulp_key, ulp_spec
+from validator.numerics.backends.common import (
+    NUM_KEYS,
+    Totals,
+    p99_from_keys,
+    pieces_of,
+    ulp_distance,
+    ulp_key,
+    ulp_spec,
+)
 
 REFINE_BINS = 1 << 16
 CPU_PIECE = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower
@@ -52,15 +60,18 @@ def chunk_pairs(a: torch.Tensor, b: torch.Tensor, chunk: int) -> Iterator[tuple[
 class Accumulator:
     """Running float64 sums, int64 counts and the ULP key histogram of one pair, on one device."""
 
-    def __init__(self, device: torch.device, atol: float, rtol: float, spec: tuple[torch.dtype, int] | None) -> None:
+    def __init__(
+        self, device: torch.device, atol: float, rtol: float, spec: tuple[torch.dtype, int] | None, blocks: int = 1
+    ) -> None:
         self.atol, self.rtol, self.spec, self.device = float(atol), float(rtol), spec, device
+        self.blocks = torch.zeros(2, blocks, dtype=torch.float64, device=device)  # d², a² per block
         self.sums = torch.zeros(5, dtype=torch.float64, device=device)  # a², b², d², |d|, a·d
         self.max_abs = torch.zeros((), dtype=torch.float64, device=device)
         self.counts = torch.zeros(5, dtype=torch.int64, device=device)  # both, passed, nf a, nf b, mismatch
         self.max_ulp = torch.zeros((), dtype=torch.int64, device=device)
         self.keys = torch.zeros(NUM_KEYS, dtype=torch.int64, device=device)
 
-    def add(self, ca: torch.Tensor, cb: torch.Tensor) -> None:
+    def add(self, ca: torch.Tensor, cb: torch.Tensor, block: int = 0) -> None:
         ca, cb = ca.to(self.device), cb.to(self.device)
         xa, xb = ca.to(torch.float64), cb.to(torch.float64)
         fin_a, fin_b = torch.isfinite(xa), torch.isfinite(xb)
@@ -71,7 +82,9 @@ class Accumulator:
         d = zb - za
         absd = d.abs()
         close = both & (absd <= self.atol + self.rtol * za.abs())
-        self.sums += torch.stack([(za * za).sum(), (zb * zb).sum(), (d * d).sum(), absd.sum(), (za * d).sum()])
+        sums = torch.stack([(za * za).sum(), (zb * zb).sum(), (d * d).sum(), absd.sum(), (za * d).sum()])
+        self.sums += sums
+        self.blocks[:, block] += sums[[2, 0]]
         self.max_abs = torch.maximum(self.max_abs, absd.max())
         self.counts += torch.stack(
             [both.sum(), close.sum() + same_kind.sum(), (~fin_a).sum(), (~fin_b).sum(), (~both & ~same_kind).sum()]
@@ -100,17 +113,25 @@ class Accumulator:
 
             p99 = p99_from_keys(self.keys.tolist(), counts[0], refine, REFINE_BINS)
             ulp = (int(self.max_ulp), p99)
-        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp)
+        block_d2, block_a2 = self.blocks.tolist()
+        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp, tuple(block_d2), tuple(block_a2))
 
 
-def compare_reference(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int) -> Totals:
-    """The totals of ``a`` against ``b`` by the float64 reference, on :func:`compute_device`."""
+def compare_reference(
+    a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int, edges: Sequence[int] = ()
+) -> Totals:
+    """The totals of ``a`` against ``b`` by the float64 reference, on :func:`compute_device`
+    (``edges``: see ``common.Totals``)."""
     device = compute_device(a, b)
+    edges = edges or (0, a.numel())
     piece = min(chunk_elems, CPU_PIECE) if device.type == "cpu" else chunk_elems
     piece = max(1, min(piece, a.numel()))
-    acc = Accumulator(device, atol, rtol, ulp_spec(a, b))
+    acc = Accumulator(device, atol, rtol, ulp_spec(a, b), len(edges) - 1)
     with torch.no_grad():
         a, b = a.detach(), b.detach()
+        offset = 0
         for ca, cb in chunk_pairs(a, b, piece):
-            acc.add(ca, cb)
+            for block, lo, hi in pieces_of(edges, offset, offset + ca.numel()):
+                acc.add(ca[lo:hi], cb[lo:hi], block)
+            offset += ca.numel()
         return acc.totals(a.numel(), lambda: chunk_pairs(a, b, piece))

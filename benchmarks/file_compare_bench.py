@@ -1,0 +1,68 @@
+"""Whole-process time of ``validator compare`` on two 512 MiB bf16 .safetensors files against a plain NumPy
+float64 script doing the same (``numpy_compare.py``), side by side in one run.
+
+    python benchmarks/file_compare_bench.py --dir /tmp/fc --reps 3
+
+Writes the two files into ``--dir`` once (a ~ N(0,1), b = bf16(a * (1 + 1e-3 N(0,1))), 32768 x 8192), then
+runs the two commands alternately ``--reps`` times each and prints every time, the medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def make_files(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
+    a_path, b_path = folder / "a.safetensors", folder / "b.safetensors"
+    if a_path.exists() and b_path.exists():
+        return a_path, b_path
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+    b = (a.float() * (1 + 1e-3 * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"x": a}, str(a_path))
+    save_file({"x": b}, str(b_path))
+    return a_path, b_path
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, required=True, help="where the two files are written (once)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=32768)
+    ap.add_argument("--cols", type=int, default=8192)
+    args = ap.parse_args()
+    a, b = make_files(args.dir, args.rows, args.cols)
+    commands = {
+        "validator compare": [sys.executable, "-m", "validator", "compare", str(a), str(b)],
+        "numpy float64 script": [sys.executable, str(HERE / "numpy_compare.py"), str(a), str(b)],
+    }
+    times: dict[str, list[float]] = {k: [] for k in commands}
+    for _ in range(args.reps):
+        for name, cmd in commands.items():
+            times[name].append(timed(cmd))
+            print(f"{name}: {times[name][-1]:.2f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for name, v in times.items():
+        print(f"{name}: median {med[name]:.2f} s of {', '.join(f'{x:.2f}' for x in v)}")
+    print(f"ratio (numpy / validator): {med['numpy float64 script'] / med['validator compare']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

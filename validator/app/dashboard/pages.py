@@ -90,12 +90,35 @@ def open_comparison(svc: Service, a: str, b: str, floor: tuple[str, str] | None)
 
 
 def capture_order(svc: Service, run_name: str) -> dict[str, int]:
-    """Logical tensor label -> rank in the order the run's records were written (its capture order)."""
+    """Logical tensor label -> rank in the order the run's records were written (its capture order).
+
+    Kept per Service for a few runs (a stored run never changes): comparisons against one reference,
+    as in CI, read its records once."""
+    run = svc.get_run(run_name)
+    with _cache_lock:
+        entries = _orders.setdefault(svc, OrderedDict())
+        hit = entries.get(run.id)
+        if hit is not None:
+            entries.move_to_end(run.id)
+            return hit
     order: dict[str, int] = {}
-    for ref in svc.stored_view(svc.get_run(run_name)).tensors:  # shards of one tensor share its label
+    for ref in svc.stored_view(run).tensors:  # shards of one tensor share its label
         where = ref.coords.label()
         order.setdefault(f"{ref.name} [{where}]" if where else ref.name, len(order))
+    with _cache_lock:
+        entries[run.id] = order
+        while len(entries) > CACHED_RUNS:
+            entries.popitem(last=False)
     return order
+
+
+# The comparison page's data derived from a done comparison, kept per Service (a few comparisons each):
+# a done comparison never changes, and deriving it (reading a document of thousands of pairs and run A's
+# capture order) costs far more than rendering one page of it.
+CACHED_COMPARISONS = 4  # ~12 MB each at 5,000 pairs
+CACHED_RUNS = 8
+_cache_lock = threading.Lock()
+_orders: weakref.WeakKeyDictionary[Service, OrderedDict[int, dict[str, int]]] = weakref.WeakKeyDictionary()
 
 
 def _done(svc: Service, id: int) -> dict[str, Any]:
@@ -122,17 +145,14 @@ def parse_step(text: str) -> int | None:
         raise InputError(f"step must be a step number or 'all', got {text!r}") from None
 
 
-# The comparison page's data derived from a done comparison, kept per Service (a few comparisons each):
-# a done comparison never changes, and deriving it (reading a document of thousands of pairs and run A's
-# capture order) costs far more than rendering one page of it.
-CACHED_COMPARISONS = 8
 _HEAVY = ("pairs", "acceptance", "gsm8k")  # document sections the comparison page does not show
+_MAP_KEYS = ("name", "coords", "label", "status", *METRICS)  # what the map needs of a pair
 
 
 @dataclass
 class _Prepared:
     summary: dict[str, Any]  # the comparison record, its document without the _HEAVY sections
-    doc_pairs: list[dict[str, Any]]
+    doc_pairs: list[dict[str, Any]]  # the document's pairs, only what the map needs (_MAP_KEYS)
     order: dict[str, int]
     rows: list[dict[str, Any]]
     first: dict[str, Any] | None
@@ -148,7 +168,6 @@ class _Prepared:
 
 
 _cache: weakref.WeakKeyDictionary[Service, OrderedDict[int, _Prepared]] = weakref.WeakKeyDictionary()
-_cache_lock = threading.Lock()
 
 
 def _prepare(svc: Service, rec: dict[str, Any]) -> _Prepared:
@@ -156,7 +175,7 @@ def _prepare(svc: Service, rec: dict[str, Any]) -> _Prepared:
     order = capture_order(svc, doc["a"]) if doc.get("pairs") else {}
     return _Prepared(
         summary={**rec, "result": {k: v for k, v in doc.items() if k not in _HEAVY}},
-        doc_pairs=doc.get("pairs", []),
+        doc_pairs=[{k: p[k] for k in _MAP_KEYS if k in p} for p in doc.get("pairs", [])],
         order=order,
         rows=pair_rows(doc),
         first=first_exceedance(doc, order),

@@ -174,11 +174,14 @@ def heatmap(
     pairs = [(i, p) for i, p in enumerate(doc.get("pairs", [])) if step is None or _step(p) == step]
     row_rank: dict[str, tuple[Any, ...]] = {}
     cols: dict[str, tuple[Any, ...]] = {}
+    col_of: list[str] = []  # each pair's column label, in the order of ``pairs``
     for _, p in pairs:
         k = _order_key(p, order)
-        row_rank[p["name"]] = min(row_rank.get(p["name"], k), k)
+        if p["name"] not in row_rank or k < row_rank[p["name"]]:
+            row_rank[p["name"]] = k
         key, label = column_of(p.get("coords") or {})
         cols[label] = key
+        col_of.append(label)
     rows = sorted(row_rank, key=lambda n: row_rank[n])
     col_labels = sorted(cols, key=lambda c: cols[c])
     ri = {n: i for i, n in enumerate(rows)}
@@ -191,8 +194,8 @@ def heatmap(
     status: list[list[str | None]] = [[None] * shape[1] for _ in range(shape[0])]
     cell_step: list[list[int | None]] = [[None] * shape[1] for _ in range(shape[0])]
     held: dict[tuple[int, int], tuple[bool, float]] = {}
-    for i, p in pairs:
-        r, c = ri[p["name"]], ci[column_of(p.get("coords") or {})[1]]
+    for (i, p), label in zip(pairs, col_of):
+        r, c = ri[p["name"]], ci[label]
         count[r][c] += 1
         fails[r][c] += p["status"] in _BAD
         v = _num(p.get(metric))

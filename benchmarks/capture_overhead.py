@@ -8,9 +8,14 @@ with 4 capture points (x, h, n, kv). Variants, timed in the same process on the 
 
 - ``none``: no capture calls at all (the reference every ratio is taken against);
 - ``disabled``: the 4 ``session.capture`` calls on the disabled session;
-- ``summary``: summary mode (5 statistics per point computed on the device, 40 bytes copied back);
-- ``full``: full capture (a device snapshot per point, async copy to pinned host memory);
+- ``summary``: summary mode (5 statistics per point computed on the device, one copy back per step);
+- ``full``: full capture (a device snapshot per point, async copies to pinned host memory per step);
+- ``read``: no probes, but one read of each captured tensor (``torch.amax``) where the capture points
+  are: the reference for "summary within 1.2x of one read of the captured tensors";
 - ``none-again``: the reference once more, last, to show the run-to-run spread.
+
+Device work per point is counted with ``torch.profiler`` on one step (all streams): kernels, device-to-
+device copies and device-to-host copies, less what the uninstrumented step runs.
 
 Enabled sessions write into a writer that discards what it receives, so the numbers are the capture cost
 seen by the serving process (the bundle files are written by a background thread in production).
@@ -87,14 +92,57 @@ class Model:
         return kv
 
 
-def make_session(mode: str, graph: bool = False) -> ProbeSession:
+class ReadOnce:
+    """Stands in for a session: reads each captured tensor once (an amax), keeps nothing."""
+
+    enabled = True
+
+    def capture(self, name: str, tensor: torch.Tensor, **_: Any) -> None:
+        torch.amax(tensor)
+
+    def set_coords(self, **_: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def after_replay(self, **_: Any) -> None:
+        pass
+
+
+def make_session(mode: str, graph: bool = False) -> Any:
     if mode in ("none", "disabled"):
         return DISABLED
+    if mode == "read":
+        return ReadOnce()
     cfg = ProbeConfig(bundle="unused", mode=mode, budget_bytes=None, graph_slots=graph)
     return ProbeSession(cfg, writer=DiscardWriter())
 
 
-def time_loop(run: Callable[[int], None], s: ProbeSession, iters: int, reps: int, warm: int) -> dict[str, float]:
+def count_activity(run: Callable[[int], None], step: int) -> dict[str, int]:
+    """Device activities of one step (all streams), by kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(step)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if str(e.device_type).endswith("CUDA")]
+    kernels = [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+    return {
+        "kernels": len(kernels),
+        # device copies: device-to-device memcpy and copy kernels (strided copies, torch.cat)
+        "copies": sum(1 for n in names if n.startswith("Memcpy DtoD")) + sum(1 for n in kernels if "copy" in n.lower()),
+        "dtoh": sum(1 for n in names if n.startswith("Memcpy DtoH")),
+    }
+
+
+def time_loop(
+    run: Callable[[int], None], s: Any, iters: int, reps: int, warm: int, count: bool = False
+) -> dict[str, float]:
     step = 0
     for _ in range(warm):
         run(step)
@@ -114,15 +162,22 @@ def time_loop(run: Callable[[int], None], s: ProbeSession, iters: int, reps: int
         s.flush()
         drained.append((time.perf_counter() - t0) * 1e3 / iters)
         stream.append(start.elapsed_time(end) / iters)
-    return {
+    out: dict[str, Any] = {
         "stream_ms": statistics.median(stream),
         "drained_ms": statistics.median(drained),
         "stream_ms_min": min(stream),
         "stream_ms_max": max(stream),
     }
+    if count:
+        # two steps: the second one's first capture (a new step) submits the first one's copies
+        first = count_activity(run, step)
+        second = count_activity(run, step + 1)
+        out["activity"] = {k: (first[k] + second[k]) / 2 for k in first}
+        s.flush()
+    return out
 
 
-def eager_case(model: Model, tokens: int, mode: str, iters: int, reps: int) -> dict[str, float]:
+def eager_case(model: Model, tokens: int, mode: str, iters: int, reps: int, count: bool) -> dict[str, Any]:
     g = torch.Generator(device="cuda").manual_seed(tokens)
     xs = [torch.randn(tokens, FEATURES, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2)]
     s = make_session(mode)
@@ -135,12 +190,12 @@ def eager_case(model: Model, tokens: int, mode: str, iters: int, reps: int) -> d
             s.set_coords(step=i)
             model.probed(x, s)
 
-    out = time_loop(run, s, iters, reps, warm=max(3, iters))
+    out = time_loop(run, s, iters, reps, warm=max(3, iters), count=count)
     s.close()
     return out
 
 
-def graph_case(model: Model, tokens: int, mode: str, iters: int, reps: int) -> dict[str, float]:
+def graph_case(model: Model, tokens: int, mode: str, iters: int, reps: int, count: bool) -> dict[str, Any]:
     x = torch.randn(tokens, FEATURES, device="cuda").to(torch.bfloat16)
     s = make_session(mode, graph=True)
     if s.enabled:
@@ -160,7 +215,7 @@ def graph_case(model: Model, tokens: int, mode: str, iters: int, reps: int) -> d
         graph.replay()
         s.after_replay(step=i)
 
-    out = time_loop(run, s, iters, reps, warm=max(3, iters))
+    out = time_loop(run, s, iters, reps, warm=max(3, iters), count=count)
     s.close()
     return out
 
@@ -172,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-iters", type=int, default=5, help="steps per timing at >= 1024 tokens")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True, help="CUDA graph variant")
+    ap.add_argument("--count", action=argparse.BooleanOptionalAction, default=True, help="count device work per point")
+    ap.add_argument("--tune", action="store_true", help="also time the fused summary's tile settings on its own")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
@@ -192,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [("eager", eager_case)] + ([("graph", graph_case)] if args.graph and tokens < 1024 else [])
         for kind, case in kinds:
             base = None
-            for label in ("none", "disabled", "summary", "full", "none-again"):
+            for label in ("none", "disabled", "summary", "full", "read", "none-again"):
                 mode = label.removesuffix("-again")
-                if kind == "graph" and mode == "disabled":
+                if kind == "graph" and mode in ("disabled", "read"):
                     continue  # a disabled session adds no kernel: the graph is the uninstrumented one
-                r = case(model, tokens, mode, iters, args.reps)
+                r = case(model, tokens, mode, iters, args.reps, args.count)
                 base = r if label == "none" else base
                 assert base is not None
                 r.update(
@@ -207,14 +264,19 @@ def main(argv: list[str] | None = None) -> int:
                     drained_ratio=r["drained_ms"] / base["stream_ms"],
                     added_us_per_point=(r["stream_ms"] - base["stream_ms"]) * 1e3 / POINTS,
                 )
+                if "activity" in r and "activity" in base:
+                    r["per_point"] = {k: (v - base["activity"][k]) / POINTS for k, v in r["activity"].items()}
                 rows.append(r)
+                pp = r.get("per_point", {})
                 print(
                     f"{tokens:>6} {kind:<5} {label:<10} step {r['stream_ms']:8.3f} ms  x{r['ratio']:6.3f}  "
                     f"drained {r['drained_ms']:8.3f} ms (x{r['drained_ratio']:6.3f})  "
-                    f"+{r['added_us_per_point']:8.1f} us/point",
+                    f"+{r['added_us_per_point']:8.1f} us/point  {pp}",
                     flush=True,
                 )
-    result = {"env": env, "points_per_step": POINTS, "rows": rows}
+    result = {"env": env, "points_per_step": POINTS, "rows": rows, "targets": targets(rows)}
+    if args.tune:
+        result["tune"] = tune()
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     table = render(result)
@@ -224,20 +286,91 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _time_us(fn: Callable[[], Any], iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(times)
+
+
+def tune() -> list[dict[str, Any]]:
+    """The fused summary alone on the 8192-token input x [8192, 43008] bf16 (and on fp32), per tile setting,
+    against one read (torch.amax) and a device copy (read + write) of the same tensor."""
+    from probes import fused_summary as fs
+
+    saved = (fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS)
+    out = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(8192, FEATURES if dtype == torch.bfloat16 else FEATURES // 2, device="cuda").to(dtype)
+        nbytes = x.numel() * x.element_size()
+        slot = torch.empty(5, dtype=torch.float64, device="cuda")
+        ref = {"amax": _time_us(lambda: torch.amax(x)), "copy": _time_us(lambda: x.clone())}
+        for tile_bytes in (1024, 2048, 4096):
+            for tiles in (8, 16, 32):
+                for warps in (4, 8):
+                    fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS = tile_bytes, tiles, warps
+                    us = _time_us(lambda: fs.summarize_fused(x, slot))
+                    row = {"dtype": str(dtype), "tile_bytes": tile_bytes, "tiles": tiles, "warps": warps, "us": us,
+                           "gb_s": nbytes / us / 1e3, "vs_amax": us / ref["amax"], **{f"{k}_us": v for k, v in ref.items()}}
+                    out.append(row)
+                    print(f"tune {row}", flush=True)
+    fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS = saved
+    return out
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 19's targets, checked on these rows."""
+    by = {(r["tokens"], r["kind"], r["mode"]): r for r in rows}
+    out = []
+
+    def add(what: str, value: float | None, limit: float, unit: str) -> None:
+        if value is not None:
+            out.append({"target": what, "value": value, "limit": limit, "unit": unit, "met": value <= limit})
+
+    for (tokens, kind, mode), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        pp = r.get("per_point")
+        if kind == "graph" and mode == "summary":
+            add(f"{tokens} tokens, CUDA graph: summary added per point", r["added_us_per_point"], 15, "us")
+        if kind == "eager" and mode == "summary" and pp:
+            add(f"{tokens} tokens, eager: summary kernel launches per point", pp["kernels"], 2, "launches")
+        if kind == "eager" and mode == "full" and pp and tokens < 1024:
+            add(f"{tokens} tokens, eager: full capture device copies per point", pp["copies"], 1, "copies")
+        if kind == "eager" and mode == "summary" and tokens >= 1024 and (tokens, kind, "read") in by:
+            read = by[(tokens, kind, "read")]["added_us_per_point"]
+            add(f"{tokens} tokens, eager: summary added / one read (amax) added", r["added_us_per_point"] / read,
+                1.2, "x")
+    return out
+
+
 def render(result: dict[str, Any]) -> str:
     env = result["env"]
     lines = [
         f"GPU: {env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}); Python {env['python']}",
         f"Command: `{env['command']}`",
         "",
-        "| tokens | run | variant | step (ms, median) | ratio to none | drained (ms) | drained ratio | added per point (us) |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| tokens | run | variant | step (ms, median) | ratio to none | drained (ms) | drained ratio | added per point (us) "
+        "| kernels / point | device copies / point | D2H copies / point |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
+        pp = r.get("per_point")
+        counts = " | ".join(f"{pp[k]:.2f}" for k in ("kernels", "copies", "dtoh")) if pp else "| |"
         lines.append(
             f"| {r['tokens']} | {r['kind']} | {r['mode']} | {r['stream_ms']:.3f} | {r['ratio']:.3f} | "
-            f"{r['drained_ms']:.3f} | {r['drained_ratio']:.3f} | {r['added_us_per_point']:.1f} |"
+            f"{r['drained_ms']:.3f} | {r['drained_ratio']:.3f} | {r['added_us_per_point']:.1f} | {counts} |"
         )
+    if result.get("targets"):
+        lines += ["", "| target | value | limit | met |", "| --- | ---: | ---: | --- |"]
+        for t in result["targets"]:
+            lines.append(f"| {t['target']} | {t['value']:.2f} {t['unit']} | {t['limit']} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

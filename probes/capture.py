@@ -26,7 +26,7 @@ from .bundle import BundleWriter, check_tensor_name
 from .config import ProbeConfig
 from .cudagraph import DEFAULT_GRAPH, GraphCaptureError, GraphSlot, GraphSlots
 from .summary import CHECKSUM_BITS, CHECKSUM_PERIOD, SUMMARY_FIELDS, SUMMARY_NBYTES, summarize
-from .transfer import Transfer, Write
+from .transfer import Transfer, Write, host_view
 
 __all__ = [
     "DISABLED",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 _STAT_KEYS = (
-    "captured", "captured_bytes", "dropped_captures", "dropped_bytes", "filtered",
+    "captured", "captured_bytes", "dropped_captures", "dropped_bytes", "filtered", "sampled_out",
     "graph_stale_reads", "graph_missed_replays", "graph_unread_replays",
 )  # fmt: skip
 
@@ -74,9 +74,11 @@ class ProbeSession:
         self.writer: Any = None
         self._transfer: Transfer | None = None
         self._graphs = GraphSlots(cfg.max_graph_slots)
+        self._batch_step: Any = None  # the step whose captures are staged (copied together)
         if self.enabled:
             self.writer = writer if writer is not None else BundleWriter(
-                cfg.bundle, run_name=cfg.run_name, labels=dict(cfg.labels), part=cfg.part  # type: ignore[arg-type]
+                cfg.bundle, run_name=cfg.run_name, labels=dict(cfg.labels), part=cfg.part,  # type: ignore[arg-type]
+                manifest={"probe": cfg.sampling()},
             )
             self._transfer = Transfer(self.writer, drain=cfg.drain)
 
@@ -125,9 +127,14 @@ class ProbeSession:
         merged = {**self._coords, **coords} if self._coords else coords
         t = tensor.detach()
         in_graph = t.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not in_graph and not (cfg.wants_step(merged.get("step")) and cfg.wants_request(merged.get("request"))):
-            self.stats["filtered"] += 1
-            return
+        if not in_graph:
+            step, request = merged.get("step"), merged.get("request")
+            if not (cfg.wants_step(step) and cfg.wants_request(request)):
+                self.stats["filtered"] += 1
+                return
+            if not cfg.sampled(step, request):
+                self.stats["sampled_out"] += 1
+                return
         windowed = self._window(name, t, merged)
         if windowed is None:
             self.stats["filtered"] += 1
@@ -155,18 +162,35 @@ class ProbeSession:
         if t.is_cuda:
             if cfg.graph_slots and t.device not in self._graphs.arenas:
                 self._graphs.prepare(t.device)
+            step = merged.get("step")
+            if step != self._batch_step:  # a new step: copy out what the last one staged
+                transfer.submit()
+                self._batch_step = step
+
+            def make(host: torch.Tensor) -> Write:
+                return Write(stored, host, shard, merged)
+
             with torch.no_grad():
-                if self._summary:
-                    src = summarize(t, chunk=cfg.summary_chunk)
-                else:
-                    src = t.clone(memory_format=torch.contiguous_format) if cfg.snapshot else t
-            transfer.to_host([src], lambda hosts: [Write(stored, hosts[0], shard, merged)])
+                if self._summary:  # two kernels writing a row of this step's summaries
+                    summarize(t, out=transfer.summary_slot(t.device), chunk=cfg.summary_chunk)
+                    transfer.stage_summary(t.device, make)
+                elif cfg.snapshot:  # one copy on the serving stream; to the host with the step's batch
+                    transfer.stage(t.clone(memory_format=torch.contiguous_format), make)
+                else:  # the live tensor: queued now, behind the work queued so far
+                    transfer.to_host([t], lambda hosts: [make(hosts[0])])
         else:
             with torch.no_grad():
                 host = summarize(t, chunk=cfg.summary_chunk) if self._summary else t.to("cpu", copy=True)
             transfer.host([Write(stored, host.contiguous(), shard, merged)])
         self.stats["captured"] += 1
         self.stats["captured_bytes"] += nbytes
+
+    def end_step(self) -> None:
+        """Queue the copies of what this step captured now (non-blocking). Optional: a new ``step``
+        coordinate, ``after_replay``, ``flush`` and ``close`` do it too."""
+        if self.enabled and not self.closed and self._transfer is not None:
+            self._transfer.submit()
+            self._transfer.poll()
 
     def _window(
         self, name: str, t: torch.Tensor, coords: dict[str, Any]
@@ -244,37 +268,67 @@ class ProbeSession:
         if step is not None:
             merged["step"] = step
         cfg = self.config
-        passes = cfg.wants_step(merged.get("step")) and cfg.wants_request(merged.get("request"))
+        step_, request = merged.get("step"), merged.get("request")
+        passes = cfg.wants_step(step_) and cfg.wants_request(request)
+        sampled = passes and cfg.sampled(step_, request)
+        if not sampled:  # nothing to copy: the counters say later how many replays were left out
+            for _arena, _lo, _hi, slots in groups:
+                for s in slots:
+                    s.skipped += 1
+                self.stats["filtered" if not passes else "sampled_out"] += len(slots)
+            return
+        if transfer.staged:
+            transfer.submit()
         for arena, lo, hi, slots in groups:
-            srcs = [arena.gen[lo:hi].clone()]
-            has_summary = any(s.buf is None for s in slots)
-            if has_summary:
-                srcs.append(arena.summary[lo:hi].clone())
-            wanted: set[int] = set()
+            wanted: list[GraphSlot] = []
             for s in slots:
-                if not passes:
-                    self.stats["filtered"] += 1
-                elif self._admit(s.nbytes):
-                    wanted.add(id(s))
+                if self._admit(s.nbytes):
+                    wanted.append(s)
                     self.stats["captured"] += 1
                     self.stats["captured_bytes"] += s.nbytes
-                    if s.buf is not None:
-                        srcs.append(s.buf.clone())
-            transfer.to_host(srcs, self._reader(str(graph), lo, slots, wanted, has_summary, merged))
+            skipped = [s.skipped for s in slots]
+            for s in slots:
+                s.skipped = 0
+            has_summary = any(s.buf is None for s in slots)
+            # one gather kernel: the wanted full slots (16-byte padded), the counters, the summary rows
+            pieces = [s.buf for s in wanted if s.buf is not None]
+            pieces.append(arena.gen[lo:hi].view(torch.uint8))
+            if has_summary:
+                pieces.append(arena.summary[lo:hi].reshape(-1).view(torch.uint8))
+            gathered = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
+            reader = self._reader(str(graph), lo, hi, slots, wanted, skipped, has_summary, merged)
+            transfer.to_host([gathered], reader)
 
     def _reader(
-        self, graph: str, lo: int, slots: list[GraphSlot], wanted: set[int], has_summary: bool, dyn: dict[str, Any]
+        self,
+        graph: str,
+        lo: int,
+        hi: int,
+        slots: list[GraphSlot],
+        wanted: list[GraphSlot],
+        skipped: list[int],
+        has_summary: bool,
+        dyn: dict[str, Any],
     ) -> Any:
         def on_ready(hosts: list[torch.Tensor]) -> list[Write]:
-            gens = hosts[0].tolist()
-            summaries = hosts[1] if has_summary else None
-            full = iter(hosts[2 if has_summary else 1 :])
+            buf = hosts[0]
+            data: dict[int, torch.Tensor] = {}
+            offset = 0
+            for s in wanted:
+                if s.buf is not None:
+                    data[id(s)] = host_view(buf, s.shape, s.dtype, offset)
+                    offset += s.buf.numel()
+            gens = host_view(buf, (hi - lo,), torch.int64, offset).tolist()
+            offset += 8 * (hi - lo)
+            if has_summary:
+                rows = host_view(buf, (hi - lo, len(SUMMARY_FIELDS)), torch.float64, offset)
+                for s in wanted:
+                    if s.buf is None:
+                        data[id(s)] = rows[s.index - lo]
             writes = []
-            for s in slots:
-                fresh, missed = GraphSlots.observe(s, gens[s.index - lo])
-                data = None
-                if id(s) in wanted:
-                    data = next(full) if s.buf is not None else summaries[s.index - lo]  # type: ignore[index]
+            for s, skips in zip(slots, skipped, strict=True):
+                fresh, missed = GraphSlots.observe(s, gens[s.index - lo], skips)
+                got = data.get(id(s))
                 if missed:
                     self.stats["graph_missed_replays"] += missed
                     self._warn("missed", f"graph {graph!r}, {s.name}: {missed} replay(s) were never read out "
@@ -283,12 +337,12 @@ class ProbeSession:
                     self.stats["graph_stale_reads"] += 1
                     self._warn("stale", f"graph {graph!r}, {s.name}: read without a replay since the last read "
                                "(stale data, not written)")
-                    if data is not None:
+                    if got is not None:
                         self.stats["captured"] -= 1
                         self.stats["captured_bytes"] -= s.nbytes
                     continue
-                if data is not None:
-                    writes.append(Write(s.name, data, s.shard, {**s.coords, **dyn}))
+                if got is not None:
+                    writes.append(Write(s.name, got, s.shard, {**s.coords, **dyn}))
             return writes
 
         return on_ready
@@ -322,6 +376,7 @@ class ProbeSession:
         return {
             "config": self.config.to_dict(),
             "summary_fields": list(SUMMARY_FIELDS),
+            "sampling": self.config.sampling(),
             "checksum": f"sum_i word_i*((i mod {CHECKSUM_PERIOD})+1) mod 2**{CHECKSUM_BITS}, "
             "int16 words (int8 for 1-byte dtypes), row-major little-endian",
             **self.stats,

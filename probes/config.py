@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -172,6 +173,8 @@ class ProbeConfig:
     graph_slots: bool = False  # allow capture points inside CUDA graph capture
     max_graph_slots: int = 1024  # per device
     summary_chunk: int = 1 << 24  # elements per reduction chunk (bounds summary temporaries, ~9 B each)
+    step_every: int = 1  # sampling: only steps with step % step_every == 0
+    request_every: int = 1  # sampling: only requests with crc32(id) % request_every == 0
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -182,6 +185,8 @@ class ProbeConfig:
             raise ProbeConfigError("budget_bytes must be >= 0 or None")
         if self.max_graph_slots < 1 or self.summary_chunk < 1:
             raise ProbeConfigError("max_graph_slots and summary_chunk must be >= 1")
+        if self.step_every < 1 or self.request_every < 1:
+            raise ProbeConfigError("step_every and request_every must be >= 1")
         if self.tokens is not None and not 0 <= self.tokens[0] < self.tokens[1]:
             raise ProbeConfigError(f"token window {self.tokens!r} must satisfy 0 <= start < end")
 
@@ -205,6 +210,26 @@ class ProbeConfig:
     def wants_request(self, request: Any) -> bool:
         return self.requests is None or (request is not None and str(request) in self.requests)
 
+    def sampled(self, step: int | None, request: Any) -> bool:
+        """Sampling for always-on use: every ``step_every``-th step (``step % step_every == 0``) and the
+        requests whose id hashes to 0 modulo ``request_every`` (``zlib.crc32`` of the UTF-8 id: the same
+        requests on every rank and in every run). A missing coordinate does not match while its rate is > 1."""
+        if self.step_every > 1 and (step is None or int(step) % self.step_every):
+            return False
+        if self.request_every > 1:
+            return request is not None and zlib.crc32(str(request).encode()) % self.request_every == 0
+        return True
+
+    def sampling(self) -> dict[str, Any]:
+        """What a session with this config records: the bundle manifest's ``run.probe`` and each part's
+        ``extra["probe"]["sampling"]`` (see docs/bundle-format.md)."""
+        d = self.to_dict()
+        keys = ("mode", "names", "steps", "step_every", "requests", "request_every", "tokens", "token_dim")
+        out = {k: d[k] for k in keys}
+        out["request_rule"] = "zlib.crc32(request id as UTF-8) % request_every == 0"
+        out["step_rule"] = "step % step_every == 0"
+        return out
+
     # -- construction from plain data -------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProbeConfig:
@@ -223,7 +248,7 @@ class ProbeConfig:
                 kw[key] = str(value).strip().lower()
             elif key in ("enabled", "snapshot", "graph_slots"):
                 kw[key] = _parse_bool(value, key)
-            elif key in ("token_dim", "max_graph_slots", "summary_chunk"):
+            elif key in ("token_dim", "max_graph_slots", "summary_chunk", "step_every", "request_every"):
                 kw[key] = _parse_int(value, key)
             elif key == "labels":
                 kw[key] = _parse_labels(value)

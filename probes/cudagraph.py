@@ -5,15 +5,18 @@ the Python code that launched them does not. A capture point reached while a gra
 therefore cannot copy anything out at that moment (nothing has run yet) and will not run again at replay.
 
 With graph slots enabled, such a capture point instead records kernels into the graph that write into a
-*static slot* preallocated for it: a copy of the tensor (full mode; a buffer allocated from the graph's
-memory pool) or its 5-value summary (a row of this device's summary arena). Each slot also has a
-*generation counter* in this device's counter arena, incremented by a kernel inside the graph, so every
-replay bumps it. ``ProbeSession.after_replay(step=...)``, called on the replay stream after each replay,
-snapshots the slots and counters (device copies, then the usual async copy to the host) and records them
-with that step. When the counters arrive on the host each one is compared with the last value seen:
+*static slot* preallocated for it: a copy of the tensor (full mode; one copy kernel into a buffer
+allocated from the graph's memory pool) or its 5-value summary (the fused summary's two kernels writing a
+row of this device's summary arena). Each slot also has a *generation counter* in this device's counter
+arena, incremented inside the graph (by the summary's finishing kernel; in full mode by one more tiny
+kernel), so every replay bumps it. ``ProbeSession.after_replay(step=...)``, called on the replay stream
+after each replay, gathers the graph's slots and counters with one ``torch.cat`` kernel per device, copies
+that to the host asynchronously and records it with that step. When the counters arrive on the host each
+one is compared with the last value seen:
 
 - advanced by 1: fresh data, written to the bundle;
-- advanced by k > 1: k - 1 replays were never read out (``after_replay`` was not called): reported;
+- advanced by k > 1: k - 1 replays were never read out (``after_replay`` was not called, or was called
+  for steps that sampling or the step/request filters left out, which are not reported): reported;
 - unchanged: the graph did not replay since the last read; the data is stale and is not written: reported;
 - at ``close()`` the counters are read once more: replays after the last read are reported as unread.
 
@@ -62,15 +65,21 @@ class GraphSlot:
     mode: str
     device: torch.device
     index: int  # row in this device's arenas
-    buf: torch.Tensor | None = None  # full mode: the copy target inside the graph
+    buf: torch.Tensor | None = None  # full mode: the copy target inside the graph (uint8, padded to 16 bytes)
+    shape: tuple[int, ...] = ()  # full mode: the captured tensor's shape and dtype
+    dtype: torch.dtype = torch.uint8
     seen: int = 0  # generation counter value at the last read
     reads: int = field(default=0)
+    skipped: int = 0  # after_replay calls left out (filters, sampling) since the last read was queued
 
     @property
     def nbytes(self) -> int:
         if self.buf is None:
             return _summary.SUMMARY_NBYTES
-        return self.buf.numel() * self.buf.element_size()
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
 
 
 class _Arena:
@@ -139,13 +148,15 @@ class GraphSlots:
         index = arena.used
         arena.used += 1
         buf = None
-        if mode == "summary":
-            _summary.summarize(src, out=arena.summary[index], chunk=chunk)
+        counter = arena.gen[index : index + 1]
+        if mode == "summary":  # the summary's last kernel also bumps the counter
+            _summary.summarize(src, out=arena.summary[index], chunk=chunk, counter=counter)
         else:
-            buf = torch.empty(src.shape, dtype=src.dtype, device=dev)
-            buf.copy_(src)
-        arena.gen[index : index + 1].add_(1)
-        slot = GraphSlot(key, stored, dict(coords), shard, mode, dev, index, buf)
+            nbytes = src.numel() * src.element_size()
+            buf = torch.empty(-(-nbytes // 16) * 16, dtype=torch.uint8, device=dev)  # 16-byte pieces for one cat
+            buf[:nbytes].view(src.dtype).view(src.shape).copy_(src)
+            counter.add_(1)
+        slot = GraphSlot(key, stored, dict(coords), shard, mode, dev, index, buf, tuple(src.shape), src.dtype)
         slots.append(slot)
         return slot
 
@@ -162,14 +173,15 @@ class GraphSlots:
         return out
 
     @staticmethod
-    def observe(slot: GraphSlot, generation: int) -> tuple[bool, int]:
-        """Record a counter value read for ``slot``: (fresh, missed replays)."""
+    def observe(slot: GraphSlot, generation: int, skipped: int = 0) -> tuple[bool, int]:
+        """Record a counter value read for ``slot``, ``skipped`` after_replay calls having been left out
+        (filtered or sampled out) since the previous read: (fresh, missed replays)."""
         delta = generation - slot.seen
         slot.seen = generation
         slot.reads += 1
         if delta <= 0:
             return False, 0
-        return True, delta - 1
+        return True, max(delta - 1 - skipped, 0)
 
     def unread(self) -> list[tuple[GraphSlot, int]]:
         """Slots whose counters moved past the last read (blocking device read; call after a flush)."""
@@ -177,7 +189,7 @@ class GraphSlots:
         every = [s for slots in self.slots.values() for s in slots] + self.retired
         gens = {dev: a.gen[: a.used].cpu().tolist() for dev, a in self.arenas.items() if a.used}
         for s in every:
-            extra = gens[s.device][s.index] - s.seen
+            extra = gens[s.device][s.index] - s.seen - s.skipped
             if extra > 0:
                 out.append((s, extra))
         return out

@@ -6,16 +6,18 @@ Imported only where Triton is installed (``probes.summary`` imports it lazily an
 otherwise). Floating-point tensors (bf16, f16, f32, f64, float8 e4m3fn/e5m2) only; :mod:`probes.summary`
 routes every other dtype to the torch path.
 
-``_pass_kernel``: each program reads ``TILES`` tiles of ``BLOCK`` elements once and keeps per-lane sums:
-x and x² in float32 (float64 for float64 input), the largest finite |x|, the NaN and non-finite counts and
-the checksum's weighted 16-bit (8-bit) words in int64. If the program's largest finite |x| lies outside
-[2**-40, 2**60] (squares that float32 would lose), it reads its tiles again and sums in float64. It
-writes one row of partials: sum x², sum x, max |x| (float64), NaN count, non-finite count, checksum
-(int64, bit-cast into the float64 row).
+``_pass_kernel``: each program reads ``TILES`` tiles of ``BLOCK`` elements once (the next tile's load is
+issued before the current tile's arithmetic) and keeps per-lane sums: x² and x in float32 (float64 for
+float64 input), the largest |x|, and the checksum's weighted words in wrapping int32 (exact modulo 2**32).
+No per-element NaN/Inf test: a NaN or inf makes the program's sum of squares non-finite. Such a program,
+or one whose largest |x| lies outside [2**-40, 2**60] (squares that float32 would lose), reads its tiles
+again in float64, counting NaN and non-finite elements (rare, and only that program). Each program
+writes one row of partials: sum x², sum x, max finite |x| (float64), NaN count, non-finite count,
+checksum (int64; the counts and checksum bit-cast into the float64 row).
 
 ``_finish_kernel`` (one program) adds the rows in a fixed order, so the result is the same bits on every
 call, writes the five float64 values into ``out`` (a slot) and, if given, adds 1 to a generation counter
-(CUDA graph slots). Integer sums wrap modulo 2**64, which keeps them exact modulo 2**48.
+(CUDA graph slots).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import triton.language as tl
 
 __all__ = ["FUSED_DTYPES", "summarize_fused", "warm_up"]
 
-PERIOD = tl.constexpr(65521)
 _LO, _HI = tl.constexpr(2.0**-40), tl.constexpr(2.0**60)
-TILES = 8
+# BLOCK = TILE_BYTES // element size (1024 bf16, 512 f32: 8 elements per thread at 4 warps, about 90
+# registers); WPE * BLOCK must stay a power of two <= 2**16. Chosen on an H200 (benchmarks/capture_overhead.md);
+# the results do not depend on them beyond float32 rounding inside a program.
+TILE_BYTES = 2048
+TILES = 16
 NUM_WARPS = 4
-TILE_BYTES = 4096  # BLOCK = TILE_BYTES // element size: 2048 bf16, 1024 f32
 # dtype -> (words per element, float8 kind: 0 none, 1 e4m3fn, 2 e5m2)
 FUSED_DTYPES: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (1, 0),
@@ -86,53 +90,62 @@ def _pass_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     start = pid.to(tl.int64) * (BLOCK * TILES)
+    base = x_ptr + start
     lane = tl.arange(0, BLOCK)
     left = tl.minimum(n - start, BLOCK * TILES).to(tl.int32)
     v_sq = tl.zeros([BLOCK], dtype=ACC)
     v_sum = tl.zeros([BLOCK], dtype=ACC)
     v_max = tl.zeros([BLOCK], dtype=ACC)
-    v_nan = tl.zeros([BLOCK], dtype=tl.int32)
-    v_bad = tl.zeros([BLOCK], dtype=tl.int32)
-    v_ck = tl.zeros([BLOCK], dtype=tl.int64)
+    v_ck = tl.zeros([BLOCK], dtype=tl.int32)
+    x_next = tl.load(base + lane, mask=lane < left, other=0.0)
     for t in tl.range(TILES):
-        offs = t * BLOCK + lane
-        inb = offs < left
-        x = tl.load(x_ptr + start + offs, mask=inb, other=0.0)
-        v, nan, bad = _decode(x, F8, ACC)
-        v_sq += v * v
+        x = x_next
+        if t + 1 < TILES:  # the next tile's load goes out before this tile's arithmetic
+            offs = (t + 1) * BLOCK + lane
+            x_next = tl.load(base + offs, mask=offs < left, other=0.0)
+        if F8 != 0:  # the bits say what is NaN, whatever the decoder does
+            v, _nan, _bad = _decode(x, F8, ACC)
+        else:
+            v = x.to(ACC)
+        v_sq += v * v  # NaN or inf here makes the program's sum non-finite: counted below
         v_sum += v
-        v_max = tl.maximum(v_max, tl.where(bad, 0.0, tl.abs(v)))
-        v_nan += nan.to(tl.int32)
-        v_bad += bad.to(tl.int32)
-        # checksum: word k (k = WPE * element + j) weighted by (k mod PERIOD) + 1; one subtraction keeps
-        # the residue in range because WPE * BLOCK < PERIOD
-        r0 = ((start + t * BLOCK) * WPE % PERIOD).to(tl.int32)
+        v_max = tl.maximum(v_max, tl.abs(v))
+        # checksum: word k of the tensor weighs (k mod 2**16) + 1; the tile's first word is a multiple of
+        # WPE * BLOCK (a power of two <= 2**16), so the weights of its words are w0 + WPE * lane + j
+        w0 = (((start + t * BLOCK) * WPE) & 0xFFFF).to(tl.int32) + 1
         for j in tl.static_range(WPE):
-            r = r0 + lane * WPE + j
-            r = tl.where(r >= PERIOD, r - PERIOD, r)
-            v_ck += (_words(x, WPE, j, F8) * (r + 1)).to(tl.int64)  # |word * weight| < 2**31; padding is 0
-    top = tl.max(v_max).to(tl.float64)
+            v_ck += _words(x, WPE, j, F8) * (w0 + lane * WPE + j)  # int32, wrapping: exact mod 2**32
     sq = tl.sum(v_sq.to(tl.float64))
     total = tl.sum(v_sum.to(tl.float64))
+    top = tl.max(v_max).to(tl.float64)
+    nans = tl.cast(0, tl.int64)
+    bads = tl.cast(0, tl.int64)
+    # squares all finite and inside float32's comfortable range: no NaN/inf in the program, sums exact
+    # enough. Else (rare) read the program again in float64, counting NaN and inf
+    dirty = (sq != sq) | (sq == float("inf"))
     if not WIDE:
-        if (top > 0) & ((top < _LO) | (top > _HI)):  # float32 squares would underflow or overflow: float64
-            w_sq = tl.zeros([BLOCK], dtype=tl.float64)
-            w_sum = tl.zeros([BLOCK], dtype=tl.float64)
-            for t in tl.range(TILES):
-                offs = t * BLOCK + lane
-                x = tl.load(x_ptr + start + offs, mask=offs < left, other=0.0)
-                v = _decode(x, F8, tl.float32)[0].to(tl.float64)
-                w_sq += v * v
-                w_sum += v
-            sq = tl.sum(w_sq)
-            total = tl.sum(w_sum)
+        dirty = dirty | ((top != 0) & ((top < _LO) | (top > _HI)))
+    if dirty:  # rare: tile by tile, reduced at once (few registers)
+        sq = tl.cast(0.0, tl.float64)
+        total = tl.cast(0.0, tl.float64)
+        top = tl.cast(0.0, tl.float64)
+        for t2 in tl.range(TILES):
+            offs2 = t2 * BLOCK + lane
+            x2 = tl.load(base + offs2, mask=offs2 < left, other=0.0)
+            v2, nan, bad = _decode(x2, F8, ACC)
+            v64 = v2.to(tl.float64)
+            sq += tl.sum(v64 * v64)
+            total += tl.sum(v64)
+            top = tl.maximum(top, tl.max(tl.where(bad, 0.0, tl.abs(v64))))
+            nans += tl.sum(nan.to(tl.int32)).to(tl.int64)
+            bads += tl.sum(bad.to(tl.int32)).to(tl.int64)
     row = part_ptr + pid.to(tl.int64) * 6
     tl.store(row + 0, sq)
     tl.store(row + 1, total)
     tl.store(row + 2, top)
-    tl.store(row + 3, tl.sum(v_nan).to(tl.int64).to(tl.float64, bitcast=True))
-    tl.store(row + 4, tl.sum(v_bad).to(tl.int64).to(tl.float64, bitcast=True))
-    tl.store(row + 5, tl.sum(v_ck).to(tl.float64, bitcast=True))
+    tl.store(row + 3, nans.to(tl.float64, bitcast=True))
+    tl.store(row + 4, bads.to(tl.float64, bitcast=True))
+    tl.store(row + 5, tl.sum(v_ck.to(tl.int64)).to(tl.float64, bitcast=True))
 
 
 @triton.jit(do_not_specialize=["rows", "n", "out_ptr", "gen_ptr"])
@@ -159,7 +172,7 @@ def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, C
     tl.store(out_ptr + 1, tl.where(nans > 0, float("nan"), tl.where(bads > 0, float("inf"), tl.max(top))))
     tl.store(out_ptr + 2, tl.sum(total) / n.to(tl.float64))
     tl.store(out_ptr + 3, bads.to(tl.float64))
-    tl.store(out_ptr + 4, (tl.sum(ck) & 0xFFFFFFFFFFFF).to(tl.float64))
+    tl.store(out_ptr + 4, (tl.sum(ck) & 0xFFFFFFFF).to(tl.float64))
     if HAS_GEN:
         tl.store(gen_ptr, tl.load(gen_ptr) + 1)
 
@@ -176,10 +189,11 @@ def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | 
         wide = x.dtype == torch.float64
         _pass_kernel[(programs,)](
             x, n, part, BLOCK=block, TILES=TILES, WPE=wpe, F8=f8, ACC=tl.float64 if wide else tl.float32, WIDE=wide,
-            num_warps=NUM_WARPS,
+            num_warps=NUM_WARPS, enable_fp_fusion=True,
         )  # fmt: skip
     gen = counter if counter is not None else out
-    _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4)
+    _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,
+                         enable_fp_fusion=True)
 
 
 def warm_up(device: torch.device) -> None:

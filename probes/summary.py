@@ -7,7 +7,7 @@
     [1] absmax     largest absolute value
     [2] mean       arithmetic mean of all elements
     [3] nonfinite  number of NaN and +-inf elements
-    [4] checksum   position-weighted sum of the raw bit patterns, mod 2**48 (see below)
+    [4] checksum   position-weighted sum of the raw bit patterns, mod 2**32 (see below)
 
 norm, absmax and mean follow IEEE arithmetic over every element: one NaN makes all three NaN, an inf
 makes norm and absmax inf; ``nonfinite`` says how many there were (for float8 the bit patterns decide).
@@ -16,16 +16,19 @@ Complex tensors are summarised as their real view (``torch.view_as_real``). An e
 absmax, nonfinite and checksum exactly.
 
 Checksum. The tensor's bytes (row-major, little-endian, as stored in a bundle) are read as signed 16-bit
-words (signed 8-bit words for 1-byte dtypes); word ``i`` is weighted by ``(i mod 65521) + 1`` and the
-weighted words are summed in int64, reduced mod 2**48 (exact in the float64 result)::
+words (signed 8-bit words for 1-byte dtypes); word ``i`` is weighted by ``(i mod 2**16) + 1`` and the
+weighted words are summed modulo 2**32 (a value in [0, 2**32), exact in the float64 result)::
 
-    checksum = sum_i word_i * ((i mod 65521) + 1)  mod 2**48
+    checksum = sum_i word_i * ((i mod 65536) + 1)  mod 2**32
+
+(Until issue 19 it was ``sum_i word_i * ((i mod 65521) + 1) mod 2**48``: the fused kernel's form costs one
+integer multiply-add per word in wrapping 32-bit arithmetic, and a power-of-two period needs no division.)
 
 Integer addition is associative, so the value does not depend on the reduction order, chunking or device:
 identical bytes give identical checksums everywhere. The position weights make it sensitive to swapped
 elements or rows (a plain sum of bit patterns is not). Any change of one element changes it; it is a
-checksum, not a cryptographic hash. The torch path's partial sums stay below 2**58; the fused path's
-int64 sums may wrap modulo 2**64, which leaves them exact modulo 2**48.
+checksum, not a cryptographic hash. The torch path sums exactly in int64 (partial sums stay below 2**58)
+and reduces at the end; the fused path's 32-bit sums wrap, which leaves them exact modulo 2**32.
 
 Two implementations give these values:
 
@@ -66,8 +69,8 @@ __all__ = [
 
 SUMMARY_FIELDS = ("norm", "absmax", "mean", "nonfinite", "checksum")
 SUMMARY_NBYTES = 8 * len(SUMMARY_FIELDS)
-CHECKSUM_BITS = 48
-CHECKSUM_PERIOD = 65521  # largest prime below 2**16
+CHECKSUM_BITS = 32
+CHECKSUM_PERIOD = 1 << 16
 _CHECKSUM_MASK = (1 << CHECKSUM_BITS) - 1
 _NATIVE = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -93,7 +96,7 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _weights(device: torch.device) -> torch.Tensor:
-    """int64 ``[1, 2, ..., 65521]`` on ``device``; cached, except while a CUDA graph is being captured
+    """int64 ``[1, 2, ..., 65536]`` on ``device``; cached, except while a CUDA graph is being captured
     (a tensor made during capture only gets its values when the graph replays)."""
     w = _weights_cache.get(device)
     if w is None:

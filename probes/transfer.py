@@ -5,26 +5,39 @@ work already queued on the serving (current) stream, then copies into pinned hos
 an event. ``record_stream`` tells the caching allocator that the source is in use on the side stream, so
 its memory is not reused before the copy ends. Nothing here synchronises the serving stream with the host.
 
+Captures of one step are *staged* and copied together (:meth:`Transfer.submit`): a device's summaries are
+rows of one float64 buffer (one copy for all of them), its full-capture snapshots are copied one after the
+other behind a single wait and a single event. The session submits when the step changes, when a batch
+holds ``batch_rows`` summaries or ``batch_bytes`` of snapshots, and at ``after_replay``, ``end_step``,
+``flush`` and ``close``.
+
+Pinned host buffers come from a small pool (:class:`PinnedPool`) and go back to it once the bundle writer
+has copied them, so a steady stream of same-sized captures allocates no pinned memory after the first
+steps; the pool keeps at most ``keep_bytes`` of free buffers.
+
 Completed copies are found by :meth:`Transfer.poll` (non-blocking event queries, called on the serving
 thread at each capture) or waited for by :meth:`Transfer.flush`. Their bundle writes (a host copy, a
 sha256, safetensors files) then run either on a background writer thread (``drain="thread"``) or inline.
 The writer thread makes no CUDA call at all, not even freeing a pinned buffer: a CUDA call from another
 thread during CUDA graph capture (global capture mode) breaks the capture. Buffers it is done with go back
-to the serving thread, which drops them at its next poll.
+to the serving thread, which returns them to the pool at its next poll. The bundle writer must copy what
+it is given (``BundleWriter.add`` does), since the buffer is reused afterwards.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Transfer", "Write"]
+__all__ = ["PinnedPool", "Transfer", "Write"]
+
+SUMMARY_WIDTH = 5  # float64 values per summary row (probes.summary.SUMMARY_FIELDS)
 
 
 @dataclass
@@ -43,6 +56,74 @@ class _Pending:
     hosts: list[torch.Tensor]
     on_ready: Callable[[list[torch.Tensor]], list[Write]]
     nbytes: int
+    bufs: list[torch.Tensor] = field(default_factory=list)  # pinned pool buffers behind ``hosts``
+
+
+@dataclass
+class _Batch:
+    """One device's staged captures: summary rows of one buffer, and full-capture snapshots."""
+
+    rows: torch.Tensor | None = None  # [batch_rows, 5] float64
+    used: int = 0
+    row_writes: list[Callable[[torch.Tensor], Write]] = field(default_factory=list)
+    full: list[torch.Tensor] = field(default_factory=list)
+    full_writes: list[Callable[[torch.Tensor], Write]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+def _bucket(nbytes: int) -> int:
+    """Pool size class: ``nbytes`` rounded up to 4 classes per power of two (at least 512 bytes)."""
+    if nbytes <= 512:
+        return 512
+    step = 1 << max(nbytes.bit_length() - 3, 0)
+    return -(-nbytes // step) * step
+
+
+class PinnedPool:
+    """Pinned host buffers (uint8) by size class, reused; at most ``keep_bytes`` of free ones are kept
+    (the least recently used size classes are dropped first). Used from the serving thread only."""
+
+    def __init__(self, keep_bytes: int = 256 << 20) -> None:
+        self.keep_bytes = keep_bytes
+        self.free: OrderedDict[int, list[torch.Tensor]] = OrderedDict()
+        self.free_bytes = 0
+        self.allocated = 0  # buffers made (not reused)
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        size = _bucket(nbytes)
+        bufs = self.free.get(size)
+        if bufs:
+            self.free.move_to_end(size)
+            self.free_bytes -= size
+            buf = bufs.pop()
+            if not bufs:
+                del self.free[size]
+            return buf
+        self.allocated += 1
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def put(self, buf: torch.Tensor) -> None:
+        size = buf.numel()
+        if size > self.keep_bytes:
+            return
+        self.free.setdefault(size, []).append(buf)
+        self.free.move_to_end(size)
+        self.free_bytes += size
+        while self.free_bytes > self.keep_bytes:
+            old, bufs = next(iter(self.free.items()))
+            bufs.pop()
+            self.free_bytes -= old
+            if not bufs:
+                del self.free[old]
+
+
+def host_view(buf: torch.Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+    """``buf[offset:]`` (a uint8 host buffer) seen as a tensor of ``shape`` and ``dtype``."""
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    return buf[offset : offset + nbytes].view(dtype).view(shape)
 
 
 _STOP = object()
@@ -51,11 +132,23 @@ _STOP = object()
 class Transfer:
     """Device-to-host copies (side stream, pinned buffers) and the drain into a bundle writer."""
 
-    def __init__(self, writer: Any, *, drain: str = "thread") -> None:
+    def __init__(
+        self,
+        writer: Any,
+        *,
+        drain: str = "thread",
+        batch_rows: int = 256,
+        batch_bytes: int = 64 << 20,
+        keep_bytes: int = 256 << 20,
+    ) -> None:
         self.writer = writer
         self.drain = drain
+        self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
+        self.pool = PinnedPool(keep_bytes)
+        self._batches: dict[torch.device, _Batch] = {}
         self._pending: deque[_Pending] = deque()
-        self._done: deque[Any] = deque()  # items the writer thread finished with (freed here)
+        self._done: deque[list[torch.Tensor]] = deque()  # pool buffers the writer thread is done with
         self._side: dict[torch.device, Any] = {}
         self._lock = threading.Lock()
         self.inflight_bytes = 0
@@ -87,7 +180,8 @@ class Transfer:
         dev = srcs[0].device
         cur = torch.cuda.current_stream(dev)
         side = self.side_stream(dev)
-        hosts = [torch.empty(s.shape, dtype=s.dtype, pin_memory=True) for s in srcs]
+        bufs = [self.pool.get(s.numel() * s.element_size()) for s in srcs]
+        hosts = [host_view(b, s.shape, s.dtype) for b, s in zip(bufs, srcs, strict=True)]
         side.wait_stream(cur)
         with torch.cuda.stream(side):
             for h, s in zip(hosts, srcs, strict=True):
@@ -97,12 +191,71 @@ class Transfer:
         for s in srcs:
             s.record_stream(side)
         nbytes = sum(h.numel() * h.element_size() for h in hosts)
-        self._pending.append(_Pending(event, hosts, on_ready, nbytes))
+        self._pending.append(_Pending(event, hosts, on_ready, nbytes, bufs))
         self.inflight_bytes += nbytes
         self.max_inflight_bytes = max(self.max_inflight_bytes, self.inflight_bytes)
 
+    # -- staging: one copy per device per step ----------------------------------------------------
+    def summary_slot(self, device: torch.device) -> torch.Tensor:
+        """The next free summary row (float64 [5]) of ``device``'s batch: write a summary into it, then
+        call :meth:`stage_summary`."""
+        b = self._batches.get(device)
+        if b is None:
+            b = self._batches[device] = _Batch()
+        if b.rows is None:
+            b.rows = torch.empty(self.batch_rows, SUMMARY_WIDTH, dtype=torch.float64, device=device)
+        return b.rows[b.used]
+
+    def stage_summary(self, device: torch.device, make: Callable[[torch.Tensor], Write]) -> None:
+        """The row from :meth:`summary_slot` is written; ``make(host_row)`` gives its write."""
+        b = self._batches[device]
+        b.used += 1
+        b.row_writes.append(make)
+        if b.used >= self.batch_rows:
+            self._submit(device, b)
+
+    def stage(self, src: torch.Tensor, make: Callable[[torch.Tensor], Write]) -> None:
+        """A device tensor nothing else will write (a snapshot), copied at the next :meth:`submit`."""
+        b = self._batches.get(src.device)
+        if b is None:
+            b = self._batches[src.device] = _Batch()
+        b.full.append(src)
+        b.full_writes.append(make)
+        b.nbytes += src.numel() * src.element_size()
+        if b.nbytes >= self.batch_bytes:
+            self._submit(src.device, b)
+
+    @property
+    def staged(self) -> bool:
+        return any(b.used or b.full for b in self._batches.values())
+
+    def submit(self) -> None:
+        """Queue the copies of everything staged (non-blocking)."""
+        for dev, b in self._batches.items():
+            if b.used or b.full:
+                self._submit(dev, b)
+
+    def _submit(self, device: torch.device, b: _Batch) -> None:
+        srcs = list(b.full)
+        if b.used:
+            assert b.rows is not None
+            srcs.append(b.rows[: b.used])
+        full_writes, row_writes = b.full_writes, b.row_writes
+
+        def on_ready(hosts: list[torch.Tensor]) -> list[Write]:
+            writes = [make(h) for make, h in zip(full_writes, hosts, strict=False)]
+            if row_writes:
+                rows = hosts[-1]
+                writes += [make(rows[i]) for i, make in enumerate(row_writes)]
+            return writes
+
+        self._batches[device] = _Batch()  # a fresh rows buffer: the old one is read by the side stream
+        self.to_host(srcs, on_ready)
+
     def host(self, writes: list[Write]) -> None:
         """Writes whose tensors are already private host copies (CPU captures), in submission order."""
+        if self.staged:
+            self.submit()
         if self._pending:  # keep bundle order = capture order
             self._pending.append(_Pending(None, [], lambda _h: writes, 0))
         else:
@@ -111,8 +264,7 @@ class Transfer:
     # -- draining -------------------------------------------------------------------------------
     def poll(self) -> None:
         """Hand every completed copy to the writer; never blocks. Not during CUDA graph capture."""
-        while self._done:
-            self._done.popleft()
+        self._recycle()
         pending = self._pending
         while pending:
             p = pending[0]
@@ -123,6 +275,7 @@ class Transfer:
 
     def flush(self) -> None:
         """Wait for every queued copy and write: afterwards the writer holds everything captured so far."""
+        self.submit()
         while self._pending:
             p = self._pending.popleft()
             if p.event is not None:
@@ -130,8 +283,7 @@ class Transfer:
             self._complete(p)
         if self._queue is not None:
             self._queue.join()
-        while self._done:
-            self._done.popleft()
+        self._recycle()
         self.writer.flush()
 
     def close(self) -> None:
@@ -147,14 +299,21 @@ class Transfer:
 
     def _complete(self, p: _Pending) -> None:
         self.inflight_bytes -= p.nbytes
-        self._emit(p.on_ready(p.hosts))
+        self._emit(p.on_ready(p.hosts), p.bufs)
 
-    def _emit(self, writes: list[Write]) -> None:
+    def _emit(self, writes: list[Write], bufs: list[torch.Tensor] | None = None) -> None:
+        if self._queue is not None:
+            self._queue.put((writes, bufs or []))
+            return
         for w in writes:
-            if self._queue is not None:
-                self._queue.put(w)
-            else:
-                self._write(w)
+            self._write(w)
+        for b in bufs or []:
+            self.pool.put(b)
+
+    def _recycle(self) -> None:
+        while self._done:
+            for b in self._done.popleft():
+                self.pool.put(b)
 
     def _write(self, w: Write) -> None:
         try:
@@ -175,8 +334,12 @@ class Transfer:
             try:
                 if item is _STOP:
                     return
-                self._write(item)
-                self._done.append(item)  # the serving thread drops it (a pinned free is a CUDA call)
-                del item
+                writes, bufs = item
+                item = None
+                for w in writes:
+                    self._write(w)
+                w = writes = None
+                self._done.append(bufs)  # back to the pool on the serving thread: no CUDA call here
+                bufs = None
             finally:
                 self._queue.task_done()

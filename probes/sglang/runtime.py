@@ -250,7 +250,7 @@ class Plugin:
             if self.cfg.role:
                 labels.setdefault("role", self.cfg.role)
             writer = BundleWriter(cfg.bundle, run_name=cfg.run_name, labels=labels,  # type: ignore[arg-type]
-                                  part=cfg.part, manifest={"sglang": self.manifest()})
+                                  part=cfg.part, manifest={"sglang": self.manifest(), "probe": cfg.sampling()})
             s = _Session(cfg, writer=writer)
             s.plugin = self
             self.session = s

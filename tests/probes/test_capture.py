@@ -23,7 +23,7 @@ from probes.capture import (
 )
 from probes.config import ProbeConfig, ProbeConfigError, glob_match, parse_bytes
 from probes.shards import ShardSpec
-from probes.summary import CHECKSUM_PERIOD, SUMMARY_FIELDS, describe, summarize
+from probes.summary import CHECKSUM_BITS, CHECKSUM_PERIOD, SUMMARY_FIELDS, describe, summarize
 
 
 def read_part(root: Path, part: str = "part0") -> tuple[dict[str, Any], list[tuple[dict[str, Any], torch.Tensor]]]:
@@ -59,7 +59,7 @@ def np_checksum(t: torch.Tensor) -> int:
         flat = flat.view(torch.uint8)
     words = flat.view(torch.int8 if flat.element_size() == 1 else torch.int16).numpy().astype(np.int64)
     weights = np.arange(words.size, dtype=np.int64) % CHECKSUM_PERIOD + 1
-    return sum(int(x) for x in np.add.reduceat(words * weights, np.arange(0, words.size, 1 << 20))) % (1 << 48)
+    return sum(int(x) for x in np.add.reduceat(words * weights, np.arange(0, words.size, 1 << 20))) % (1 << CHECKSUM_BITS)
 
 
 def np_summary(t: torch.Tensor) -> list[float]:
@@ -124,7 +124,7 @@ def test_summary_non_finite_and_empty() -> None:
 
 @pytest.mark.parametrize("chunk", [1 << 24, CHECKSUM_PERIOD, 2 * CHECKSUM_PERIOD + 5, 1000])
 def test_checksum_chunking_matches_numpy(chunk: int) -> None:
-    # several checksum chunks (whole 65521-word periods) plus a ragged tail
+    # several checksum chunks (whole 65536-word periods) plus a ragged tail
     t = torch.randint(-128, 127, (CHECKSUM_PERIOD * 5 + 12345,), dtype=torch.int8, generator=torch.Generator())
     assert summarize(t, chunk=chunk)[4].item() == np_checksum(t)
 
@@ -323,3 +323,43 @@ def test_glob_match() -> None:
     assert glob_match("layers.*.mlp", "layers.3.mlp") and not glob_match("layers.*.mlp", "layers.3.mlp.up")
     assert glob_match("**.mlp.output", "model.layers.3.mlp.output") and glob_match("ctx.?", "ctx.a")
     assert not glob_match("ctx.?", "ctx.ab") and glob_match("x[0]", "x[0]")
+
+
+# -- sampling for always-on use -----------------------------------------------------------------------
+def test_sampling_every_nth_step_and_hashed_requests(tmp_path: Path) -> None:
+    import zlib
+
+    s = session(tmp_path, step_every=4, request_every=3, mode="summary")
+    x = torch.ones(3)
+    requests = [f"req-{i}" for i in range(30)]
+    for step in range(10):
+        for r in requests[:3]:
+            s.capture("x", x, step=step, request=r)
+    for r in requests:
+        s.capture("y", x, step=0, request=r)
+    s.capture("z", x, request=requests[0])  # no step while steps are sampled: left out
+    s.close()
+    meta, items = read_part(tmp_path / "b")
+    chosen = {r for r in requests if zlib.crc32(r.encode()) % 3 == 0}
+    assert 0 < len(chosen) < len(requests)
+    got = {(rec["name"], rec["coords"]["step"], rec["coords"]["request"]) for rec, _ in items}
+    want = {("x.summary", st, r) for st in (0, 4, 8) for r in requests[:3] if r in chosen}
+    want |= {("y.summary", 0, r) for r in chosen}
+    assert got == want
+    p = meta["extra"]["probe"]
+    assert p["sampled_out"] == 30 + 30 + 1 - len(want) and p["filtered"] == 0
+    assert p["sampling"]["step_every"] == 4 and p["sampling"]["request_every"] == 3
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["run"]["probe"] == p["sampling"]
+    assert manifest["run"]["probe"]["mode"] == "summary" and "crc32" in manifest["run"]["probe"]["request_rule"]
+
+
+def test_sampling_config() -> None:
+    c = ProbeConfig.from_env(environ={"VALIDATOR_PROBE_STEP_EVERY": "100", "VALIDATOR_PROBE_REQUEST_EVERY": "8"})
+    assert (c.step_every, c.request_every) == (100, 8)
+    assert c.sampled(200, None) is False and ProbeConfig(step_every=100).sampled(200, None)
+    assert not ProbeConfig(step_every=100).sampled(201, "a") and not ProbeConfig(step_every=2).sampled(None, "a")
+    for bad in ({"step_every": 0}, {"request_every": "-1"}):
+        with pytest.raises(ProbeConfigError):
+            ProbeConfig.from_dict(bad)
+    json.dumps(c.sampling())

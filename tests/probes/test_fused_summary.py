@@ -46,7 +46,7 @@ def cases() -> dict[str, torch.Tensor]:
         base = torch.randn(257, 96, generator=g) * 3 + 0.5
         out[f"plain-{_name(dt)}"] = base.to(dt)
         out[f"nonfinite-{_name(dt)}"] = _with_nonfinite(base.to(dt))
-        # several programs and more than one checksum period (65521 words)
+        # several programs and more than one checksum period (65536 words)
         out[f"long-{_name(dt)}"] = (torch.randn(70_001, generator=g) * 2).to(dt)
         out[f"transposed-{_name(dt)}"] = base.to(dt).t()
         out[f"strided-{_name(dt)}"] = base.to(dt)[1::3, ::2]

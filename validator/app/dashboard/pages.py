@@ -253,7 +253,8 @@ def comparison_page(
 def _logical(svc: Service, run_name: str, pair: dict[str, Any]) -> LogicalTensor | None:
     view = svc.stored_view(svc.get_run(run_name))
     key = (pair["name"], Coords.from_dict(pair["coords"]).identity())
-    return group_logical(view.tensors).get(key)
+    shards = [r for r in view.tensors if r.name == key[0] and r.coords.identity() == key[1]]  # not the whole run
+    return group_logical(shards).get(key)
 
 
 def _profile(svc: Service, names: tuple[str, str], pair: dict[str, Any]) -> dict[str, Any] | str:

@@ -39,7 +39,7 @@ class Large:
 
 @pytest.fixture(scope="session")
 def large_store(tmp_path_factory: pytest.TempPathFactory) -> Large:
-    """A stored comparison of 5,000 pairs (tests/validator/app/dashboard/large.py; about two minutes to build)."""
+    """A stored comparison of 5,000 pairs (tests/validator/app/dashboard/large.py; about a minute to build)."""
     root = tmp_path_factory.mktemp("dashboard-large")
     names = large.build_store(root / "home", root / "bundles")
     return Large(root / "home", names, large.compare(root / "home", names))

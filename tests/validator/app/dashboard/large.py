@@ -8,8 +8,8 @@
   pairs (13 layers x 4 steps x 4 capture points) fail.
 
 Tensors are tiny (4 x 16 float32): the page's cost is in the number of pairs, not their size. Building
-takes about two minutes on a 2-core box, nearly all of it the comparison (10,000 measured pairs with the
-floor pair's).
+takes about a minute on a 2-core box, most of it the comparison (10,000 measured pairs with the floor
+pair's).
 
     python -m tests.validator.app.dashboard.large HOME     # build a store at HOME (benchmarks/dashboard_bench.py)
 """

@@ -6,6 +6,7 @@ Run A is the reference (``rel_l2 = ||b - a|| / ||a||``). Tensors pair by name an
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,7 @@ class PairResult:
         return self.metrics.rel_l2 / self.floor_rel_l2
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (non-finite floats as the strings "inf", "-inf", "nan", as in ``TensorMetrics``)."""
         m = self.metrics.to_dict() if self.metrics else None
         d = self.decision
         return {
@@ -72,15 +74,15 @@ class PairResult:
             "rel_l2": m["rel_l2"] if m else None,
             "cosine": m["cosine"] if m else None,
             "max_abs": m["max_abs"] if m else None,
-            "threshold": self.decision.threshold if self.decision else None,
-            "floor_rel_l2": self.floor_rel_l2,
-            "floor_ratio": self.floor_ratio,
-            "limit_ratio": self.ratio,
+            "threshold": _safe(self.decision.threshold) if self.decision else None,
+            "floor_rel_l2": _safe(self.floor_rel_l2),
+            "floor_ratio": _safe(self.floor_ratio),
+            "limit_ratio": _safe(self.ratio),
             "floor_kind": d.floor_kind if d else None,
             "judged": d.judged if d else None,
-            "value": d.value if d else None,
-            "interval": list(d.interval) if d and d.interval else None,
-            "limit": d.limit if d else None,
+            "value": _safe(d.value) if d else None,
+            "interval": [_safe(x) for x in d.interval] if d and d.interval else None,
+            "limit": _safe(d.limit) if d else None,
             "borderline": d.borderline if d else False,
             "reasons": list(d.reasons) if d else [],
             "notes": list(self.notes) + (list(d.notes) if d else []),
@@ -88,6 +90,12 @@ class PairResult:
             "shape_b": list(self.shape_b),
             "metrics": m,
         }
+
+
+def _safe(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
 
 
 @dataclass
@@ -207,11 +215,18 @@ def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor, bool]]) -> Iter
     the run; safetensors inputs are memory-mapped and read lazily.
     """
     workers = _pair_workers(len(pairs))
-    if workers <= 1:
-        yield from (_measure(*p) for p in pairs)
+    if workers <= 1 or max(_elements(la) for la, _, _ in pairs) <= SMALL_PAIR:
+        yield from (_measure(*p) for p in pairs)  # small pairs: a hand-off to a thread costs more than the pair
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
         yield from ex.map(lambda p: _measure(*p), pairs)
+
+
+SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling thread, one after another
+
+
+def _elements(t: LogicalTensor) -> int:
+    return math.prod(t.shape())
 
 
 def _pair_workers(n: int) -> int:

@@ -53,15 +53,19 @@ def _num(v: Any) -> Any:
 
 
 def comparison_doc(c: Comparison) -> dict[str, Any]:
-    doc: dict[str, Any] = _num(c.to_dict())
-    for sec in doc.values():
+    """The JSON report of a comparison (the pairs' dicts are JSON-safe already; the rest is made so)."""
+    full = c.to_dict()
+    keys = list(full)
+    pairs = full.pop("pairs")
+    rest: dict[str, Any] = _num(full)
+    for sec in rest.values():
         if isinstance(sec, dict):
             sec.pop("table", None)
-    return doc
+    return {k: pairs if k == "pairs" else rest[k] for k in keys}
 
 
 def comparison_json(c: Comparison) -> str:
-    return json.dumps(comparison_doc(c), indent=1, default=str, allow_nan=False)
+    return json.dumps(comparison_doc(c), default=str, allow_nan=False)
 
 
 

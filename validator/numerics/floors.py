@@ -20,6 +20,7 @@ the same on every run.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,26 +145,44 @@ def bootstrap_interval(
     """Percentile-bootstrap interval of ``rel_l2`` (no floor) or of ``rel_l2 / floor_rel_l2``.
 
     Blocks are resampled with replacement; when the floor covers the same rows (same row count and
-    blocks) both are resampled with the same indices, otherwise independently. A resample whose value is
+    blocks) both are resampled with the same draws, otherwise independently. A resample whose value is
     undefined (every drawn reference block zero) counts as infinite: it can widen an interval, never hide
     a failure. Nearest-rank percentiles, so no value is interpolated between finite and infinite ones."""
-    rng = np.random.default_rng(_SEED)
     n = len(cand.d2)
     if n == 0:
         return (0.0, 0.0)
-    idx = rng.integers(0, n, size=(resamples, n))
     if floor is None:
-        values = _ratio(cand.d2[idx].sum(axis=1), cand.a2[idx].sum(axis=1), np.ones(resamples), np.ones(resamples))
+        draws, _ = _draws(n, None, resamples)
+        values = _ratio(draws @ cand.d2, draws @ cand.a2, np.ones(resamples), np.ones(resamples))
     else:
         m = len(floor.d2)
         paired = m == n and floor.rows == cand.rows
-        fidx = idx if paired else rng.integers(0, max(m, 1), size=(resamples, max(m, 1)))
-        fd2 = floor.d2[fidx].sum(axis=1) if m else np.zeros(resamples)
-        fa2 = floor.a2[fidx].sum(axis=1) if m else np.zeros(resamples)
-        values = _ratio(cand.d2[idx].sum(axis=1), cand.a2[idx].sum(axis=1), fd2, fa2)
+        draws, other = _draws(n, None if paired else max(m, 1), resamples)
+        fdraws = draws if other is None else other
+        fd2 = fdraws @ floor.d2 if m else np.zeros(resamples)
+        fa2 = fdraws @ floor.a2 if m else np.zeros(resamples)
+        values = _ratio(draws @ cand.d2, draws @ cand.a2, fd2, fa2)
     tail = (1.0 - level) / 2.0
-    lo, hi = np.quantile(values, [tail, 1.0 - tail], method="inverted_cdf")
+    # nearest rank: the value of rank ceil(q * resamples) (1-based), q = tail and 1 - tail
+    ranks = [max(1, math.ceil(round(q * resamples, 9))) - 1 for q in (tail, 1.0 - tail)]
+    lo, hi = np.partition(values, ranks)[ranks]
     return float(lo), float(hi)
+
+
+@functools.lru_cache(maxsize=128)
+def _draws(n: int, m: int | None, resamples: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """How often each resample draws each of ``n`` blocks (``[resamples, n]``), and of ``m`` floor blocks
+    drawn independently (``None``: the floor is paired). Seeded: the same draws on every call."""
+    rng = np.random.default_rng(_SEED)
+
+    def counts(k: int) -> np.ndarray:
+        idx = rng.integers(0, k, size=(resamples, k)) + k * np.arange(resamples)[:, None]
+        out = np.bincount(idx.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
+        out.flags.writeable = False
+        return out
+
+    first = counts(n)
+    return first, (None if m is None else counts(m))
 
 
 def _ratio(d2: np.ndarray, a2: np.ndarray, fd2: np.ndarray, fa2: np.ndarray) -> np.ndarray:

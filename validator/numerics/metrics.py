@@ -52,7 +52,7 @@ class TensorMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: non-finite floats become the strings "inf", "-inf" and "nan"."""
-        return {f.name: _json_safe(getattr(self, f.name)) for f in fields(self)}
+        return {name: _json_safe(getattr(self, name)) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorMetrics:
@@ -62,6 +62,9 @@ class TensorMetrics:
             value = data[f.name]
             kwargs[f.name] = float(value) if isinstance(value, str) and f.type == "float" else value
         return cls(**kwargs)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TensorMetrics))
 
 
 def _json_safe(value: object) -> object:

@@ -57,14 +57,10 @@ class Totals:
 def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
     """(block, lo, hi) of each block of ``edges`` (element offsets, 0 first, numel last) that meets
     elements ``start .. stop``, lo and hi relative to ``start``."""
-    out = []
-    j = max(0, bisect.bisect_right(edges, start) - 1)
-    while j + 1 < len(edges) and edges[j] < stop:
-        lo, hi = max(edges[j], start), min(edges[j + 1], stop)
-        if hi > lo:
-            out.append((j, lo - start, hi - start))
-        j += 1
-    return out
+    first = max(0, bisect.bisect_right(edges, start) - 1)
+    last = min(len(edges) - 1, bisect.bisect_left(edges, stop))
+    spans = [(j, max(edges[j], start) - start, min(edges[j + 1], stop) - start) for j in range(first, last)]
+    return [s for s in spans if s[2] > s[1]]
 
 
 def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None:

@@ -25,6 +25,7 @@ reference (``backends.backend_for``).
 # mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -44,7 +45,6 @@ from validator.numerics.backends.common import (
     Totals,
     p99_from_keys,
     pieces_of,
-    ulp_spec,
 )
 from validator.numerics.backends.reference import chunk_pairs
 
@@ -53,6 +53,7 @@ GROUP = 32  # blocks per prange iteration
 LANES = 32  # float32 accumulators per sum within a block
 PARTS = 16  # fixed slices of a refining pass, each with its own histogram
 REFINE_BINS = 1 << 12
+SMALL = 1 << 18  # elements: smaller pieces run on one thread
 # BLOCK, GROUP, LANES, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
 # fix the float32 summation order, nothing else in a result depends on them
 F32, BF16, LUT16, LUT8, F64 = 0, 1, 2, 3, 4  # how a side is widened
@@ -75,6 +76,21 @@ _LOCK = threading.Lock()
 def threads() -> int:
     """The threads one comparison runs on (numba's)."""
     return int(numba.get_num_threads())
+
+
+@contextlib.contextmanager
+def _threads_for(n: int) -> Iterator[None]:
+    """Pairs of at most SMALL elements run on the calling thread alone: waking numba's other threads
+    costs more than the pass, and on a loaded machine far more. Results do not depend on it."""
+    if n > SMALL:
+        yield
+        return
+    saved = numba.get_num_threads()
+    numba.set_num_threads(1)  # this thread's setting only
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
 
 
 @functools.cache
@@ -333,6 +349,21 @@ def _refine(ra, rb, n, spec, lo, shift, out):
 # ---------------------------------------------------------------- the pass over a pair
 
 
+@functools.lru_cache(maxsize=64)
+def _setup(dtype_a: torch.dtype, dtype_b: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """How each side is widened, and the ULP bits (zeros: no ULP metrics)."""
+    kinds = np.array([_KINDS[dtype_a], _KINDS[dtype_b]], np.int64)
+    same = dtype_a == dtype_b and dtype_a in _ULP_BITS
+    return kinds, np.array(_ULP_BITS[dtype_a] if same else (0, 0, 0, 0), np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _tolerances(atol: float, rtol: float) -> np.ndarray:
+    """atol, rtol, the float32 band around them (common.EPS, TINY), and whether the band is used."""
+    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    return np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
+
+
 def _bytes(t: torch.Tensor) -> np.ndarray:
     """The bytes of ``t`` (flattened; copied only where it is not one dense run)."""
     flat = t.reshape(-1)
@@ -341,13 +372,15 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
-def _rows(edges: Sequence[int], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+@functools.lru_cache(maxsize=256)
+def _rows(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(starts, owner): rows of at most BLOCK elements of piece ``start .. start + n``, none across an
     edge (row i: elements starts[i] .. starts[i+1] of the piece), and the edge block each row is in."""
-    found = pieces_of(edges, start, start + n)
-    rows = [np.arange(lo, hi, BLOCK, dtype=np.int64) for _, lo, hi in found]
-    owner = np.repeat([j for j, _, _ in found], [len(r) for r in rows])
-    return np.concatenate([*rows, [n]]), owner
+    owner, lo, hi = np.array(pieces_of(edges, start, start + n), np.int64).reshape(-1, 3).T
+    count = -(-(hi - lo) // BLOCK)  # rows of each block
+    before = np.cumsum(count) - count
+    starts = np.repeat(lo - BLOCK * before, count) + BLOCK * np.arange(count.sum())
+    return np.append(starts, n), np.repeat(owner, count)
 
 
 def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -363,12 +396,10 @@ def compare_cpu(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``)."""
-    edges = edges or (0, a.numel())
-    kinds = np.array([_KINDS[a.dtype], _KINDS[b.dtype]], np.int64)
+    edges = tuple(edges) or (0, a.numel())
+    kinds, spec = _setup(a.dtype, b.dtype)
     ta, tb = _table(a.dtype), _table(b.dtype)
-    spec = np.array(_ULP_BITS[a.dtype] if ulp_spec(a, b) else (0, 0, 0, 0), np.int64)
-    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
-    tol = np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
+    tol = _tolerances(atol, rtol)
     sums, counts, max_abs, max_ulp = np.zeros(5), np.zeros(5, np.int64), 0.0, 0
     keys = np.zeros(NUM_KEYS, np.int64)
     block_d2, block_a2 = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
@@ -378,12 +409,12 @@ def compare_cpu(
         n = ra.size // a.element_size()
         if n == 0:
             continue
-        starts, owner = _rows(edges, offset, n)
+        starts, owner = _rows(edges, offset, n)  # the same for every pair of one shape: cached
         offset += n
         blocks = len(starts) - 1
         part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
         group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
-        with _LOCK, numba.parallel_chunksize(1):  # groups handed out one at a time: a busy core holds up no one
+        with _LOCK, _threads_for(n), numba.parallel_chunksize(1):  # groups handed out one at a time
             max_abs = max(max_abs, float(_pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, group_keys)))
         sums += part_f[:, :5].sum(0)  # in float64, in an order fixed by the number of blocks
         counts += part_i[:, :5].sum(0)

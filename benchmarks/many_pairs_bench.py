@@ -1,0 +1,87 @@
+"""Per-pair overhead of a comparison: two stored runs of 4,464 small tensors each (93 layers x 3 capture
+points x 16 steps, bf16 16 x 1024, 146 MB per run) against two stored runs of one tensor of the same total
+bytes, compared in one process the way ``validator compare RUN-A RUN-B --json`` does it (resolve the stored
+runs, measure every pair, judge, encode the JSON report).
+
+    python benchmarks/many_pairs_bench.py --home /tmp/many-pairs --reps 3
+
+The runs are written and ingested into the embedded store at ``--home`` once (not timed). Prints each
+time, the medians and (many - one) / 4,464: the overhead per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from probes import BundleWriter
+from validator.judging.report import comparison_json
+from validator.service import Service
+from validator.settings import Settings
+
+LAYERS, POINTS, STEPS = 93, ("attn.out", "mlp.out", "hidden"), 16
+ROWS, COLS = 16, 1024
+PAIRS = LAYERS * len(POINTS) * STEPS
+
+
+def write(path: Path, name: str, *, many: bool, seed: int) -> Path:
+    base, noise = torch.Generator().manual_seed(0), torch.Generator().manual_seed(seed)
+    with BundleWriter(path, run_name=name, part="rank0") as w:
+        if not many:
+            t = torch.randn(PAIRS * ROWS, COLS, generator=base)
+            w.add("all", (t * (1 + 1e-3 * torch.randn(t.shape, generator=noise))).to(torch.bfloat16))
+            return path
+        for step in range(STEPS):
+            for layer in range(LAYERS):
+                for point in POINTS:
+                    t = torch.randn(ROWS, COLS, generator=base)
+                    t = t * (1 + 1e-3 * torch.randn(t.shape, generator=noise))
+                    w.add(point, t.to(torch.bfloat16), step=step, layer=layer)
+    return path
+
+
+def ensure_runs(home: Path) -> Service:
+    svc = Service(Settings(home=home))
+    have = {r.name for r in svc.list_runs(limit=100)}
+    for many in (True, False):
+        for side, seed in (("a", 1), ("b", 2)):
+            name = f"{'many' if many else 'one'}-{side}"
+            if name not in have:
+                svc.ingest(write(home.parent / f"{home.name}-bundles" / name, name, many=many, seed=seed), name=name)
+    return svc
+
+
+def timed(svc: Service, a: str, b: str) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    c = svc.compare(a, b, allow_paths=False)
+    comparison_json(c)
+    return time.perf_counter() - t0, len(c.pairs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", type=Path, required=True, help="the embedded store the four runs are ingested into (once)")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    svc = ensure_runs(args.home)
+    times: dict[str, list[float]] = {"many": [], "one": []}
+    try:
+        timed(svc, "one-a", "one-b")  # warm: imports, the engine's first call
+        for _ in range(args.reps):
+            for kind in ("many", "one"):
+                sec, pairs = timed(svc, f"{kind}-a", f"{kind}-b")
+                times[kind].append(sec)
+                print(f"{kind}: {pairs} pair(s) in {sec:.2f} s", flush=True)
+    finally:
+        svc.close()
+    many, one = statistics.median(times["many"]), statistics.median(times["one"])
+    print(f"many ({PAIRS} pairs): median {many:.2f} s; one pair of the same bytes: median {one:.2f} s")
+    print(f"overhead per pair: {(many - one) / PAIRS * 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -118,7 +118,10 @@ def make_session(mode: str, graph: bool = False) -> Any:
         return DISABLED
     if mode == "read":
         return ReadOnce()
-    cfg = ProbeConfig(bundle="unused", mode=mode, budget_bytes=None, graph_slots=graph)
+    # "summary-unread": the graph's kernels run at every replay, after_replay samples every step out
+    every = 10**9 if mode.endswith("-unread") else 1
+    cfg = ProbeConfig(bundle="unused", mode=mode.removesuffix("-unread"), budget_bytes=None,  # type: ignore[arg-type]
+                      graph_slots=graph, step_every=every)
     return ProbeSession(cfg, writer=DiscardWriter())
 
 
@@ -213,7 +216,7 @@ def graph_case(model: Model, tokens: int, mode: str, iters: int, reps: int, coun
 
     def run(i: int) -> None:
         graph.replay()
-        s.after_replay(step=i)
+        s.after_replay(step=i + 1)  # sampled out in "-unread" variants
 
     out = time_loop(run, s, iters, reps, warm=max(3, iters), count=count)
     s.close()
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True, help="CUDA graph variant")
     ap.add_argument("--count", action=argparse.BooleanOptionalAction, default=True, help="count device work per point")
     ap.add_argument("--tune", action="store_true", help="also time the fused summary's tile settings on its own")
+    ap.add_argument("--check", action="store_true", help="compare the device summary with the float64 one first")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
@@ -243,16 +247,23 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
     }
     model = Model("cuda")
+    if args.check:
+        check()
+    isolated = [isolated_case(model, t) for t in (int(t) for t in args.tokens.split(",")) if t >= 1024]
+    for r in isolated:
+        print(f"isolated {r}", flush=True)
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         iters = args.prefill_iters if tokens >= 1024 else args.iters
         kinds = [("eager", eager_case)] + ([("graph", graph_case)] if args.graph and tokens < 1024 else [])
         for kind, case in kinds:
             base = None
-            for label in ("none", "disabled", "summary", "full", "read", "none-again"):
+            for label in ("none", "disabled", "summary", "summary-unread", "full", "read", "none-again"):
                 mode = label.removesuffix("-again")
                 if kind == "graph" and mode in ("disabled", "read"):
                     continue  # a disabled session adds no kernel: the graph is the uninstrumented one
+                if kind == "eager" and mode == "summary-unread":
+                    continue
                 r = case(model, tokens, mode, iters, args.reps, args.count)
                 base = r if label == "none" else base
                 assert base is not None
@@ -274,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"+{r['added_us_per_point']:8.1f} us/point  {pp}",
                     flush=True,
                 )
-    result = {"env": env, "points_per_step": POINTS, "rows": rows, "targets": targets(rows)}
+    result = {"env": env, "points_per_step": POINTS, "rows": rows, "isolated": isolated,
+              "targets": targets(rows, isolated)}
     if args.tune:
         result["tune"] = tune()
     if args.json:
@@ -301,32 +313,66 @@ def _time_us(fn: Callable[[], Any], iters: int = 20) -> float:
     return statistics.median(times)
 
 
+def check() -> None:
+    """The device summary (fused where Triton imports) against the float64 torch path on the CPU."""
+    from probes.summary import summarize
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for dtype in (torch.bfloat16, torch.float32):
+        t = (torch.randn(1000, 4099, device="cuda", generator=g) * 3).to(dtype)
+        t[7, 9] = float("nan") if dtype == torch.bfloat16 else t[7, 9]
+        got, want = summarize(t).cpu(), summarize(t.cpu(), backend="torch")
+        same = [(a == b) or (a != a and b != b) for a, b in zip(got.tolist(), want.tolist(), strict=True)]
+        close = torch.allclose(got, want, rtol=1e-5, equal_nan=True)
+        print(f"check {dtype}: device {got.tolist()} float64 {want.tolist()}", flush=True)
+        assert close and same[1] and same[3] and same[4], (dtype, got, want)
+
+
+def isolated_case(model: Model, tokens: int) -> dict[str, Any]:
+    """The 4 captured tensors of one step, on their own: the summary's kernels vs one read (amax) of each."""
+    from probes.summary import summarize
+
+    x = torch.randn(tokens, FEATURES, device="cuda").to(torch.bfloat16)
+    h = x @ model.w_fc.t()
+    n = torch.nn.functional.rms_norm(h, (HIDDEN,), model.g, 1e-6)
+    ts = [x, h, n, n @ model.w_kv.t()]
+    slot = torch.empty(5, dtype=torch.float64, device="cuda")
+    nbytes = sum(t.numel() * t.element_size() for t in ts)
+    summary = _time_us(lambda: [summarize(t, out=slot) for t in ts], iters=10)
+    read = _time_us(lambda: [torch.amax(t) for t in ts], iters=10)
+    copy = _time_us(lambda: [t.clone() for t in ts], iters=10)
+    return {"tokens": tokens, "bytes": nbytes, "summary_us": summary, "read_us": read, "copy_us": copy,
+            "summary_over_read": summary / read, "summary_gb_s": nbytes / summary / 1e3, "read_gb_s": nbytes / read / 1e3}
+
+
 def tune() -> list[dict[str, Any]]:
     """The fused summary alone on the 8192-token input x [8192, 43008] bf16 (and on fp32), per tile setting,
     against one read (torch.amax) and a device copy (read + write) of the same tensor."""
     from probes import fused_summary as fs
 
-    saved = (fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS)
+    saved = (fs.TILE_BYTES, fs.PROGRAMS_PER_SM, fs.NUM_WARPS)
     out = []
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(8192, FEATURES if dtype == torch.bfloat16 else FEATURES // 2, device="cuda").to(dtype)
         nbytes = x.numel() * x.element_size()
         slot = torch.empty(5, dtype=torch.float64, device="cuda")
         ref = {"amax": _time_us(lambda: torch.amax(x)), "copy": _time_us(lambda: x.clone())}
-        for tile_bytes in (1024, 2048, 4096):
-            for tiles in (8, 16, 32):
+        for tile_bytes in (2048, 4096):
+            for per_sm in (4, 6, 8):
                 for warps in (4, 8):
-                    fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS = tile_bytes, tiles, warps
+                    fs.TILE_BYTES, fs.PROGRAMS_PER_SM, fs.NUM_WARPS = tile_bytes, per_sm, warps
+                    fs._PROGRAMS.clear()
                     us = _time_us(lambda: fs.summarize_fused(x, slot))
-                    row = {"dtype": str(dtype), "tile_bytes": tile_bytes, "tiles": tiles, "warps": warps, "us": us,
+                    row = {"dtype": str(dtype), "tile_bytes": tile_bytes, "per_sm": per_sm, "warps": warps, "us": us,
                            "gb_s": nbytes / us / 1e3, "vs_amax": us / ref["amax"], **{f"{k}_us": v for k, v in ref.items()}}
                     out.append(row)
                     print(f"tune {row}", flush=True)
-    fs.TILE_BYTES, fs.TILES, fs.NUM_WARPS = saved
+    fs.TILE_BYTES, fs.PROGRAMS_PER_SM, fs.NUM_WARPS = saved
+    fs._PROGRAMS.clear()
     return out
 
 
-def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def targets(rows: list[dict[str, Any]], isolated: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 19's targets, checked on these rows."""
     by = {(r["tokens"], r["kind"], r["mode"]): r for r in rows}
     out = []
@@ -343,10 +389,12 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             add(f"{tokens} tokens, eager: summary kernel launches per point", pp["kernels"], 2, "launches")
         if kind == "eager" and mode == "full" and pp and tokens < 1024:
             add(f"{tokens} tokens, eager: full capture device copies per point", pp["copies"], 1, "copies")
-        if kind == "eager" and mode == "summary" and tokens >= 1024 and (tokens, kind, "read") in by:
-            read = by[(tokens, kind, "read")]["added_us_per_point"]
-            add(f"{tokens} tokens, eager: summary added / one read (amax) added", r["added_us_per_point"] / read,
-                1.2, "x")
+        if kind == "graph" and mode == "summary-unread":
+            add(f"{tokens} tokens, CUDA graph: summary kernels in the graph per point (after_replay sampled out)",
+                r["added_us_per_point"], 15, "us")
+    for r in isolated:
+        add(f"{r['tokens']} tokens: summary of the 4 captured tensors / one read of them (amax)",
+            r["summary_over_read"], 1.2, "x")
     return out
 
 
@@ -367,6 +415,12 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['tokens']} | {r['kind']} | {r['mode']} | {r['stream_ms']:.3f} | {r['ratio']:.3f} | "
             f"{r['drained_ms']:.3f} | {r['drained_ratio']:.3f} | {r['added_us_per_point']:.1f} | {counts} |"
         )
+    if result.get("isolated"):
+        lines += ["", "| tokens | captured bytes | summary (us) | one read, amax (us) | copy (us) | summary / read | summary GB/s |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in result["isolated"]:
+            lines.append(f"| {r['tokens']} | {r['bytes']:,} | {r['summary_us']:.1f} | {r['read_us']:.1f} | {r['copy_us']:.1f} | "
+                         f"{r['summary_over_read']:.2f} | {r['summary_gb_s']:.0f} |")
     if result.get("targets"):
         lines += ["", "| target | value | limit | met |", "| --- | ---: | ---: | --- |"]
         for t in result["targets"]:

@@ -98,6 +98,7 @@ class GraphSlots:
         self.slots: dict[str, list[GraphSlot]] = {}
         self.retired: list[GraphSlot] = []  # slots of graphs captured again under the same key
         self.current = DEFAULT_GRAPH
+        self._groups: dict[str, list[tuple[_Arena, int, int, list[GraphSlot]]]] = {}  # cache of groups()
 
     def prepare(self, device: torch.device | str | int | None = None) -> None:
         dev = _norm_device(device)
@@ -113,6 +114,7 @@ class GraphSlots:
         """Slots created inside belong to graph ``key``; earlier slots of that key are retired."""
         prev = self.current
         self.retired.extend(self.slots.pop(key, []))
+        self._groups.pop(key, None)
         self.current = key
         try:
             yield
@@ -158,10 +160,14 @@ class GraphSlots:
             counter.add_(1)
         slot = GraphSlot(key, stored, dict(coords), shard, mode, dev, index, buf, tuple(src.shape), src.dtype)
         slots.append(slot)
+        self._groups.pop(key, None)
         return slot
 
     def groups(self, key: str) -> list[tuple[_Arena, int, int, list[GraphSlot]]]:
         """Slots of graph ``key`` per device, with the arena row range ``[lo, hi)`` that covers them."""
+        cached = self._groups.get(key)
+        if cached is not None:
+            return cached
         by_dev: dict[torch.device, list[GraphSlot]] = {}
         for s in self.slots.get(key, ()):
             by_dev.setdefault(s.device, []).append(s)
@@ -170,6 +176,7 @@ class GraphSlots:
             lo = min(s.index for s in slots)
             hi = max(s.index for s in slots) + 1
             out.append((self.arenas[dev], lo, hi, slots))
+        self._groups[key] = out
         return out
 
     @staticmethod

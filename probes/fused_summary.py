@@ -30,11 +30,15 @@ __all__ = ["FUSED_DTYPES", "summarize_fused", "warm_up"]
 
 _LO, _HI = tl.constexpr(2.0**-40), tl.constexpr(2.0**60)
 # BLOCK = TILE_BYTES // element size (1024 bf16, 512 f32: 8 elements per thread at 4 warps, about 90
-# registers); WPE * BLOCK must stay a power of two <= 2**16. Chosen on an H200 (benchmarks/capture_overhead.md);
-# the results do not depend on them beyond float32 rounding inside a program.
+# registers); WPE * BLOCK must stay a power of two <= 2**16. A chunk is up to MAX_TILES tiles; at most
+# PROGRAMS_PER_SM programs per multiprocessor walk the chunks (grid stride), so the finishing kernel adds a
+# few hundred rows. Chosen on an H200 (benchmarks/capture_overhead.md); the results do not depend on
+# them beyond float32 rounding inside a chunk.
 TILE_BYTES = 2048
-TILES = 16
+MAX_TILES = 16
 NUM_WARPS = 4
+PROGRAMS_PER_SM = 6
+_PROGRAMS: dict[int | None, int] = {}
 # dtype -> (words per element, float8 kind: 0 none, 1 e4m3fn, 2 e5m2)
 FUSED_DTYPES: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (1, 0),
@@ -82,70 +86,92 @@ def _words(x, WPE: tl.constexpr, J: tl.constexpr, F8: tl.constexpr):
         return x.to(tl.int16, bitcast=True).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
+def _accumulate(x, v_sq, v_sum, v_max, v_ck, w0, lane, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr):
+    """Add one tile to the per-lane sums. ``w0``: the checksum weight of the tile's first word."""
+    if F8 != 0:  # the bits say what is NaN, whatever the decoder does
+        v, _nan, _bad = _decode(x, F8, ACC)
+    else:
+        v = x.to(ACC)
+    v_sq += v * v  # NaN or inf here makes the chunk's sum non-finite: counted then
+    v_sum += v
+    v_max = tl.maximum(v_max, tl.abs(v))
+    for j in tl.static_range(WPE):
+        v_ck += _words(x, WPE, j, F8) * (w0 + lane * WPE + j)  # int32, wrapping: exact mod 2**32
+    return v_sq, v_sum, v_max, v_ck
+
+
+@triton.jit(do_not_specialize=["n", "tiles", "nchunks"])
 def _pass_kernel(
-    x_ptr, n, part_ptr,
-    BLOCK: tl.constexpr, TILES: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr,
-    WIDE: tl.constexpr,
+    x_ptr, n, tiles, nchunks, part_ptr,
+    BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    start = pid.to(tl.int64) * (BLOCK * TILES)
-    base = x_ptr + start
     lane = tl.arange(0, BLOCK)
-    left = tl.minimum(n - start, BLOCK * TILES).to(tl.int32)
-    v_sq = tl.zeros([BLOCK], dtype=ACC)
-    v_sum = tl.zeros([BLOCK], dtype=ACC)
-    v_max = tl.zeros([BLOCK], dtype=ACC)
-    v_ck = tl.zeros([BLOCK], dtype=tl.int32)
-    x_next = tl.load(base + lane, mask=lane < left, other=0.0)
-    for t in tl.range(TILES):
-        x = x_next
-        if t + 1 < TILES:  # the next tile's load goes out before this tile's arithmetic
-            offs = (t + 1) * BLOCK + lane
-            x_next = tl.load(base + offs, mask=offs < left, other=0.0)
-        if F8 != 0:  # the bits say what is NaN, whatever the decoder does
-            v, _nan, _bad = _decode(x, F8, ACC)
-        else:
-            v = x.to(ACC)
-        v_sq += v * v  # NaN or inf here makes the program's sum non-finite: counted below
-        v_sum += v
-        v_max = tl.maximum(v_max, tl.abs(v))
-        # checksum: word k of the tensor weighs (k mod 2**16) + 1; the tile's first word is a multiple of
-        # WPE * BLOCK (a power of two <= 2**16), so the weights of its words are w0 + WPE * lane + j
-        w0 = (((start + t * BLOCK) * WPE) & 0xFFFF).to(tl.int32) + 1
-        for j in tl.static_range(WPE):
-            v_ck += _words(x, WPE, j, F8) * (w0 + lane * WPE + j)  # int32, wrapping: exact mod 2**32
-    sq = tl.sum(v_sq.to(tl.float64))
-    total = tl.sum(v_sum.to(tl.float64))
-    top = tl.max(v_max).to(tl.float64)
+    span = tiles * BLOCK
+    sq = tl.cast(0.0, tl.float64)
+    total = tl.cast(0.0, tl.float64)
+    top = tl.cast(0.0, tl.float64)
     nans = tl.cast(0, tl.int64)
     bads = tl.cast(0, tl.int64)
-    # squares all finite and inside float32's comfortable range: no NaN/inf in the program, sums exact
-    # enough. Else (rare) read the program again in float64, counting NaN and inf
-    dirty = (sq != sq) | (sq == float("inf"))
-    if not WIDE:
-        dirty = dirty | ((top != 0) & ((top < _LO) | (top > _HI)))
-    if dirty:  # rare: tile by tile, reduced at once (few registers)
-        sq = tl.cast(0.0, tl.float64)
-        total = tl.cast(0.0, tl.float64)
-        top = tl.cast(0.0, tl.float64)
-        for t2 in tl.range(TILES):
-            offs2 = t2 * BLOCK + lane
-            x2 = tl.load(base + offs2, mask=offs2 < left, other=0.0)
-            v2, nan, bad = _decode(x2, F8, ACC)
-            v64 = v2.to(tl.float64)
-            sq += tl.sum(v64 * v64)
-            total += tl.sum(v64)
-            top = tl.maximum(top, tl.max(tl.where(bad, 0.0, tl.abs(v64))))
-            nans += tl.sum(nan.to(tl.int32)).to(tl.int64)
-            bads += tl.sum(bad.to(tl.int32)).to(tl.int64)
+    ck = tl.cast(0, tl.int64)
+    for c in range(pid, nchunks, tl.num_programs(0)):  # chunk c: tiles [c * tiles, (c + 1) * tiles)
+        start = tl.cast(c, tl.int64) * span
+        base = x_ptr + start
+        left = tl.minimum(n - start, span).to(tl.int32)
+        v_sq = tl.zeros([BLOCK], dtype=ACC)
+        v_sum = tl.zeros([BLOCK], dtype=ACC)
+        v_max = tl.zeros([BLOCK], dtype=ACC)
+        v_ck = tl.zeros([BLOCK], dtype=tl.int32)
+        # checksum: word k of the tensor weighs (k mod 2**16) + 1; a tile's first word is a multiple of
+        # WPE * BLOCK (a power of two <= 2**16), so the weights of its words are w0 + WPE * lane + j
+        if left == span:  # a whole chunk: unmasked (vectorised) loads, the next tile's load issued early
+            x_next = tl.load(base + lane)
+            for t in tl.range(tiles):
+                x = x_next
+                if t + 1 < tiles:
+                    x_next = tl.load(base + (t + 1) * BLOCK + lane)
+                w0 = (((start + t * BLOCK) * WPE) & 0xFFFF).to(tl.int32) + 1
+                v_sq, v_sum, v_max, v_ck = _accumulate(x, v_sq, v_sum, v_max, v_ck, w0, lane, WPE, F8, ACC)
+        else:  # the tensor's last, partial chunk
+            for t in tl.range(tiles):
+                offs = t * BLOCK + lane
+                x = tl.load(base + offs, mask=offs < left, other=0.0)
+                w0 = (((start + t * BLOCK) * WPE) & 0xFFFF).to(tl.int32) + 1
+                v_sq, v_sum, v_max, v_ck = _accumulate(x, v_sq, v_sum, v_max, v_ck, w0, lane, WPE, F8, ACC)
+        q = tl.sum(v_sq.to(tl.float64))
+        s = tl.sum(v_sum.to(tl.float64))
+        m = tl.max(v_max).to(tl.float64)
+        # squares all finite and inside float32's comfortable range: no NaN/inf in the chunk, sums exact
+        # enough. Else (rare) read the chunk again in float64, tile by tile, counting NaN and inf
+        dirty = (q != q) | (q == float("inf"))
+        if not WIDE:
+            dirty = dirty | ((m != 0) & ((m < _LO) | (m > _HI)))
+        if dirty:
+            q = tl.cast(0.0, tl.float64)
+            s = tl.cast(0.0, tl.float64)
+            m = tl.cast(0.0, tl.float64)
+            for t2 in tl.range(tiles):
+                offs2 = t2 * BLOCK + lane
+                x2 = tl.load(base + offs2, mask=offs2 < left, other=0.0)
+                v2, nan, bad = _decode(x2, F8, ACC)
+                v64 = v2.to(tl.float64)
+                q += tl.sum(v64 * v64)
+                s += tl.sum(v64)
+                m = tl.maximum(m, tl.max(tl.where(bad, 0.0, tl.abs(v64))))
+                nans += tl.sum(nan.to(tl.int32)).to(tl.int64)
+                bads += tl.sum(bad.to(tl.int32)).to(tl.int64)
+        sq += q
+        total += s
+        top = tl.maximum(top, m)
+        ck += tl.sum(v_ck.to(tl.int64))
     row = part_ptr + pid.to(tl.int64) * 6
     tl.store(row + 0, sq)
     tl.store(row + 1, total)
     tl.store(row + 2, top)
     tl.store(row + 3, nans.to(tl.float64, bitcast=True))
     tl.store(row + 4, bads.to(tl.float64, bitcast=True))
-    tl.store(row + 5, tl.sum(v_ck.to(tl.int64)).to(tl.float64, bitcast=True))
+    tl.store(row + 5, ck.to(tl.float64, bitcast=True))
 
 
 @triton.jit(do_not_specialize=["rows", "n", "out_ptr", "gen_ptr"])
@@ -177,19 +203,33 @@ def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, C
         tl.store(gen_ptr, tl.load(gen_ptr) + 1)
 
 
+def _max_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # Triton's interpreter: a few programs, each with several chunks
+    count = _PROGRAMS.get(device.index)
+    if count is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        count = _PROGRAMS[device.index] = PROGRAMS_PER_SM * sms
+    return count
+
+
 def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | None = None) -> None:
     """Write the summary of ``x`` (contiguous, a dtype of :data:`FUSED_DTYPES`) into ``out`` (float64 [5]);
     add 1 to ``counter`` (int64 [1]) if given. Two kernel launches on the current stream; no host sync."""
     wpe, f8 = FUSED_DTYPES[x.dtype]
     n = x.numel()
     block = TILE_BYTES // x.element_size()
-    programs = triton.cdiv(n, block * TILES)
+    most = _max_programs(x.device)
+    ntiles = triton.cdiv(n, block)
+    tiles = max(1, min(MAX_TILES, ntiles // (2 * most)))  # long chunks only where there are plenty
+    nchunks = triton.cdiv(ntiles, tiles)
+    programs = min(nchunks, most)
     part = torch.empty(max(programs, 1), 6, dtype=torch.float64, device=x.device)
     if programs:
         wide = x.dtype == torch.float64
         _pass_kernel[(programs,)](
-            x, n, part, BLOCK=block, TILES=TILES, WPE=wpe, F8=f8, ACC=tl.float64 if wide else tl.float32, WIDE=wide,
-            num_warps=NUM_WARPS, enable_fp_fusion=True,
+            x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=tl.float64 if wide else tl.float32,
+            WIDE=wide, num_warps=NUM_WARPS, enable_fp_fusion=True,
         )  # fmt: skip
     gen = counter if counter is not None else out
     _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,

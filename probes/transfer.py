@@ -119,11 +119,10 @@ class PinnedPool:
 
 def host_view(buf: torch.Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
     """``buf[offset:]`` (a uint8 host buffer) seen as a tensor of ``shape`` and ``dtype``."""
-    n = 1
+    n = dtype.itemsize
     for d in shape:
         n *= d
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
-    return buf[offset : offset + nbytes].view(dtype).view(shape)
+    return buf[offset : offset + n].view(dtype).view(shape)
 
 
 _STOP = object()

@@ -62,6 +62,7 @@ def cases() -> dict[str, torch.Tensor]:
     out["all-nan-float16"] = torch.full((3000,), math.nan, dtype=torch.float16)
     out["plus-minus-inf-float32"] = torch.tensor([math.inf, -math.inf, 1.0])
     out["scalar-float32"] = torch.tensor(2.5)
+    out["whole-chunks-bfloat16"] = (torch.randn(24 * 1024, generator=g) * 5).to(torch.bfloat16)  # no partial chunk
     return out
 
 

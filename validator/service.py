@@ -28,6 +28,7 @@ from validator.settings import Settings
 from validator.store import crud as store
 from validator.store.blob_url import open_blob_store
 from validator.store.blobs import Durability, remove_stale_temp, temp_prefix
+from validator.store.bulk import cycle_collector_paused
 from validator.store.models import ComparisonRecord, Run
 
 if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
@@ -35,12 +36,12 @@ if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not 
 
     from validator.judging.compare import Comparison
     from validator.judging.policy import Policy
+    from validator.store.expiry import Collected
 
 __all__ = ["Service", "RunSummary", "Progress", "compare_refs"]
 
 Progress = Callable[[int, int], None]
 BACKGROUND_BYTES = 256 << 20  # comparisons of more input bytes than this run in the background
-PARTIAL_MAX_AGE_S = 7 * 24 * 3600  # partial uploads untouched this long are removed by recover()
 
 
 def _comparison_dict(rec: ComparisonRecord) -> dict[str, Any]:
@@ -101,8 +102,9 @@ class Service:
 
         Comparisons a dead server left 'queued' or 'running' become 'error' (asking again recomputes
         them) instead of being polled forever; temporary files of dead processes (finalize directories,
-        blob spool files) are removed. Partial uploads are kept for resuming, unless a week old. Runs
-        need nothing: one becomes visible only in the transaction that completes it.
+        blob spool files) are removed. Partial uploads are kept for resuming, unless untouched for the pending
+        runs' expiry age; pending runs past it are collected (:meth:`collect`). Runs need nothing else: one
+        becomes visible only in the transaction that completes it.
         """
         with self.session() as s, s.begin():
             n = store.interrupt_comparisons(
@@ -114,12 +116,20 @@ class Service:
         spools = (getattr(self.blobs, "tmp", None), getattr(getattr(self.blobs, "cache", None), "tmp", None))
         for d in {Path(x) for x in spools if x is not None}:  # local store's and S3 cache's spool files
             stale += len(remove_stale_temp(d, kinds=("tmp",)))
-        week_ago = time.time() - PARTIAL_MAX_AGE_S
+        expired = self.collect()  # pending runs abandoned for longer than the expiry age
+        cutoff = time.time() - 3600 * self.settings.pending_expiry_hours
         for p in staging.glob("*.partial") if staging.is_dir() else ():
-            if p.stat().st_mtime < week_ago:
+            if p.stat().st_mtime < cutoff:
                 p.unlink(missing_ok=True)
                 stale += 1
-        return {"comparisons": n, "temp_files": stale}
+        return {"comparisons": n, "temp_files": stale + expired.staging_files, "expired_runs": len(expired.expired_runs)}
+
+    def collect(self, *, full: bool = False, older_than_hours: float | None = None) -> Collected:
+        """Expire abandoned pending runs and delete the blobs only they held; ``full``: every unreferenced blob
+        and staging leftover too (validator.store.expiry; docs/reliability.md)."""
+        from validator.store.expiry import collect
+
+        return collect(self, full=full, older_than_hours=older_than_hours)
 
     def check_store(self, *, deep: bool = True) -> list[str]:
         """Problems in the store (validator.store.integrity); empty when database and blobs agree."""
@@ -150,8 +160,9 @@ class Service:
         blob store with their sha256 checked against the records; the run and its records become visible
         in one transaction. On any failure, blobs this ingest created and nothing references are removed.
         """
-        view = open_path(path)
-        return self.ingest_view(view, name=name, labels=labels, progress=progress)
+        with cycle_collector_paused():
+            view = open_path(path)
+            return self.ingest_view(view, name=name, labels=labels, progress=progress)
 
     def ingest_view(
         self,
@@ -173,43 +184,43 @@ class Service:
                 if store.get_run(s, ref=run_name, include_pending=True) is not None:
                     raise InputError(f"a run named {run_name!r} already exists; choose another with --name")
         created: list[str] = []
-        batch = Durability()  # one run's blobs made durable together, before the records that point at them
         try:
             records, blobs = [], {}
             sources: dict[str, Callable[[], Iterable[bytes | memoryview]]] = {}
-            for i, ref in enumerate(view.tensors):
-                sha, size = self._store_tensor(ref, created, batch)
-                blobs[sha] = size
-                sources[sha] = ref.byte_chunks
-                records.append(
-                    {
-                        "name": ref.name,
-                        "coords": ref.coords.to_dict(),
-                        "shard": ref.shard.to_dict(),
-                        "dtype": ref.dtype,
-                        "shape": list(ref.shape),
-                        "sha256": sha,
-                        "nbytes": size,
-                    }
-                )
-                if progress:
-                    progress(i + 1, len(view.tensors))
-            artifacts = self._store_artifacts(view, created, blobs, sources)
-            batch.flush()
+            with Durability() as batch:  # one run's blobs made durable together, before the records that point at them
+                for i, ref in enumerate(view.tensors):
+                    sha, size = self._store_tensor(ref, created, batch)
+                    blobs[sha] = size
+                    sources[sha] = ref.byte_chunks
+                    records.append(
+                        {
+                            "name": ref.name,
+                            "coords": ref.coords.to_dict(),
+                            "shard": ref.shard.to_dict(),
+                            "dtype": ref.dtype,
+                            "shape": list(ref.shape),
+                            "sha256": sha,
+                            "nbytes": size,
+                        }
+                    )
+                    if progress:
+                        progress(i + 1, len(view.tensors))
+                artifacts = self._store_artifacts(view, created, blobs, sources)
+                batch.flush()
             all_labels = {**view.labels, **(labels or {})}
             with self.session() as s, s.begin():
                 store.blob_gc_lock(s, exclusive=False)
+                self._restore_missing(sources)  # under the lock: no collection can delete them before the commit
                 store.add_blobs(s, blobs=blobs)
                 manifest = {**view.manifest, "ingested_from": view.location}
                 if pending is None:
                     run = store.create_run(s, name=run_name, source=view.source, manifest=manifest, labels=all_labels)
                 else:
                     got_pending = s.get(Run, pending, with_for_update=True)
-                    if got_pending is None or got_pending.status != "pending":
-                        raise ConflictError(f"run {run_name!r} is not pending (already finalized?)")
+                    if got_pending is None or got_pending.status != "pending" or got_pending.name != run_name:
+                        raise ConflictError(f"run {run_name!r} is no longer pending (finalized, or expired unfinished)")
                     run = got_pending
                 store.complete_run(s, run=run, tensors=records, artifacts=artifacts, manifest=manifest, labels=all_labels)
-            self._restore_missing(sources)
             with self.session() as s:
                 got = store.get_run(s, ref=str(run.id))
                 assert got is not None
@@ -287,8 +298,10 @@ class Service:
             store.delete_blob_rows(s, shas=gone)
 
     def _restore_missing(self, sources: dict[str, Callable[[], Iterable[bytes | memoryview]]]) -> None:
-        """After commit: a blob this ingest found already present may have been deleted by a concurrent
-        failed ingest just before our references landed; write it again from our own copy."""
+        """Inside the transaction that references them, holding the blob-GC lock shared: a blob this ingest
+        wrote or found may have been deleted since (by a concurrent failed ingest, or a collection of blobs
+        nothing referenced yet, validator.store.expiry); write it again from our own copy. No collection can
+        delete it between this check and the commit."""
         for sha, source in sources.items():
             if not self.blobs.exists(sha):
                 self.blobs.put(source(), expect_sha256=sha)

@@ -27,6 +27,14 @@ def _int(env: dict[str, str], key: str, default: int) -> int:
     return int(v) if v else default
 
 
+def _float(env: dict[str, str], key: str, default: float) -> float:
+    v = env.get(key)
+    try:
+        return float(v) if v else default
+    except ValueError:
+        raise InputError(f"{key}={v!r} is not a number") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the store lives, and how the service guards it.
@@ -43,6 +51,16 @@ class Settings:
     protect_reads: bool = False  # also require a token on GET routes
     max_upload_bytes: int = 64 << 30  # per uploaded file
     max_json_bytes: int = 1 << 20  # request bodies that are JSON
+    # a pending run (uploaded, never finalized) created this long ago, none of whose files received a byte
+    # for as long, is deleted with its uploads and the blobs only it held (validator.store.expiry)
+    pending_expiry_hours: float = 7 * 24.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.pending_expiry_hours <= 1e6:  # beyond, dates overflow
+            raise InputError(
+                f"pending_expiry_hours (VALIDATOR_PENDING_EXPIRY_HOURS) must be a number of hours above 0 and at most "
+                f"1e6, not {self.pending_expiry_hours!r}"
+            )
 
     @property
     def db_url(self) -> str:
@@ -72,4 +90,5 @@ class Settings:
             tokens=tokens,
             protect_reads=env.get("VALIDATOR_PROTECT_READS", "") in ("1", "true", "yes"),
             max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),
+            pending_expiry_hours=_float(env, "VALIDATOR_PENDING_EXPIRY_HOURS", 7 * 24.0),
         )

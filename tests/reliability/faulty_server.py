@@ -6,6 +6,9 @@ MARKER and then blocks (the test kills it there):
 - ``compare``: a comparison has started computing (its record is 'running').
 - ``commit``: finalize has stored every blob and is inside the database transaction making the run visible.
 - ``blobs``: finalize has stored some of the tensors' blobs and not yet touched the database.
+- ``reference``: an upload (or finalize) has stored its blob and is about to open the transaction that
+  records it; instead of blocking for good, it goes on once the file ``MARKER.go`` exists (the test runs
+  something concurrent in between).
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from typing import Any
 def _stall(marker: Path) -> None:
     marker.write_text(str(os.getpid()))
     time.sleep(600)
+
+
+def _pause(marker: Path) -> None:
+    marker.write_text(str(os.getpid()))
+    go = marker.with_name(marker.name + ".go")
+    deadline = time.monotonic() + 300
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def install(kind: str, marker: Path) -> None:
@@ -55,6 +66,17 @@ def install(kind: str, marker: Path) -> None:
             return out
 
         service.Service._store_tensor = store_tensor  # type: ignore[method-assign]
+    elif kind == "reference":
+        orig_lock = store.blob_gc_lock
+        paused = [False]
+
+        def blob_gc_lock(session: Any, *, exclusive: bool) -> None:
+            if not exclusive and not paused[0]:  # the first transaction that commits references, before its lock
+                paused[0] = True
+                _pause(marker)
+            orig_lock(session, exclusive=exclusive)
+
+        store.blob_gc_lock = blob_gc_lock
     else:
         raise SystemExit(f"unknown fault {kind!r}")
 

@@ -112,6 +112,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    got = _service(args).collect(full=True, older_than_hours=args.older_than)
+    if args.json:
+        _print_json(got.to_dict())
+    else:
+        names = ", ".join(repr(n) for n in got.expired_runs)
+        print(f"expired {len(got.expired_runs)} pending run(s){': ' + names if names else ''}; "
+              f"deleted {got.blobs} blob(s), {got.bytes} bytes; removed {got.staging_files} staging file(s)")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     doc = _service(args).show_run(args.run)
     if args.json:
@@ -323,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true", help="do not hash local blobs (sizes only)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser(
+        "gc",
+        help="collect garbage: expire pending runs abandoned for longer than VALIDATOR_PENDING_EXPIRY_HOURS "
+        "(default 168) and delete every blob nothing references, and staging leftovers; safe beside a running server",
+    )
+    s.add_argument("--older-than", type=float, metavar="HOURS", help="expiry age for this collection (default: the setting)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_gc)
 
     s = sub.add_parser("show", help="show one stored run: manifest, labels and tensor inventory")
     s.add_argument("run", help="run name or id")

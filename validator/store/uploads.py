@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable
+from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from validator.errors import ConflictError, InputError, NotFoundError, StorageEr
 from validator.runs.sources import read_bundle
 from validator.store import crud as store
 from validator.store.blobs import temp_prefix
+from validator.store.bulk import cycle_collector_paused
+from validator.store.expiry import collect, partial_glob
 from validator.store.models import Run
 
 if TYPE_CHECKING:
@@ -62,9 +65,11 @@ def _pending_run(svc: Service, ref: str) -> Run:
 
 
 def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """Create a pending run; a retry with the same name of a still-pending run returns it again."""
+    """Create a pending run; a retry with the same name of a still-pending run returns it again. Pending
+    runs abandoned for longer than the expiry age are collected first (validator.store.expiry)."""
     store.check_run_name(name)
     store.check_labels(labels or {}, where=f"run {name!r}")
+    collect(svc)
     with svc.session() as s, s.begin():
         run = store.get_run(s, ref=name, include_pending=True)
         if run is not None:
@@ -75,11 +80,15 @@ def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = N
         return {"id": run.id, "name": run.name, "status": run.status}
 
 
-def _partial_path(svc: Service, run_id: int, part: str, filename: str) -> Path:
-    key = hashlib.sha256(f"{run_id}\0{part}\0{filename}".encode()).hexdigest()
+def _partial_path(svc: Service, run: Run, part: str, filename: str) -> Path:
+    """``RUNID.KEY.partial``: the run id lets expiry find a run's files in progress; the key also hashes the
+    run's creation time, so a file left by an expired run is never resumed by a later run given its id."""
+    at = run.created_at
+    created = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() if at else 0.0  # whatever the session's zone
+    key = hashlib.sha256(f"{run.id}\0{created}\0{part}\0{filename}".encode()).hexdigest()
     d = svc.settings.staging_dir
     d.mkdir(parents=True, exist_ok=True)
-    return d / f"{key}.partial"
+    return d / partial_glob(run.id).replace("*", key)
 
 
 def upload_status(svc: Service, *, run: str, part: str, filename: str) -> dict[str, Any]:
@@ -90,7 +99,7 @@ def upload_status(svc: Service, *, run: str, part: str, filename: str) -> dict[s
     if (part, filename) in done:
         u = done[(part, filename)]
         return {"complete": True, "received": u.nbytes, "sha256": u.sha256}
-    p = _partial_path(svc, r.id, part, filename)
+    p = _partial_path(svc, r, part, filename)
     return {"complete": False, "received": p.stat().st_size if p.exists() else 0, "sha256": None}
 
 
@@ -121,7 +130,7 @@ def upload_file(
     if offset != st["received"]:
         raise ConflictError(f"{part}/{filename}: offset {offset} but {st['received']} bytes were received so far")
     cap = svc.settings.max_upload_bytes
-    p = _partial_path(svc, r.id, part, filename)
+    p = _partial_path(svc, r, part, filename)
     with open(p, "ab") as f:
         # One writer per file: a retry that overlaps the original request (a client timeout) must not
         # interleave bytes with it. The lock dies with the process, so a crash never blocks a resume.
@@ -158,13 +167,24 @@ def upload_file(
                     yield b
 
         try:
-            sha, n, _ = svc.blobs.put(read(), expect_sha256=expect_sha256)
+            sha, n, new = svc.blobs.put(read(), expect_sha256=expect_sha256)
         except ValidatorError as exc:
             p.unlink(missing_ok=True)
             raise type(exc)(f"{part}/{filename}: {exc}") from None
-        with svc.session() as s, s.begin():
-            store.add_blobs(s, blobs={sha: n})
-            created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
+        try:
+            with svc.session() as s, s.begin():
+                store.blob_gc_lock(s, exclusive=False)  # no collection deletes blobs until this commits
+                alive = s.get(Run, r.id)
+                if alive is None or alive.status != "pending" or alive.name != r.name:
+                    raise NotFoundError(f"run {r.name!r} is no longer pending (finalized, or expired unfinished)")
+                if not svc.blobs.exists(sha):  # found present, then collected before this transaction began
+                    svc.blobs.put(read(), expect_sha256=sha)
+                store.add_blobs(s, blobs={sha: n})
+                created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
+        except NotFoundError:
+            p.unlink(missing_ok=True)
+            svc._discard([sha] if new else [])
+            raise
         p.unlink(missing_ok=True)
     return {"complete": True, "received": n, "sha256": sha, "created": created}
 
@@ -185,15 +205,18 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
             src = svc.blobs.path(u.sha256)
             try:
                 os.link(src, dest)
+            except FileNotFoundError:  # collected: the run expired while this finalize began
+                raise NotFoundError(f"run {r.name!r} expired unfinished; push it again") from None
             except OSError:
                 shutil.copyfile(src, dest)
         for part_dir in (tmp / "parts").iterdir() if (tmp / "parts").exists() else []:
             names = {p.name for p in part_dir.iterdir()}
             if PART_FILE not in names and names != {"acceptance.jsonl"}:  # an acceptance-only part is whole
                 raise InputError(f"run {r.name!r}: part {part_dir.name!r} has no {PART_FILE} (upload incomplete)")
-        view = read_bundle(tmp)
-        view.location = f"upload:{r.id}"
-        return svc.ingest_view(view, name=r.name, pending=r.id)
+        with cycle_collector_paused():
+            view = read_bundle(tmp)
+            view.location = f"upload:{r.id}"
+            return svc.ingest_view(view, name=r.name, pending=r.id)
     except ValidatorError as exc:  # messages name files in the staging folder: never show the server's paths
         msg = str(exc).replace(str(tmp) + os.sep, "").replace(str(tmp), "the upload")
         raise type(exc)(f"run {r.name!r}: {msg}" if r.name not in msg else msg) from None

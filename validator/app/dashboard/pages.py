@@ -6,10 +6,10 @@ Each function returns one JSON-able dict: the page renders it, and ``?format=jso
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 from probes.shards import Coords
@@ -149,7 +149,7 @@ _HEAVY = ("pairs", "acceptance", "gsm8k")  # document sections the comparison pa
 _MAP_KEYS = ("name", "coords", "label", "status", *METRICS)  # what the map needs of a pair
 
 
-@dataclass
+@dataclasses.dataclass
 class _Prepared:
     summary: dict[str, Any]  # the comparison record, its document without the _HEAVY sections
     doc_pairs: list[dict[str, Any]]  # the document's pairs, only what the map needs (_MAP_KEYS)
@@ -158,7 +158,7 @@ class _Prepared:
     first: dict[str, Any] | None
     steps: list[dict[str, int]]
     acceptance_view: bool
-    heatmaps: dict[tuple[str, int | None], dict[str, Any]] = field(default_factory=dict)
+    heatmaps: dict[tuple[str, int | None], dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def heatmap(self, metric: str, step: int | None) -> dict[str, Any]:
         key = (metric, step)
@@ -229,7 +229,7 @@ def comparison_page(
         raise InputError(f"comparison {id} has no pairs at step {step}")
     query = table or TableQuery()
     if query.step != step:
-        query = TableQuery(**{**query.__dict__, "step": step})
+        query = dataclasses.replace(query, step=step)
     bad = query.problems()
     if bad:
         raise InputError("; ".join(bad))

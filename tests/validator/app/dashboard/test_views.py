@@ -5,7 +5,17 @@ from typing import Any
 
 import pytest
 
-from validator.app.dashboard.views import column_of, default_metric, first_exceedance, heatmap, json_safe, pair_rows
+from validator.app.dashboard.views import (
+    TableQuery,
+    column_of,
+    default_metric,
+    first_exceedance,
+    heatmap,
+    json_safe,
+    pair_rows,
+    pair_table,
+    steps,
+)
 
 
 def _pair(name: str, status: str, rel: float, floor: float | None = None, **coords: Any) -> dict[str, Any]:
@@ -73,3 +83,28 @@ def test_columns_and_rows_helpers() -> None:
     rows = pair_rows(DOC)
     assert [r["index"] for r in rows] == list(range(len(DOC["pairs"]))) and rows[3]["floor_ratio"] == math.inf
     assert json_safe({"x": [math.inf, -math.inf, math.nan, 1.5]}) == {"x": ["inf", "-inf", "nan", 1.5]}
+
+
+def test_pair_table_pages_worst_first_with_filters_and_sorts() -> None:
+    doc = {"pairs": [_pair("a", "pass", 0.002, 0.001, layer=0), _pair("b", "fail", 0.01, 0.001, layer=0),
+                     _pair("a", "pass", 0.004, None, layer=1), _pair("b", "inconclusive", 0.003, 0.001, layer=1),
+                     _pair("a", "fail", 0.02, 0.001, layer=2), _pair("a", "pass", 0.005, 0.001, layer=2, step=1)]}
+    rows = pair_rows(doc)
+    t = pair_table(rows, TableQuery(per_page=4), metric="floor_ratio")
+    # failures (largest × floor first), then inconclusive, then passes; a pass without a floor last
+    assert [r["index"] for r in t["rows"]] == [4, 1, 3, 5] and (t["pages"], t["matched"], t["start"], t["end"]) == (2, 6, 1, 4)
+    t = pair_table(rows, TableQuery(per_page=4, page=9), metric="floor_ratio")
+    assert t["page"] == 2 and [r["index"] for r in t["rows"]] == [0, 2] and (t["start"], t["end"]) == (5, 6)
+    t = pair_table(rows, TableQuery(status="failing", sort="rel_l2", dir="asc"), metric="rel_l2")
+    assert [r["index"] for r in t["rows"]] == [1, 4] and t["status_counts"]["pass"] == 3
+    t = pair_table(rows, TableQuery(sort="floor_ratio", dir="asc", name="a"), metric="rel_l2")
+    assert [r["index"] for r in t["rows"]] == [0, 5, 4, 2]  # no value: last in either direction
+    t = pair_table(rows, TableQuery(step=1), metric="rel_l2")
+    assert [r["index"] for r in t["rows"]] == [5] and t["total"] == 6
+    assert pair_table(rows, TableQuery(where="layer 9"), metric="rel_l2")["start"] == 0
+    assert steps(doc) == [{"step": 0, "pairs": 5, "failing": 2}, {"step": 1, "pairs": 1, "failing": 0}]
+    h = heatmap(doc, metric="rel_l2", step=1)
+    assert h["count"] == [[1]] and h["pair"] == [[5]] and h["step"] == [[1]]
+    for bad in (TableQuery(sort="nope"), TableQuery(dir="up"), TableQuery(status="ok"), TableQuery(page=0), TableQuery(per_page=0)):
+        with pytest.raises(ValueError):
+            pair_table(rows, bad, metric="rel_l2")

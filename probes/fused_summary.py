@@ -29,15 +29,15 @@ import triton.language as tl
 __all__ = ["FUSED_DTYPES", "summarize_fused", "warm_up"]
 
 _LO, _HI = tl.constexpr(2.0**-40), tl.constexpr(2.0**60)
-# BLOCK = TILE_BYTES // element size (1024 bf16, 512 f32: 8 elements per thread at 4 warps, about 90
-# registers); WPE * BLOCK must stay a power of two <= 2**16. A chunk is up to MAX_TILES tiles; at most
+# BLOCK = TILE_BYTES // element size (2048 bf16, 1024 f32: 16 elements per thread at 4 warps); WPE * BLOCK
+# must stay a power of two <= 2**16. A chunk is up to MAX_TILES tiles; at most
 # PROGRAMS_PER_SM programs per multiprocessor walk the chunks (grid stride), so the finishing kernel adds a
 # few hundred rows. Chosen on an H200 (benchmarks/capture_overhead.md); the results do not depend on
 # them beyond float32 rounding inside a chunk.
-TILE_BYTES = 2048
+TILE_BYTES = 4096
 MAX_TILES = 16
 NUM_WARPS = 4
-PROGRAMS_PER_SM = 6
+PROGRAMS_PER_SM = 4
 _PROGRAMS: dict[int | None, int] = {}
 # dtype -> (words per element, float8 kind: 0 none, 1 e4m3fn, 2 e5m2)
 FUSED_DTYPES: dict[torch.dtype, tuple[int, int]] = {

@@ -192,10 +192,10 @@ def summarize(
         out = torch.empty(len(SUMMARY_FIELDS), dtype=torch.float64, device=x.device)
     elif out.dtype != torch.float64 or out.shape != (len(SUMMARY_FIELDS),) or out.device != x.device:
         raise ValueError(f"summary out must be float64 [{len(SUMMARY_FIELDS)}] on {x.device}")
-    mod = fused() if backend != "torch" else None
+    mod = fused() if backend == "fused" or (backend == "auto" and x.is_cuda) else None  # Triton only if used
     if backend == "fused" and mod is None:
         raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
-    use_fused = mod is not None and x.dtype in mod.FUSED_DTYPES and (backend == "fused" or x.is_cuda)
+    use_fused = mod is not None and x.dtype in mod.FUSED_DTYPES
     flat = x.reshape(-1)  # a contiguous copy when x is not contiguous
     if not flat.is_contiguous():
         flat = flat.contiguous()

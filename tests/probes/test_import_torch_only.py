@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = ("sqlalchemy", "fastapi", "pandas", "scipy", "validator", "alembic", "uvicorn", "httpx", "pyarrow")
+# triton too: it is optional (the fused summary kernels); without it summary mode uses plain torch
+BLOCKED = ("sqlalchemy", "fastapi", "pandas", "scipy", "validator", "alembic", "uvicorn", "httpx", "pyarrow", "triton")
 
 SCRIPT = textwrap.dedent(
     """
@@ -24,6 +25,7 @@ SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, Blocker())
     import probes, probes.capture, probes.hooks, probes.summary, probes.cudagraph, probes.config, probes.transfer
+    assert probes.summary.fused() is None  # Triton cannot be imported: the torch fallback
     import torch
     from probes.capture import ProbeSession
     from probes.config import ProbeConfig

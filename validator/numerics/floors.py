@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 BLOCKS = 64  # row blocks per tensor (fewer when the tensor has fewer rows)
+ALIGN, ALIGNED_FROM = 16, 1 << 14  # block boundaries on multiples of ALIGN elements from ALIGNED_FROM elements
 RESAMPLES = 1000  # bootstrap resamples per interval
 LEVEL = 0.95  # two-sided interval level
 _SEED = 20261201  # fixed: an interval never changes between runs
@@ -94,11 +95,14 @@ def block_edges(shape: Sequence[int]) -> list[int]:
     """Element offsets (row-major) of the row blocks of a tensor of ``shape``: at most ``BLOCKS`` runs of
     whole rows along the first dimension (tokens). When that dimension has fewer than ``BLOCKS`` entries
     (one decode token, a batch dimension of 2) or the tensor is 1-D, every element is a row, so blocks are
-    runs of elements in memory order."""
+    runs of elements in memory order. In tensors of ``ALIGNED_FROM`` elements or more each boundary moves
+    back to a multiple of ``ALIGN`` elements (a block may start up to 15 elements before its first row), so
+    that a GPU reads every block in whole vectors."""
     numel, rows = math.prod(shape), _rows(shape)
     cols = numel // rows if rows else 0
     n = min(BLOCKS, rows)
-    return [i * rows // n * cols for i in range(n)] + [numel]
+    step = ALIGN if numel >= ALIGNED_FROM else 1
+    return [i * rows // n * cols // step * step for i in range(n)] + [numel]
 
 
 def _rows(shape: Sequence[int]) -> int:

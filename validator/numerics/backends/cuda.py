@@ -45,7 +45,8 @@ from validator.numerics.backends.reference import chunk_pairs, compute_device
 BLOCK = 512  # elements per tile
 TILES = 32  # tiles per program
 NUM_WARPS = 4
-STAGES = 2  # tiles in flight per program (Triton's software pipelining)
+STAGES = 3  # tiles in flight per program (Triton's software pipelining)
+VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 # BLOCK, TILES, NUM_WARPS, STAGES: chosen on an H200 (benchmarks/engine_bench.md); results do not depend on them
 # beyond float32 rounding inside a program
@@ -118,13 +119,16 @@ def _unfused(product, keep, other):
 
 
 @triton.jit
-def _span(seg_ptr, K):
-    """Elements start .. end of this program: part pid % K of K equal parts of segment pid // K (a
-    segment: seg[s] .. seg[s + 1], inside one block of the edges)."""
+def _span(seg_ptr, K, ALIGN: tl.constexpr):
+    """Elements start .. end of this program: part pid % K of K near-equal parts of segment pid // K (a
+    segment: seg[s] .. seg[s + 1], inside one block of the edges). With ALIGN > 1 every segment edge is a
+    multiple of ALIGN, and so are the parts' edges: the compiler then knows the loads are whole vectors."""
     pid = tl.program_id(0)
     s, i = pid // K, (pid % K).to(tl.int64)
-    lo, hi = tl.load(seg_ptr + s), tl.load(seg_ptr + s + 1)
-    return lo + (hi - lo) * i // K, lo + (hi - lo) * (i + 1) // K
+    lo, hi = tl.multiple_of(tl.load(seg_ptr + s), ALIGN), tl.multiple_of(tl.load(seg_ptr + s + 1), ALIGN)
+    start = lo + (hi - lo) * i // K // ALIGN * ALIGN
+    end = lo + (hi - lo) * (i + 1) // K // ALIGN * ALIGN
+    return tl.multiple_of(start, ALIGN), tl.multiple_of(end, ALIGN)
 
 
 @triton.jit
@@ -206,11 +210,11 @@ def _pass_kernel(
     a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, keys_ptr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     F64: tl.constexpr, BAND: tl.constexpr, KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """One program's partial totals: row ``pid`` of ``part_ptr`` (_FLOATS float64, then _INTS int64 as bits)."""
     pid = tl.program_id(0)
-    start, end = _span(seg_ptr, K)
+    start, end = _span(seg_ptr, K, ALIGN)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     top32 = tl.cast(0.0, tl.float64)
     small, m1, m2 = tl.cast(0, tl.int64), tl.cast(0, tl.int64), tl.cast(0, tl.int64)
@@ -338,7 +342,7 @@ def _finish_kernel(part_ptr, programs, out_ptr, seg_out_ptr, K, CHUNK: tl.conste
 @triton.jit
 def _exact_max_kernel(
     a_ptr, b_ptr, seg_ptr, K, part_ptr, out_ptr,
-    BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
+    BLOCK: tl.constexpr, TILES: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """The exact largest |d| of the float32 programs: float32 rounding is monotonic, so it is the largest
     float64 |d| among the positions whose float32 |d| equals the largest float32 |d|, g = out[6]. Only
@@ -349,7 +353,7 @@ def _exact_max_kernel(
     if (tl.load(part_ptr + pid * (_FLOATS + _INTS) + 6) == g) & (g > 0):
         g32 = g.to(tl.float32)
         best = tl.cast(0.0, tl.float64)
-        start, end = _span(seg_ptr, K)
+        start, end = _span(seg_ptr, K, ALIGN)
         for t in tl.range(TILES):
             a, b, inb = _load(a_ptr, b_ptr, end, start, t, BLOCK)
             xa, xb = a.to(tl.float32), b.to(tl.float32)
@@ -423,7 +427,11 @@ def compare_cuda(
     for ca, _ in pieces:
         segs.append(pieces_of(edges, offset, offset + ca.numel()))
         offset += ca.numel()
-    K = triton.cdiv(max(hi - lo for found in segs for _, lo, hi in found), per_program)
+    # whole vectors (16 elements) when every segment edge allows it; a part may then run ALIGN - 1 longer
+    align = VECTOR if all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(
+        ca.numel() % VECTOR == 0 for ca, _ in pieces
+    ) else 1
+    K = triton.cdiv(max(hi - lo for found in segs for _, lo, hi in found), per_program - align + 1)
     programs = [K * len(found) for found in segs]
     nseg = sum(len(found) for found in segs)
     part = torch.empty(sum(programs), 16, dtype=torch.float64, device=device)
@@ -435,11 +443,11 @@ def compare_cuda(
     for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges):
         _pass_kernel[(p,)](
             ca, cb, se, K, tol, mine, keys, BITS=bits, **f8, F64=f64, BAND=band,
-            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, STAGES=STAGES, **launch,
+            KEY_BITS=KEY_BITS, NKEYS=nkeys, HIST=hist, STAGES=STAGES, ALIGN=align, **launch,
         )  # fmt: skip
     _finish_kernel[(1 + nseg,)](part, part.shape[0], out, out[16 + nkeys :], K, CHUNK=256, num_warps=4, enable_fp_fusion=True)
     for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges) if not f64 else []:
-        _exact_max_kernel[(p,)](ca, cb, se, K, mine, out, **f8, **launch)
+        _exact_max_kernel[(p,)](ca, cb, se, K, mine, out, **f8, ALIGN=align, **launch)
     res = out.cpu()
     floats, ints = res[:7].tolist(), res.view(torch.int64)[7 : 16 + nkeys].tolist()
     owner = [j for found in segs for j, _, _ in found]

@@ -8,6 +8,8 @@ tensor, 16 Mi and 64 Mi by default), the median time of one call, as a caller se
 host), of:
 
 - ``engine``: ``validator.numerics.metrics.compare_tensors(a, b)``, every field, the p99 ULP exact;
+- ``engine, 64 row blocks``: ``validator.numerics.floors.measure_blocks(a, b)``, the same and the row blocks'
+  sums in the same pass: what a comparison runs for each pair;
 - ``engine, p99=False``: ``validator.numerics.backends.compare(..., p99=False)``, every field but the p99;
 - ``torch float64``: norms, dot, max |d|, mean |d| and the tolerance count in plain float64 torch;
 - ``torch.compile``: the same function compiled by ``torch.compile`` (one fused pass where it can);
@@ -40,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from validator.numerics import backends as kernels  # noqa: E402
+from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
 
 
@@ -97,6 +100,7 @@ def section(device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, c
         m = compare_tensors(a, b)
         impls: list[tuple[str, Callable[[], object], int]] = [
             ("engine", lambda: compare_tensors(a, b), reps),
+            ("engine, 64 row blocks", lambda: measure_blocks(a, b), reps),
             ("engine, p99=False", lambda: kernels.compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=False), reps),
             ("torch float64", lambda: torch_f64(a, b), max(3, reps // 4)),
             ("SGLang rel_diff", lambda: sglang_rel_diff(a, b), max(3, reps // 4)),
@@ -155,7 +159,7 @@ def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str
 
     saved = (cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS, cuda.STAGES)
     rows = []
-    configs = [(512, 32, 4, 2), (512, 32, 4, 3), (512, 32, 2, 2), (512, 64, 4, 2), (256, 64, 2, 2), (1024, 32, 8, 2), (512, 32, 8, 2)]
+    configs = [(512, 32, 4, 3), (512, 32, 4, 2), (512, 32, 4, 4), (256, 64, 2, 3), (1024, 16, 4, 3), (1024, 32, 8, 3)]
     try:
         for label, shape in shapes:
             n = 1

@@ -410,6 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=cmd_pd_layout)
 
+    from validator.app.cli_rl import add_commands as _rl_commands
+
+    _rl_commands(sub)  # rl kl, manifest write / diff (docs/rl.md)
+
     probe = sub.add_parser("probe", help="run a probe").add_subparsers(
         dest="probe", metavar="PROBE", parser_class=_DeferredParser
     )

@@ -1,0 +1,545 @@
+"""Train/rollout mismatch KL over RL steps: estimators, per-step means with bootstrap intervals, the floor, a
+trend test and the verdict. Pure numpy/scipy: arrays in, a :class:`KLReport` out (definitions in
+docs/metrics.md, "RL train/rollout KL"; defaults chosen in benchmarks/rl_kl_calibration.md).
+
+For one sampled token let ``r = train_logprob - rollout_logprob`` (the log-ratio ``log p/q`` at a token drawn from
+the rollout policy ``q``). KL(q || p) = E_q[-r] is estimated per token by ``k1 = -r``, ``k2 = r^2 / 2`` and
+``k3 = exp(r) - 1 - r`` (Schulman's estimators).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as sps
+
+from validator.runs.logprob_records import LogprobRecords
+
+__all__ = [
+    "KLReport",
+    "KLSettings",
+    "StepKL",
+    "TrendTest",
+    "VERDICT_EXIT",
+    "kl_by_step",
+    "kl_estimators",
+    "kl_report",
+    "mann_kendall",
+    "sen_slope",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Verdict = Literal["at floor", "above floor", "diverging", "inconclusive"]
+VERDICT_EXIT: dict[str, int] = {"at floor": 0, "above floor": 1, "diverging": 1, "inconclusive": 3}
+_EXACT_MK_MAX_N = 50
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    """How numbers become a verdict. The defaults come from benchmarks/rl_kl_calibration.md.
+
+    - ``floor``: the declared floor of the k3 step mean; ``None``: estimated from the first ``floor_steps`` steps
+      (those steps are then not judged against it, but they are in the trend test).
+    - ``tolerance``: a step is *above floor* when its k3 mean is significantly above ``tolerance * floor``.
+    - ``alpha``: level of the per-step tests (Holm over the judged steps) and of the level's equivalence bound.
+    - ``trend_alpha``: level of the one-sided Mann-Kendall test for an increasing k3 series.
+    - ``min_rise``: *diverging* also needs the Sen line to rise by more than ``min_rise * floor`` over the steps.
+    - ``min_trend_steps``: fewer steps in all: no trend test, and the verdict cannot be *at floor*.
+    """
+
+    floor: float | None = None
+    floor_steps: int = 5
+    tolerance: float = 1.5
+    alpha: float = 0.05
+    trend_alpha: float = 0.01
+    min_rise: float = 0.25
+    min_trend_steps: int = 8
+    resamples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.floor is not None and not (math.isfinite(self.floor) and self.floor >= 0):
+            raise ValueError(f"floor must be a finite number >= 0, got {self.floor}")
+        if self.floor_steps < 1:
+            raise ValueError(f"floor_steps must be >= 1, got {self.floor_steps}")
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 1):
+            raise ValueError(f"tolerance must be >= 1, got {self.tolerance}")
+        for name in ("alpha", "trend_alpha"):
+            v = getattr(self, name)
+            if not 0 < v < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {v}")
+        if not (math.isfinite(self.min_rise) and self.min_rise >= 0):
+            raise ValueError(f"min_rise must be >= 0, got {self.min_rise}")
+        if self.min_trend_steps < 3:
+            raise ValueError(f"min_trend_steps must be >= 3, got {self.min_trend_steps}")
+        if self.resamples < 100:
+            raise ValueError(f"resamples must be >= 100, got {self.resamples}")
+
+
+def kl_estimators(rollout_logprob: FloatArray, train_logprob: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per-token (k1, k2, k3) of KL(rollout || train), float64. k3 is ``expm1(r) - r``, and for ``|r| < 1e-4`` its
+    Taylor series to ``r^5`` (the subtraction would cancel): relative error below 1e-11 everywhere."""
+    r = np.asarray(train_logprob, dtype=np.float64) - np.asarray(rollout_logprob, dtype=np.float64)
+    k3 = np.expm1(r) - r
+    small = np.abs(r) < 1e-4
+    if small.any():
+        x = r[small]
+        k3[small] = x * x * (0.5 + x * (1 / 6 + x * (1 / 24 + x / 120)))
+    return -r, 0.5 * r * r, k3
+
+
+@dataclass(frozen=True)
+class TrendTest:
+    """Mann-Kendall (increasing, one-sided) and Sen's slope of the per-step k3 means against the step number."""
+
+    n: int
+    s: int
+    var_s: float
+    p_increasing: float
+    exact: bool
+    slope: float
+    slope_ci: tuple[float, float]
+    rise: float  # slope * (last step - first step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "s": self.s,
+            "var_s": _num(self.var_s),
+            "p_increasing": _num(self.p_increasing),
+            "exact": self.exact,
+            "slope": _num(self.slope),
+            "slope_ci": [_num(x) for x in self.slope_ci],
+            "rise": _num(self.rise),
+        }
+
+
+@dataclass(frozen=True)
+class StepKL:
+    step: int
+    samples: int
+    tokens: int
+    k1: float
+    k2: float
+    k3: float
+    k3_se: float  # bootstrap over samples; NaN with one sample
+    k3_ci: tuple[float, float]
+    role: Literal["floor window", "judged"]
+    p_above: float = math.nan  # one-sided: k3 mean > tolerance * floor
+    p_above_adjusted: float = math.nan  # Holm over the judged steps
+    status: Literal["floor window", "at floor", "above floor", "unclear"] = "floor window"
+    weight_versions: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "k1": _num(self.k1),
+            "k2": _num(self.k2),
+            "k3": _num(self.k3),
+            "k3_se": _num(self.k3_se),
+            "k3_ci": [_num(x) for x in self.k3_ci],
+            "role": self.role,
+            "p_above": _num(self.p_above),
+            "p_above_adjusted": _num(self.p_above_adjusted),
+            "status": self.status,
+            "weight_versions": list(self.weight_versions),
+        }
+
+
+@dataclass(frozen=True)
+class KLReport:
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    steps: tuple[StepKL, ...]
+    floor: float
+    floor_se: float
+    floor_source: Literal["declared", "estimated"]
+    band: float  # tolerance * floor
+    level: float  # mean of the judged steps' k3 means
+    level_upper: float  # its one-sided (1 - alpha) upper bound
+    trend: TrendTest | None
+    settings: KLSettings = field(default_factory=KLSettings)
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.verdict]
+
+    def format_table(self) -> str:
+        """The per-step table, the floor and trend lines, and the verdict with its reasons."""
+        from validator.judging.text import fmt_num, format_rows
+
+        rows = [
+            [
+                str(st.step), str(st.samples), str(st.tokens), fmt_num(st.k1), fmt_num(st.k2), fmt_num(st.k3),
+                f"[{fmt_num(st.k3_ci[0])}, {fmt_num(st.k3_ci[1])}]", fmt_num(st.p_above_adjusted) if st.role == "judged" else "-",
+                st.status, ",".join(map(str, st.weight_versions)) or "-",
+            ]
+            for st in self.steps
+        ]
+        lines = [format_rows(["step", "samples", "tokens", "k1", "k2", "k3", "k3 95% CI", "p above (Holm)", "status", "weights"], rows), ""]
+        se = f" +- {fmt_num(self.floor_se)}" if self.floor_source == "estimated" else ""
+        lines.append(f"floor ({self.floor_source}): {fmt_num(self.floor)}{se}; band k3 <= {fmt_num(self.band)} ({self.settings.tolerance} x floor)")
+        if self.trend is not None:
+            t = self.trend
+            lines.append(
+                f"trend: Mann-Kendall S = {t.s}, p(increasing) = {fmt_num(t.p_increasing)}{' (exact)' if t.exact else ''}; "
+                f"Sen slope {fmt_num(t.slope)}/step [{fmt_num(t.slope_ci[0])}, {fmt_num(t.slope_ci[1])}], rise {fmt_num(t.rise)}"
+            )
+        lines.append(f"verdict: {self.verdict.upper()}")
+        lines.extend(f"  {r}" for r in self.reasons)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "kind": "rl_kl",
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "floor": {
+                "value": _num(self.floor),
+                "se": _num(self.floor_se),
+                "source": self.floor_source,
+                "band": _num(self.band),
+            },
+            "level": {"mean": _num(self.level), "upper": _num(self.level_upper)},
+            "trend": None if self.trend is None else self.trend.to_dict(),
+            "steps": [st.to_dict() for st in self.steps],
+            "settings": {
+                "floor": s.floor,
+                "floor_steps": s.floor_steps,
+                "tolerance": s.tolerance,
+                "alpha": s.alpha,
+                "trend_alpha": s.trend_alpha,
+                "min_rise": s.min_rise,
+                "min_trend_steps": s.min_trend_steps,
+                "resamples": s.resamples,
+                "seed": s.seed,
+            },
+        }
+
+
+def _num(x: float) -> float | str:
+    """JSON-safe float: non-finite values as the strings 'inf', '-inf', 'nan' (as TensorMetrics.to_dict)."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+# -- trend -----------------------------------------------------------------------------------------
+
+
+def _inversion_pmf(n: int) -> FloatArray:
+    """P(a uniform random permutation of n items has k inversions), k = 0..n(n-1)/2 (Mahonian numbers)."""
+    pmf = np.ones(1)
+    for k in range(2, n + 1):
+        pmf = np.convolve(pmf, np.full(k, 1.0 / k))
+    return pmf
+
+
+def _tie_term(values: FloatArray) -> float:
+    _, counts = np.unique(values, return_counts=True)
+    t = counts[counts > 1].astype(np.float64)
+    return float(np.sum(t * (t - 1) * (2 * t + 5)))
+
+
+def mann_kendall(y: Sequence[float] | FloatArray) -> tuple[int, float, float, bool]:
+    """One-sided Mann-Kendall test for an increasing series: (S, Var S, p, exact).
+
+    ``S = sum_{i<j} sign(y_j - y_i)``. Without ties and with ``n <= 50`` the p-value ``P(S >= s)`` is exact (the
+    permutation distribution); otherwise ``S / sqrt(Var S)`` is referred to the normal, with the tie-corrected
+    ``Var S = (n(n-1)(2n+5) - sum t(t-1)(2t+5)) / 18`` and no continuity correction (as scipy's Kendall tau).
+    """
+    a = np.asarray(y, dtype=np.float64)
+    n = a.size
+    if n < 2:
+        return 0, 0.0, math.nan, False
+    diff = a[None, :] - a[:, None]
+    s = int(np.sum(np.sign(diff[np.triu_indices(n, 1)])))
+    var = (n * (n - 1) * (2 * n + 5) - _tie_term(a)) / 18.0
+    ties = np.unique(a).size < n
+    if not ties and n <= _EXACT_MK_MAX_N:
+        pairs = n * (n - 1) // 2
+        inv_max = (pairs - s) // 2  # S >= s  <=>  inversions <= (pairs - s) / 2
+        p = float(np.sum(_inversion_pmf(n)[: inv_max + 1]))
+        return s, var, min(1.0, p), True
+    if var <= 0:
+        return s, var, math.nan, False
+    return s, var, float(sps.norm.sf(s / math.sqrt(var))), False
+
+
+def sen_slope(x: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Sen's slope (median of pairwise slopes over pairs with ``x_j > x_i``) and its ``confidence`` interval by
+    Sen's (1968) rank method, the ranks rounded as scipy's ``theilslopes``: (slope, low, high)."""
+    xa = np.asarray(x, dtype=np.float64)
+    ya = np.asarray(y, dtype=np.float64)
+    if xa.size < 2:
+        return math.nan, math.nan, math.nan
+    dx = xa[None, :] - xa[:, None]
+    dy = ya[None, :] - ya[:, None]
+    keep = dx > 0
+    slopes = np.sort(dy[keep] / dx[keep])
+    if slopes.size == 0:
+        return math.nan, math.nan, math.nan
+    slope = float(np.median(slopes))
+    z = float(sps.norm.ppf((1 - confidence) / 2))
+    n, nt = ya.size, slopes.size
+    sigma = math.sqrt(max(0.0, (n * (n - 1) * (2 * n + 5) - _tie_term(xa) - _tie_term(ya)) / 18.0))
+    ru = min(int(np.round((nt - z * sigma) / 2.0)), nt - 1)
+    rl = max(int(np.round((nt + z * sigma) / 2.0)) - 1, 0)
+    return slope, float(slopes[rl]), float(slopes[ru])
+
+
+def _trend(steps: IntArray, means: FloatArray) -> TrendTest:
+    s, var, p, exact = mann_kendall(means)
+    slope, lo, hi = sen_slope(steps.astype(np.float64), means)
+    rise = slope * float(steps[-1] - steps[0])
+    return TrendTest(n=int(means.size), s=s, var_s=var, p_increasing=p, exact=exact, slope=slope, slope_ci=(lo, hi), rise=rise)
+
+
+# -- bootstrap -------------------------------------------------------------------------------------
+
+
+def _boot_ratio(groups: Sequence[tuple[FloatArray, FloatArray]], resamples: int, rng: np.random.Generator) -> float:
+    """Bootstrap SE of the token mean ``sum(values) / sum(tokens)`` pooled over groups (steps), resampling the
+    samples of each group with replacement (stratified), times ``sqrt(n/(n-1))`` with ``n`` the smallest group's
+    sample count (the bootstrap's small-sample bias of a variance). NaN when a group has fewer than two samples."""
+    num = np.zeros(resamples)
+    den = np.zeros(resamples)
+    n_min = min(v.size for v, _ in groups)
+    if n_min < 2:
+        return math.nan
+    for vals, toks in groups:
+        idx = rng.integers(0, vals.size, size=(resamples, vals.size))
+        num += vals[idx].sum(axis=1)
+        den += toks[idx].sum(axis=1)
+    return float(np.std(num / den, ddof=1)) * math.sqrt(n_min / (n_min - 1))
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+
+def _holm(p: FloatArray) -> FloatArray:
+    m = p.size
+    out = np.full(m, math.nan)
+    ok = np.isfinite(p)
+    q = p[ok]
+    if q.size == 0:
+        return out
+    order = np.argsort(q, kind="stable")
+    k = q.size
+    adj = np.minimum(1.0, np.maximum.accumulate((k - np.arange(k)) * q[order]))
+    res = np.empty(k)
+    res[order] = adj
+    out[ok] = res
+    return out
+
+
+def _p_above(mean: float, se: float, band: float) -> float:
+    if not (math.isfinite(mean) and math.isfinite(se)):
+        return math.nan
+    if se <= 0:
+        return 0.0 if mean > band else 1.0
+    return float(sps.norm.sf((mean - band) / se))
+
+
+def kl_by_step(
+    step: IntArray | Sequence[int],
+    sample: IntArray | Sequence[int],
+    rollout_logprob: FloatArray | Sequence[float],
+    train_logprob: FloatArray | Sequence[float],
+    *,
+    weight_version: IntArray | Sequence[int] | None = None,
+    settings: KLSettings | None = None,
+) -> KLReport:
+    """The per-step KL table, floor, trend and verdict. ``sample`` identifies a sample (any int codes; a sample is
+    the pair (step, sample)). Every logprob must be finite (``ValueError`` otherwise)."""
+    cfg = settings or KLSettings()
+    st = np.asarray(step, dtype=np.int64)
+    sm = np.asarray(sample, dtype=np.int64)
+    ro = np.asarray(rollout_logprob, dtype=np.float64)
+    tr = np.asarray(train_logprob, dtype=np.float64)
+    if not (st.shape == sm.shape == ro.shape == tr.shape) or st.ndim != 1:
+        raise ValueError("step, sample and both logprob arrays must be 1-D and of one length")
+    if st.size == 0:
+        raise ValueError("no tokens")
+    if not (np.isfinite(ro).all() and np.isfinite(tr).all()):
+        raise ValueError("logprobs must be finite")
+    wv = np.full(st.size, -1, dtype=np.int64) if weight_version is None else np.asarray(weight_version, dtype=np.int64)
+    k1, k2, k3 = kl_estimators(ro, tr)
+
+    order = np.lexsort((sm, st))
+    st, sm, k1, k2, k3, wv = st[order], sm[order], k1[order], k2[order], k3[order], wv[order]
+    # one group per (step, sample): its token count and sums
+    new = np.ones(st.size, dtype=bool)
+    new[1:] = (st[1:] != st[:-1]) | (sm[1:] != sm[:-1])
+    starts = np.flatnonzero(new)
+    g_step = st[starts]
+    g_tokens = np.diff(np.append(starts, st.size)).astype(np.float64)
+    g_k1, g_k2, g_k3 = (np.add.reduceat(k, starts) for k in (k1, k2, k3))
+    step_values, step_first = np.unique(g_step, return_index=True)
+    bounds = np.append(step_first, g_step.size)
+
+    z = float(sps.norm.ppf(0.975))
+    estimated = cfg.floor is None
+    n_window = min(cfg.floor_steps, step_values.size) if estimated else 0
+    per_step: list[dict[str, Any]] = []
+    groups: list[tuple[FloatArray, FloatArray]] = []
+    for i, s in enumerate(step_values):
+        a, b = bounds[i], bounds[i + 1]
+        toks, v3 = g_tokens[a:b], g_k3[a:b]
+        rng = np.random.default_rng([cfg.seed, int(s) & 0x7FFFFFFF])
+        se = _boot_ratio([(v3, toks)], cfg.resamples, rng)
+        ntok = float(toks.sum())
+        mean3 = float(v3.sum()) / ntok
+        lo_wv, hi_wv = int(np.searchsorted(st, s, "left")), int(np.searchsorted(st, s, "right"))
+        versions = tuple(int(v) for v in np.unique(wv[lo_wv:hi_wv]) if v >= 0)
+        per_step.append(
+            {
+                "step": int(s),
+                "samples": int(b - a),
+                "tokens": int(ntok),
+                "k1": float(g_k1[a:b].sum()) / ntok,
+                "k2": float(g_k2[a:b].sum()) / ntok,
+                "k3": mean3,
+                "k3_se": se,
+                "k3_ci": (mean3 - z * se, mean3 + z * se) if math.isfinite(se) else (math.nan, math.nan),
+                "weight_versions": versions,
+            }
+        )
+        groups.append((v3, toks))
+
+    reasons: list[str] = []
+    if estimated:
+        win = groups[:n_window]
+        floor = sum(float(v.sum()) for v, _ in win) / sum(float(t.sum()) for _, t in win)
+        floor_se = _boot_ratio(win, cfg.resamples, np.random.default_rng([cfg.seed, 0x7FFFFFFF]))
+    else:
+        floor, floor_se = float(cfg.floor or 0.0), 0.0
+    band = cfg.tolerance * floor
+    band_se = cfg.tolerance * floor_se
+
+    judged = list(range(n_window, len(per_step)))
+    p_raw = np.array(
+        [_p_above(per_step[i]["k3"], math.hypot(per_step[i]["k3_se"], band_se), band) for i in judged], dtype=np.float64
+    )
+    p_adj = _holm(p_raw)
+    steps_out: list[StepKL] = []
+    above: list[StepKL] = []
+    for i, row in enumerate(per_step):
+        if i < n_window:
+            steps_out.append(StepKL(**row, role="floor window"))
+            continue
+        j = i - n_window
+        p, q = float(p_raw[j]), float(p_adj[j])
+        if math.isfinite(q) and q < cfg.alpha:
+            status: Literal["at floor", "above floor", "unclear"] = "above floor"
+        elif math.isfinite(row["k3_se"]) and row["k3"] + z * math.hypot(row["k3_se"], band_se) <= band:
+            status = "at floor"
+        else:
+            status = "unclear"
+        one = StepKL(**row, role="judged", p_above=p, p_above_adjusted=q, status=status)
+        steps_out.append(one)
+        if status == "above floor":
+            above.append(one)
+
+    # the level of the judged steps: the mean of their k3 means, and its one-sided upper bound
+    if judged:
+        means = np.array([per_step[i]["k3"] for i in judged])
+        ses = np.array([per_step[i]["k3_se"] for i in judged])
+        level = float(means.mean())
+        level_se = math.hypot(float(math.sqrt(np.sum(ses**2))) / len(judged), band_se / cfg.tolerance)
+        level_upper = level + float(sps.norm.ppf(1 - cfg.alpha)) * level_se
+    else:
+        level, level_upper = math.nan, math.nan
+
+    trend: TrendTest | None = None
+    diverging = False
+    if step_values.size >= cfg.min_trend_steps:
+        trend = _trend(step_values, np.array([r["k3"] for r in per_step]))
+        diverging = (
+            math.isfinite(trend.p_increasing)
+            and trend.p_increasing < cfg.trend_alpha
+            and trend.rise > cfg.min_rise * floor
+        )
+
+    verdict: Verdict | None = None
+    if diverging and trend is not None:
+        verdict = "diverging"
+        reasons.append(
+            f"k3 grows over the steps: Mann-Kendall p = {trend.p_increasing:.3g} < {cfg.trend_alpha}, Sen slope "
+            f"{trend.slope:.3g}/step (95% CI {trend.slope_ci[0]:.3g} .. {trend.slope_ci[1]:.3g}), a rise of "
+            f"{trend.rise:.3g} over the steps (> {cfg.min_rise} x floor {floor:.3g})"
+        )
+    if above:
+        if verdict is None:
+            verdict = "above floor"
+        names = ", ".join(str(a.step) for a in above[:10]) + (" ..." if len(above) > 10 else "")
+        worst = max(above, key=lambda a: a.k3)
+        reasons.append(
+            f"{len(above)} step(s) above the floor band k3 <= {band:.3g} ({cfg.tolerance} x floor {floor:.3g}): "
+            f"{names}; worst step {worst.step} at {worst.k3:.3g} (Holm-adjusted p {worst.p_above_adjusted:.3g})"
+        )
+    if verdict is None:
+        problems = []
+        if not judged:
+            problems.append(
+                f"no step to judge: the floor is estimated from the first {cfg.floor_steps} steps and the records "
+                f"have {step_values.size}"
+            )
+        elif not math.isfinite(level_upper):
+            problems.append("some judged step has a single sample, so no interval (the bootstrap is over samples)")
+        elif level_upper > band:
+            problems.append(
+                f"the judged steps' mean k3 {level:.3g} is not shown inside the band: its upper bound {level_upper:.3g} > "
+                f"{band:.3g}; more samples per step narrow it"
+            )
+        if trend is None:
+            problems.append(f"{step_values.size} step(s): the trend test needs at least {cfg.min_trend_steps}")
+        if problems:
+            verdict = "inconclusive"
+            reasons.extend(problems)
+        else:
+            verdict = "at floor"
+            assert trend is not None
+            reasons.append(
+                f"k3 at floor: judged steps' mean {level:.3g} (upper bound {level_upper:.3g}) inside the band "
+                f"{band:.3g} = {cfg.tolerance} x floor {floor:.3g}; no step above it; no increasing trend "
+                f"(Mann-Kendall p = {trend.p_increasing:.3g}, Sen rise {trend.rise:.3g})"
+            )
+    assert verdict is not None
+    return KLReport(
+        verdict=verdict,
+        reasons=tuple(reasons),
+        steps=tuple(steps_out),
+        floor=floor,
+        floor_se=floor_se,
+        floor_source="estimated" if estimated else "declared",
+        band=band,
+        level=level,
+        level_upper=level_upper,
+        trend=trend,
+        settings=cfg,
+    )
+
+
+def kl_report(records: LogprobRecords, settings: KLSettings | None = None) -> KLReport:
+    """:func:`kl_by_step` over validated logprob records (``validator.runs.logprob_records``)."""
+    return kl_by_step(
+        records.step,
+        records.sample,
+        records.rollout_logprob,
+        records.train_logprob,
+        weight_version=records.weight_version,
+        settings=settings,
+    )

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Bumped whenever a default or a judging rule changes, so that cached comparisons are judged again.
-JUDGING_VERSION = 2
+JUDGING_VERSION = 3  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix
 
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5

@@ -187,7 +187,8 @@ class Plugin:
     stats: dict[str, _Stats] = field(default_factory=dict)
     session: ProbeSession | None = None
     recorder: Any = None
-    closed: bool = False
+    closing: bool = False  # close() has begun: nothing new is captured
+    closed: bool = False  # close() has ended: the part is written
     batch: Batch | None = None
     forwards: int = 0
     req_steps: dict[str, int] = field(default_factory=dict)
@@ -238,7 +239,7 @@ class Plugin:
         }
 
     def ensure_session(self) -> ProbeSession | None:
-        if self.closed:
+        if self.closing:
             return None
         if self.session is None:
             if not self.coords():
@@ -258,7 +259,7 @@ class Plugin:
 
     # -- capturing ---------------------------------------------------------------------------------
     def wants(self, point: str) -> bool:
-        return not self.closed and point in self.stats
+        return not self.closing and point in self.stats
 
     def capture(self, point: str, name: str, tensor: torch.Tensor, *, shard: ShardSpec | None = None, **coords: Any) -> None:
         st = self.stats[point]
@@ -366,7 +367,7 @@ class Plugin:
             return None
 
         def watch() -> None:
-            while not self.closed:
+            while not self.closing:
                 time.sleep(interval)
                 idle = self.batch is None and time.monotonic() - self.last_activity >= interval
                 if idle and os.path.exists(path):
@@ -397,7 +398,7 @@ class Plugin:
 
     def acceptance(self) -> Any:
         """This rank's acceptance recorder (one rank per attention-TP group, on the last PP stage), or None."""
-        if self.recorder is False or self.closed:
+        if self.recorder is False or self.closing:
             return None
         if self.recorder is None:
             c = self.coords()
@@ -431,8 +432,9 @@ class Plugin:
 
     def close(self) -> None:
         with self._lock:
-            if self.closed:
+            if self.closing:
                 return
+            self.closing = True
             self.poll(block=True)
             rep = self.report()
             if rep["never_reached"]:
@@ -440,9 +442,9 @@ class Plugin:
                               "reached in this process", ProbeWarning, stacklevel=2)
             if self.recorder:
                 self.recorder.close()
-            self.closed = True
             if self.session is not None:
                 self.session.close()
+            self.closed = True
 
 
 def _ints(x: Any) -> list[int] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
@@ -27,8 +28,11 @@ __all__ = [
     "TrendTest",
     "VERDICT_EXIT",
     "kl_by_step",
+    "StepStats",
+    "judge_steps",
     "kl_estimators",
     "kl_report",
+    "step_stats",
     "mann_kendall",
     "sen_slope",
 ]
@@ -38,6 +42,7 @@ IntArray = npt.NDArray[np.int64]
 Verdict = Literal["at floor", "above floor", "diverging", "inconclusive"]
 VERDICT_EXIT: dict[str, int] = {"at floor": 0, "above floor": 1, "diverging": 1, "inconclusive": 3}
 _EXACT_MK_MAX_N = 50
+_Z975 = NormalDist().inv_cdf(0.975)
 
 
 @dataclass(frozen=True)
@@ -275,7 +280,7 @@ def mann_kendall(y: Sequence[float] | FloatArray) -> tuple[int, float, float, bo
         return s, var, min(1.0, p), True
     if var <= 0:
         return s, var, math.nan, False
-    return s, var, float(sps.norm.sf(s / math.sqrt(var))), False
+    return s, var, _norm_sf(s / math.sqrt(var)), False
 
 
 def sen_slope(x: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray, confidence: float = 0.95) -> tuple[float, float, float]:
@@ -345,26 +350,59 @@ def _holm(p: FloatArray) -> FloatArray:
     return out
 
 
+def _norm_sf(x: float) -> float:
+    """The standard normal's upper tail, accurate far into it (``erfc``; scipy's per call costs 100x more)."""
+    return 0.5 * math.erfc(x / math.sqrt(2.0))
+
+
 def _p_above(mean: float, se: float, band: float) -> float:
     if not (math.isfinite(mean) and math.isfinite(se)):
         return math.nan
     if se <= 0:
         return 0.0 if mean > band else 1.0
-    return float(sps.norm.sf((mean - band) / se))
+    return _norm_sf((mean - band) / se)
 
 
-def kl_by_step(
+@dataclass(frozen=True)
+class StepStats:
+    """What the verdict needs from the tokens: per step the means, the bootstrap SE of k3, and the per-sample k3
+    sums and token counts (for the floor's bootstrap). Computed once by :func:`step_stats`; :func:`judge_steps`
+    turns it into a report for any :class:`KLSettings` with the same ``resamples`` and ``seed``."""
+
+    steps: IntArray
+    rows: tuple[dict[str, Any], ...]
+    groups: tuple[tuple[FloatArray, FloatArray], ...]
+    _floor_cache: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+    _trend_cache: dict[str, TrendTest] = field(default_factory=dict, repr=False, compare=False)
+
+    def estimated_floor(self, floor_steps: int, resamples: int, seed: int) -> tuple[float, float]:
+        """(k3 token mean pooled over the first ``floor_steps`` steps, its stratified bootstrap SE over samples)."""
+        key = (floor_steps, resamples, seed)
+        if key not in self._floor_cache:
+            win = self.groups[:floor_steps]
+            floor = sum(float(v.sum()) for v, _ in win) / sum(float(t.sum()) for _, t in win)
+            self._floor_cache[key] = (floor, _boot_ratio(win, resamples, np.random.default_rng([seed, 0x7FFFFFFF])))
+        return self._floor_cache[key]
+
+    def trend(self) -> TrendTest:
+        """Mann-Kendall and Sen's slope of the k3 step means (computed once)."""
+        if "trend" not in self._trend_cache:
+            self._trend_cache["trend"] = _trend(self.steps, np.array([r["k3"] for r in self.rows]))
+        return self._trend_cache["trend"]
+
+
+def step_stats(
     step: IntArray | Sequence[int],
     sample: IntArray | Sequence[int],
     rollout_logprob: FloatArray | Sequence[float],
     train_logprob: FloatArray | Sequence[float],
     *,
     weight_version: IntArray | Sequence[int] | None = None,
-    settings: KLSettings | None = None,
-) -> KLReport:
-    """The per-step KL table, floor, trend and verdict. ``sample`` identifies a sample (any int codes; a sample is
-    the pair (step, sample)). Every logprob must be finite (``ValueError`` otherwise)."""
-    cfg = settings or KLSettings()
+    resamples: int = 1000,
+    seed: int = 0,
+) -> StepStats:
+    """Per-step k1/k2/k3 token means and the k3 bootstrap SE over samples. ``sample`` identifies a sample (any int
+    codes; a sample is the pair (step, sample)). Every logprob must be finite (``ValueError`` otherwise)."""
     st = np.asarray(step, dtype=np.int64)
     sm = np.asarray(sample, dtype=np.int64)
     ro = np.asarray(rollout_logprob, dtype=np.float64)
@@ -391,20 +429,18 @@ def kl_by_step(
     bounds = np.append(step_first, g_step.size)
 
     z = float(sps.norm.ppf(0.975))
-    estimated = cfg.floor is None
-    n_window = min(cfg.floor_steps, step_values.size) if estimated else 0
-    per_step: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     groups: list[tuple[FloatArray, FloatArray]] = []
     for i, s in enumerate(step_values):
         a, b = bounds[i], bounds[i + 1]
         toks, v3 = g_tokens[a:b], g_k3[a:b]
-        rng = np.random.default_rng([cfg.seed, int(s) & 0x7FFFFFFF])
-        se = _boot_ratio([(v3, toks)], cfg.resamples, rng)
+        rng = np.random.default_rng([seed, int(s) & 0x7FFFFFFF])
+        se = _boot_ratio([(v3, toks)], resamples, rng)
         ntok = float(toks.sum())
         mean3 = float(v3.sum()) / ntok
         lo_wv, hi_wv = int(np.searchsorted(st, s, "left")), int(np.searchsorted(st, s, "right"))
         versions = tuple(int(v) for v in np.unique(wv[lo_wv:hi_wv]) if v >= 0)
-        per_step.append(
+        rows.append(
             {
                 "step": int(s),
                 "samples": int(b - a),
@@ -418,12 +454,37 @@ def kl_by_step(
             }
         )
         groups.append((v3, toks))
+    return StepStats(steps=step_values, rows=tuple(rows), groups=tuple(groups))
 
+
+def kl_by_step(
+    step: IntArray | Sequence[int],
+    sample: IntArray | Sequence[int],
+    rollout_logprob: FloatArray | Sequence[float],
+    train_logprob: FloatArray | Sequence[float],
+    *,
+    weight_version: IntArray | Sequence[int] | None = None,
+    settings: KLSettings | None = None,
+) -> KLReport:
+    """The per-step KL table, floor, trend and verdict: :func:`judge_steps` of :func:`step_stats`."""
+    cfg = settings or KLSettings()
+    stats = step_stats(
+        step, sample, rollout_logprob, train_logprob, weight_version=weight_version, resamples=cfg.resamples, seed=cfg.seed
+    )
+    return judge_steps(stats, cfg)
+
+
+def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLReport:
+    """Floor, per-step tests against the band, level, trend and the verdict (docs/metrics.md)."""
+    cfg = settings or KLSettings()
+    z = _Z975
+    step_values = stats.steps
+    per_step = list(stats.rows)
+    estimated = cfg.floor is None
+    n_window = min(cfg.floor_steps, step_values.size) if estimated else 0
     reasons: list[str] = []
     if estimated:
-        win = groups[:n_window]
-        floor = sum(float(v.sum()) for v, _ in win) / sum(float(t.sum()) for _, t in win)
-        floor_se = _boot_ratio(win, cfg.resamples, np.random.default_rng([cfg.seed, 0x7FFFFFFF]))
+        floor, floor_se = stats.estimated_floor(n_window, cfg.resamples, cfg.seed)
     else:
         floor, floor_se = float(cfg.floor or 0.0), 0.0
     band = cfg.tolerance * floor
@@ -459,14 +520,14 @@ def kl_by_step(
         ses = np.array([per_step[i]["k3_se"] for i in judged])
         level = float(means.mean())
         level_se = math.hypot(float(math.sqrt(np.sum(ses**2))) / len(judged), band_se / cfg.tolerance)
-        level_upper = level + float(sps.norm.ppf(1 - cfg.alpha)) * level_se
+        level_upper = level + NormalDist().inv_cdf(1 - cfg.alpha) * level_se
     else:
         level, level_upper = math.nan, math.nan
 
     trend: TrendTest | None = None
     diverging = False
     if step_values.size >= cfg.min_trend_steps:
-        trend = _trend(step_values, np.array([r["k3"] for r in per_step]))
+        trend = stats.trend()
         diverging = (
             math.isfinite(trend.p_increasing)
             and trend.p_increasing < cfg.trend_alpha

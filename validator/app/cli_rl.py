@@ -34,6 +34,37 @@ def cmd_rl_kl(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InputError(f"--version must be an int >= 0, got {text!r}")
+    return int(text)
+
+
+def cmd_manifest_write(args: argparse.Namespace) -> int:
+    from validator.runs.weight_manifest import manifest_of_safetensors, write_manifest
+
+    m = manifest_of_safetensors(args.paths, version=_version(args.version))
+    write_manifest(m, args.output)
+    print(f"wrote {args.output}: {len(m.tensors)} tensors" + (f", version {m.version}" if m.version is not None else ""))
+    return 0
+
+
+def cmd_manifest_diff(args: argparse.Namespace) -> int:
+    from validator.judging.manifest_diff import DEFAULT_LORA_B, diff_manifests
+    from validator.runs.weight_manifest import load_side
+
+    a = load_side(args.a, version=_version(args.a_version))
+    b = load_side(args.b, version=_version(args.b_version))
+    d = diff_manifests(a, b, lora_b=tuple(args.lora_b) if args.lora_b else DEFAULT_LORA_B, numeric=not args.no_numeric)
+    if args.json:
+        _print_json(d.to_dict())
+    else:
+        print(d.format_text())
+    return d.exit_code
+
+
 def add_commands(sub: Any) -> None:
     """Register ``rl`` and ``manifest`` on the top-level subparsers."""
     rl = sub.add_parser("rl", help="RL training vs rollout: train/rollout KL over steps (docs/rl.md)")
@@ -52,3 +83,27 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--tolerance", type=float, default=1.5, help="band: k3 <= tolerance x floor (default 1.5)")
     s.add_argument("--json", action="store_true", help="print the verdict document as JSON")
     s.set_defaults(func=cmd_rl_kl)
+
+    man = sub.add_parser("manifest", help="weight-sync manifests: per-tensor dtype, shape, SHA256 (docs/rl.md)")
+    man_sub = man.add_subparsers(dest="manifest_command", metavar="ACTION")
+    man_sub.required = True
+    s = man_sub.add_parser("write", help="hash .safetensors files (or directories of them) into a manifest")
+    s.add_argument("paths", nargs="+", metavar="FILES_OR_DIR")
+    s.add_argument("-o", "--output", required=True, metavar="MANIFEST.json")
+    s.add_argument("--version", help="the weight version to record")
+    s.set_defaults(func=cmd_manifest_write)
+    s = man_sub.add_parser(
+        "diff",
+        help="missing/extra/changed tensors, update changed nothing, LoRA B zero at version 1; exit 0 identical "
+        "(or an update that changed tensors), 1 differences, 2 bad input",
+        description="A and B: manifest files (.json), or .safetensors files or directories hashed on the fly "
+        "(then changed tensors are also compared numerically: rel_l2 in float64).",
+    )
+    s.add_argument("a", help="reference (e.g. the trainer's manifest)")
+    s.add_argument("b", help="candidate (e.g. the rollout engine's)")
+    s.add_argument("--a-version", help="weight version of A (overrides the manifest's)")
+    s.add_argument("--b-version", help="weight version of B (overrides the manifest's)")
+    s.add_argument("--lora-b", action="append", metavar="GLOB", help="name glob of LoRA B factors (repeatable; default *lora_B*, *lora_b*)")
+    s.add_argument("--no-numeric", action="store_true", help="do not load changed tensors to compare them")
+    s.add_argument("--json", action="store_true", help="print the diff document as JSON")
+    s.set_defaults(func=cmd_manifest_diff)

@@ -92,6 +92,9 @@ class Service:
         self.sessions = store.make_sessionmaker(self.engine)
         self.blobs = open_blob_store(settings.blob_url, local_dir=settings.blob_dir, cache_dir=settings.cache_dir)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compare")
+        from validator.ray_executor import parse_executor  # no Ray import: only the setting's syntax
+
+        parse_executor(settings.compare_executor)  # a bad VALIDATOR_COMPARE_EXECUTOR fails at start
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -415,9 +418,13 @@ class Service:
         floor: tuple[str, str] | None = None,
         progress: Progress | None = None,
         allow_paths: bool = True,
+        executor: str | None = None,
     ) -> Comparison:
+        """``executor``: ``local`` (default), ``ray`` or ``ray=ADDRESS``: where the pairs are measured
+        (validator.ray_executor; the workers read stored runs from this store's blobs)."""
         resolve = functools.partial(self.resolve, allow_paths=allow_paths)
-        return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress)
+        blob_url = self.settings.blob_url or f"file://{self.settings.blob_dir.resolve()}"
+        return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress, executor=executor, blob_url=blob_url)
 
     def cached_comparison(
         self,
@@ -458,14 +465,14 @@ class Service:
             rec_id = rec.id
         size = sum(r.total_bytes for r in runs)
         run_bg = background if background is not None else size > BACKGROUND_BYTES
-        job = functools.partial(self._run_comparison, rec_id, request, pol)
+        job = functools.partial(self._run_comparison, rec_id, request, pol, self.settings.compare_executor if run_bg else None)
         if run_bg:
             self._executor.submit(job)
         else:
             job()
         return self.get_comparison(rec_id)
 
-    def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None) -> None:
+    def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None, executor: str | None = None) -> None:
         from validator.judging.report import comparison_json
 
         with self.session() as s, s.begin():
@@ -474,7 +481,7 @@ class Service:
             rec.status = "running"
         try:
             floor = tuple(request["floor"]) if request["floor"] else None
-            c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False)
+            c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False, executor=executor)
             result, verdict, status, error = json.loads(comparison_json(c)), c.verdict, "done", None
         except Exception as exc:  # recorded, shown to the client; never lost
             result, verdict, status, error = None, None, "error", f"{type(exc).__name__}: {exc}"[:2000]
@@ -499,13 +506,14 @@ def compare_refs(
     policy: Policy | None = None,
     floor: tuple[str, str] | None = None,
     progress: Progress | None = None,
+    executor: str | None = None,
 ) -> Comparison:
     """:meth:`Service.compare` for a local caller. When every reference is an existing path (bundles,
     ``.safetensors`` files, folders of them) the store is never opened: no database, no migrations. Otherwise
     ``open_store()`` opens it, and references resolve as in :meth:`Service.resolve` (a path first, then a run)."""
     if all(Path(r).exists() for r in (a, b, *(floor or ()))):
-        return _compare(open_path, a, b, policy=policy, floor=floor, progress=progress)
-    return open_store().compare(a, b, policy=policy, floor=floor, progress=progress)
+        return _compare(open_path, a, b, policy=policy, floor=floor, progress=progress, executor=executor)
+    return open_store().compare(a, b, policy=policy, floor=floor, progress=progress, executor=executor)
 
 
 def _compare(
@@ -516,8 +524,13 @@ def _compare(
     policy: Policy | None,
     floor: tuple[str, str] | None,
     progress: Progress | None,
+    executor: str | None = None,
+    blob_url: str | None = None,
 ) -> Comparison:
     from validator.judging.compare import compare_runs
+    from validator.ray_executor import make_executor, parse_executor
 
+    spec = parse_executor(executor)  # before reading anything: a bad --executor is the first error
     fl = (resolve(floor[0]), resolve(floor[1])) if floor else None
-    return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress)
+    ex = make_executor(spec, blob_url=blob_url)
+    return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress, executor=ex)

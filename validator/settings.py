@@ -54,6 +54,9 @@ class Settings:
     # a pending run (uploaded, never finalized) created this long ago, none of whose files received a byte
     # for as long, is deleted with its uploads and the blobs only it held (validator.store.expiry)
     pending_expiry_hours: float = 7 * 24.0
+    # where background comparisons measure their pairs: "local" (this process), "ray" or "ray=HOST:PORT"
+    # (a Ray cluster whose workers reach the blob store; validator.ray_executor, docs/ray.md)
+    compare_executor: str = "local"
 
     def __post_init__(self) -> None:
         if not 0 < self.pending_expiry_hours <= 1e6:  # beyond, dates overflow
@@ -91,4 +94,5 @@ class Settings:
             protect_reads=env.get("VALIDATOR_PROTECT_READS", "") in ("1", "true", "yes"),
             max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),
             pending_expiry_hours=_float(env, "VALIDATOR_PENDING_EXPIRY_HOURS", 7 * 24.0),
+            compare_executor=env.get("VALIDATOR_COMPARE_EXECUTOR") or "local",
         )

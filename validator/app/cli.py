@@ -158,6 +158,8 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     """(comparison document, pre-rendered extra tables), computed locally or by the server."""
     floor = tuple(args.floor) if args.floor else None
     policy = _policy_doc(args.policy)
+    if args.server and args.executor:
+        raise InputError("--executor is for local comparisons; a server measures where its VALIDATOR_COMPARE_EXECUTOR says")
     if args.server:
         client = _client(args)
         try:
@@ -170,7 +172,7 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
-        c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog)
+        c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog, executor=args.executor)
     tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
     return comparison_doc(c), tables
 
@@ -284,6 +286,13 @@ def _judging_options(s: argparse.ArgumentParser, *, json_help: str) -> None:
     s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair: thresholds as multiples of it")
     s.add_argument("--json", action="store_true", help=json_help)
     s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    s.add_argument(
+        "--executor",
+        metavar="WHERE",
+        help="where to measure the pairs: local (this process, the default), ray or ray=ADDRESS: the Ray cluster at "
+        "ADDRESS (HOST:PORT of its head; default $RAY_ADDRESS or this machine's), whose workers read the tensors "
+        "from the blob store or a shared filesystem (docs/ray.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

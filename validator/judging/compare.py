@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,10 @@ from validator.runs.view import RunView
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PairResult", "Comparison", "Measured", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts", "VERDICT_EXIT"]
+__all__ = [
+    "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts",
+    "VERDICT_EXIT",
+]
 
 VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
 _STATUS_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "pass": 3}
@@ -199,21 +202,32 @@ def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Me
     return got
 
 
-def _floor_pairs(floor: tuple[RunView, RunView] | None) -> dict[LogicalKey, Measured]:
+Pair = tuple[LogicalTensor, LogicalTensor, bool]  # (A's tensor, B's tensor, whether to measure A's rounding floor)
+# Maps a measurement over pairs and yields the results in the pairs' order: the seam where a comparison's
+# measurements can run elsewhere (validator.ray_executor: on a Ray cluster). ``measure`` is a module-level
+# function, so it can be sent by reference; the executor must call it on each pair unchanged.
+PairExecutor = Callable[[Callable[[LogicalTensor, LogicalTensor, bool], Measured], list[Pair]], Iterable[Measured]]
+
+
+def _floor_pairs(floor: tuple[RunView, RunView] | None, executor: PairExecutor | None = None) -> dict[LogicalKey, Measured]:
     if floor is None:
         return {}
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
     keys = sorted(fa.keys() & fb.keys(), key=lambda k: (k[0], repr(k[1])))
-    measured = _measure_all([(fa[k], fb[k], False) for k in keys])
+    measured = _measure_all([(fa[k], fb[k], False) for k in keys], executor)
     return {key: got for key, got in zip(keys, measured) if got.metrics is not None}
 
 
-def _measure_all(pairs: list[tuple[LogicalTensor, LogicalTensor, bool]]) -> Iterator[Measured]:
+def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[Measured]:
     """``_measure`` of each pair, in order, several pairs at a time (the kernels release the GIL).
 
     At most ``workers`` pairs are loaded at once, so memory stays bounded by the largest pairs, not by
-    the run; safetensors inputs are memory-mapped and read lazily.
+    the run; safetensors inputs are memory-mapped and read lazily. With ``executor``, it maps ``_measure``
+    over the pairs instead (the same function on each pair, so the same results).
     """
+    if executor is not None:
+        yield from executor(_measure, pairs)
+        return
     workers = _pair_workers(len(pairs))
     if workers <= 1 or max(_elements(la) for la, _, _ in pairs) <= SMALL_PAIR:
         yield from (_measure(*p) for p in pairs)  # small pairs: a hand-off to a thread costs more than the pair
@@ -240,15 +254,17 @@ def compare_runs(
     policy: Policy | None = None,
     floor: tuple[RunView, RunView] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    executor: PairExecutor | None = None,
 ) -> Comparison:
+    """``executor``: where the pairs are measured (default: this process, see ``_measure_all``)."""
     policy = policy or Policy()
     ga, gb = group_logical(a.tensors), group_logical(b.tensors)
-    floor_m = _floor_pairs(floor)
+    floor_m = _floor_pairs(floor, executor)
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
     pairs: list[PairResult] = []
     have = floor is not None
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
-    measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)])
+    measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)], executor)
     for i, (key, got) in enumerate(zip(keys, measured)):
         la, lb = ga[key], gb[key]
         m = got.metrics

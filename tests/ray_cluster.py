@@ -1,0 +1,152 @@
+"""A real Ray cluster on loopback for tests and benchmarks: a head (no CPUs: it only schedules) and worker
+nodes, each a `ray start --block` process of this environment, so stopping one stops its node's processes.
+Every port is chosen free, the session lives in its own temporary directory (short: Ray's sockets live
+there), and nothing is shared with any other Ray on the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.servers import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@dataclass
+class RayCluster:
+    address: str  # HOST:PORT of the head's GCS, what `--executor ray=ADDRESS` takes
+    temp_dir: Path
+    log_dir: Path
+    env: dict[str, str]
+    head: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def add_worker(self, cpus: int = 1) -> subprocess.Popen[bytes]:
+        cmd = [RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={cpus}", *_node_ports(),
+               "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
+        with open(self.log_dir / f"worker{len(self.workers)}.log", "ab") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(proc)
+        return proc
+
+    def wait_for_cpus(self, cpus: int, timeout: float = 90) -> None:
+        """Until the cluster reports ``cpus`` CPUs on live nodes (asked with a short-lived `ray status`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [p for p in [self.head, *self.workers] if p is not None and p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"a Ray node exited with {dead[0].returncode} while starting:\n{self.log_tail()}")
+            try:
+                got = subprocess.run([RAY, "status", f"--address={self.address}"], env=self.env, capture_output=True,
+                                     text=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                continue
+            for line in got.stdout.splitlines():
+                parts = line.strip().split()
+                if len(parts) >= 2 and parts[-1] == "CPU" and "/" in parts[0]:
+                    if float(parts[0].split("/")[1]) >= cpus:
+                        return
+            time.sleep(0.5)
+        raise RuntimeError(f"the Ray cluster did not reach {cpus} CPUs within {timeout:g} s:\n{self.log_tail()}")
+
+    def log_tail(self, limit: int = 3000) -> str:
+        text = ""
+        for p in sorted(self.log_dir.glob("*.log")):
+            text += f"--- {p.name}\n{p.read_text(errors='replace')[-limit:]}\n"
+        return text
+
+    def descendants(self, root: int) -> list[int]:
+        """Process ids below ``root`` (read from /proc): the processes a node started."""
+        children: dict[int, list[int]] = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(d.name))
+        out, todo = [], [root]
+        while todo:
+            for c in children.get(todo.pop(), []):
+                out.append(c)
+                todo.append(c)
+        return out
+
+    def task_workers(self, prefix: str = "ray::_measure_batch") -> list[int]:
+        """Worker processes of our nodes running a task whose title starts with ``prefix``."""
+        found = []
+        for node in self.workers:
+            for pid in self.descendants(node.pid):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if cmdline.startswith(prefix):
+                    found.append(pid)
+        return found
+
+    def stop_node(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop one node: its `ray start --block` stops the node's processes on SIGTERM; what is left of
+        its process group (it is its own session) is killed after a grace period."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        nodes = [*self.workers, *([self.head] if self.head is not None else [])]
+        for p in nodes:  # all at once: each takes seconds to wind down
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in nodes:
+            self.stop_node(p)
+
+
+def _node_ports() -> list[str]:
+    """Free ports for one node's servers (two nodes on one host must not share the fixed defaults)."""
+    return [
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
+
+
+@contextlib.contextmanager
+def ray_cluster(log_dir: Path, *, workers: int = 2, cpus: int = 1, env: Mapping[str, str] | None = None) -> Iterator[RayCluster]:
+    """A head and ``workers`` nodes of ``cpus`` CPUs each; stopped (all their processes) on the way out."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix="vray", dir="/tmp"))
+    full_env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+    port = free_port()
+    cluster = RayCluster(address=f"127.0.0.1:{port}", temp_dir=temp, log_dir=log_dir, env=full_env)
+    cmd = [RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+           *_node_ports(), "--node-ip-address=127.0.0.1",
+           f"--temp-dir={temp}", "--disable-usage-stats", "--object-store-memory=100000000"]
+    try:
+        with open(log_dir / "head.log", "ab") as log:
+            cluster.head = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(workers):
+            cluster.add_worker(cpus)
+        cluster.wait_for_cpus(workers * cpus)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(temp, ignore_errors=True)

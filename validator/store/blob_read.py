@@ -1,0 +1,81 @@
+"""Reading one blob as a tensor from wherever a store URL points, without a store object or a local cache: what
+a comparison worker on another machine does (validator.ray_executor). The bytes come straight from the
+store (a directory every worker mounts, or S3), are checked against their sha256 where they are downloaded,
+and nothing is written to the worker's disk."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from validator.errors import InputError, ValidatorError
+from validator.runs.tensorfile import raw_tensor, torch_dtype
+from validator.store.blobs import LocalBlobStore, check_sha
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["open_blob_tensor", "open_file_tensor", "READ_CHUNK"]
+
+READ_CHUNK = 8 << 20  # bytes per piece of an S3 body copied into the tensor's buffer
+
+
+def open_file_tensor(path: str, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor stored raw at ``offset`` of a file (a safetensors file on a shared filesystem), memory-mapped."""
+    return raw_tensor(Path(path), offset, nbytes, torch_dtype(dtype), shape)
+
+
+def open_blob_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
+    """The blob ``sha256`` of the store at ``url`` (``file://PATH`` or ``s3://BUCKET/PREFIX?endpoint=...``)
+    as a tensor. A directory is memory-mapped in place; an S3 object is read into memory once, its digest
+    checked on the way (memory: the tensor's bytes, nothing more)."""
+    check_sha(sha256)
+    if url.startswith("file://"):
+        return LocalBlobStore(Path(url[len("file://") :])).open_tensor(sha256, torch_dtype(dtype), shape, nbytes)
+    if url.startswith("s3://"):
+        return _s3_tensor(url, sha256, dtype, shape, nbytes)
+    raise InputError(f"unsupported blob store URL {url!r} (use file://PATH or s3://BUCKET/PREFIX)")
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_store(url: str) -> Any:
+    from validator.store.blobs_s3 import S3BlobStore
+
+    # the cache directory is never written: reads below go to memory, not through S3BlobStore.path
+    return S3BlobStore.from_url(url, cache_dir=Path(tempfile.gettempdir()) / "validator-blob-read")
+
+
+def _s3_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
+    import torch
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    tdtype = torch_dtype(dtype)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=tdtype)
+    store = _s3_store(url)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    pos = 0
+    try:
+        obj = store.client.get_object(Bucket=store.bucket, Key=store.key(sha256))
+        for chunk in obj["Body"].iter_chunks(READ_CHUNK):
+            end = pos + len(chunk)
+            if end > nbytes:
+                raise InputError(f"blob {sha256} in object storage is longer than its record's {nbytes} bytes")
+            view[pos:end] = chunk
+            h.update(chunk)
+            pos = end
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            raise InputError(f"blob {sha256} is missing from object storage ({url.split('?')[0]})") from None
+        raise ValidatorError(f"object storage: {exc}") from None
+    except BotoCoreError as exc:
+        raise ValidatorError(f"object storage: {exc}") from None
+    if pos != nbytes or h.hexdigest() != sha256:
+        raise InputError(f"blob {sha256} in object storage does not match its digest ({pos} of {nbytes} bytes read)")
+    return torch.frombuffer(buf, dtype=torch.uint8).view(tdtype).reshape(shape)

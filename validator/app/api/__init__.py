@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from validator.app.api.routes import admin, comparisons, dashboard, gates, runs
+from validator.app.api.routes import admin, comparisons, dashboard, gates, rl, runs
 from validator.errors import ValidatorError
 from validator.service import Service
 from validator.settings import Settings
@@ -100,7 +100,7 @@ def create_app(settings: Settings, *, service: Service | None = None) -> FastAPI
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    for r in (runs.router, comparisons.router, gates.router, admin.router):
+    for r in (runs.router, comparisons.router, gates.router, rl.router, admin.router):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(dashboard.router)  # HTML pages at /, /runs, /comparisons/... (docs/dashboard.md)
     return app

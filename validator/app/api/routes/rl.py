@@ -1,0 +1,58 @@
+"""/api/v1/rl: the RL gates (docs/rl.md). The train/rollout KL verdict of logprob records, and the diff of two
+weight manifests. Both compute from the body alone (nothing is stored) and answer the document the CLI's
+``--json`` prints; a decided verdict is always HTTP 200, bad input 400 naming the record or tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from validator.app.api.deps import WriteAuth
+from validator.errors import InputError
+
+router = APIRouter(prefix="/rl", tags=["rl"])
+
+
+class KLGate(BaseModel):
+    records: list[Any] = Field(description="logprob records, one object per sampled token (docs/rl.md)")
+    floor: float | None = Field(default=None, description="declared floor of the k3 step mean; default: estimated")
+    floor_steps: int = 5
+    tolerance: float = 1.5
+
+
+class ManifestGate(BaseModel):
+    a: dict[str, Any] = Field(description="reference manifest (docs/rl.md, 'Weight manifests')")
+    b: dict[str, Any] = Field(description="candidate manifest")
+    lora_b: list[str] | None = Field(default=None, description="name globs of LoRA B factors")
+
+
+@router.post("/kl", dependencies=[WriteAuth])
+def kl_gate(body: KLGate) -> dict[str, Any]:
+    from validator.judging.rl_kl import VERDICT_EXIT, KLSettings, kl_report
+    from validator.runs.logprob_records import records_from_objects
+
+    try:
+        settings = KLSettings(floor=body.floor, floor_steps=body.floor_steps, tolerance=body.tolerance)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    doc = kl_report(records_from_objects(body.records, source="records"), settings).to_dict()
+    doc["exit_code"] = VERDICT_EXIT[doc["verdict"]]
+    return doc
+
+
+@router.post("/manifest-diff", dependencies=[WriteAuth])
+def manifest_gate(body: ManifestGate) -> dict[str, Any]:
+    from validator.judging.manifest_diff import DEFAULT_LORA_B, diff_manifests
+    from validator.runs.weight_manifest import manifest_from_dict
+
+    d = diff_manifests(
+        manifest_from_dict(body.a, source="a"),
+        manifest_from_dict(body.b, source="b"),
+        lora_b=tuple(body.lora_b) if body.lora_b else DEFAULT_LORA_B,
+        numeric=False,
+    )
+    doc = d.to_dict()
+    doc["exit_code"] = d.exit_code
+    return doc

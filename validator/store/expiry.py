@@ -1,13 +1,14 @@
 """Expiring abandoned uploads: pending runs nobody finalized, and the blobs only they held.
 
 A pending run (``POST /runs`` or ``validator push``, never finalized) expires once it was created more than
-``Settings.pending_expiry_hours`` ago and none of its files has received a byte for that long. Expiring it
-deletes the run's row (with its upload rows and labels), its partial uploads in staging, and every blob no
-stored row references any more. :func:`collect` with ``full=False`` is what the server runs on every run
-creation and at startup (one indexed query when nothing is due); ``full=True`` (``validator gc``,
-``POST /api/v1/admin/gc``) also collects every other unreferenced blob, blob files without a row (the
-leftovers of a finalize that died; only when older than the expiry age, so a write in progress is never
-one of them), partial uploads untouched for that long and the temporary files of dead processes.
+``Settings.pending_expiry_hours`` ago and none of its files in progress has received a byte for that long
+(completed files carry no time). Expiring it deletes the run's row (with its upload rows and labels), its
+partial uploads in staging, and every blob no stored row references any more. :func:`collect` with
+``full=False`` is what the server runs on every run creation and at startup (one indexed query when nothing
+is due); ``full=True`` (``validator gc``, ``POST /api/v1/admin/gc``) also collects every other unreferenced
+blob, blob files without a row (the leftovers of a finalize that died; only when older than the expiry age,
+so a write in progress is left alone, and rewritten by its writer should a tiny ``--older-than`` take it),
+partial uploads untouched for that long and the temporary files of dead processes.
 
 Concurrent writers are safe by the blob-GC lock (:func:`validator.store.crud.blob_gc_lock`): the reference
 check and every deletion happen inside one transaction holding it exclusively, and every transaction that

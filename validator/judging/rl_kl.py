@@ -519,7 +519,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
         means = np.array([per_step[i]["k3"] for i in judged])
         ses = np.array([per_step[i]["k3_se"] for i in judged])
         level = float(means.mean())
-        level_se = math.hypot(float(math.sqrt(np.sum(ses**2))) / len(judged), band_se / cfg.tolerance)
+        level_se = math.hypot(float(math.sqrt(np.sum(ses**2))) / len(judged), band_se)
         level_upper = level + NormalDist().inv_cdf(1 - cfg.alpha) * level_se
     else:
         level, level_upper = math.nan, math.nan

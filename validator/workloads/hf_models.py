@@ -52,6 +52,16 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
+def _transformers() -> Any:
+    """transformers, imported on first use (an optional extra: ``pip install 'validator[transformers]'``)."""
+    import importlib
+
+    try:
+        return importlib.import_module("transformers")
+    except ImportError:
+        raise InputError("Hugging Face transformers is not installed: pip install 'validator[transformers]'") from None
+
+
 def target_config(model_type: str = "llama") -> dict[str, Any]:
     """The GSM8K target: 6 layers, width 256, 8 query and 8 KV heads of 32 (8 KV heads: TP8 holds one each)."""
     return {
@@ -69,8 +79,7 @@ def draft_config(model_type: str = "llama", layers: int = 2) -> dict[str, Any]:
 
 def model_config(cfg: Mapping[str, Any]) -> Any:
     """A transformers config object from a plain dict (``model_type`` picks Llama or Qwen3)."""
-    import transformers
-
+    transformers = _transformers()
     d = dict(cfg)
     kind = d.pop("model_type", "llama")
     if kind not in MODEL_TYPES:
@@ -98,8 +107,8 @@ def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "flo
                attn: str = "sdpa") -> Any:
     """A causal LM in eval mode from a ``save_pretrained`` directory or a JSON config file (random init)."""
     import torch
-    import transformers
 
+    transformers = _transformers()
     path = Path(spec)
     try:
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]

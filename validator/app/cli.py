@@ -446,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="DFlash context projection: concat vs PP-partial vs FP64 reference",
         define=_projection_options,  # validator.workloads.projection_report imports torch: only when this command is used
     )
+    probe.add_parser(
+        "transformers",
+        help="a Hugging Face transformers model and draft run D-only, PD or broken PD, captured (docs/transformers.md)",
+        define=_transformers_options,
+    )
     return p
 
 
@@ -458,6 +463,13 @@ def _projection_options(s: argparse.ArgumentParser) -> None:
     except ImportError as exc:  # pragma: no cover - only while the module is missing
         err = f"validator: error: the projection probe is unavailable ({exc})"
         s.set_defaults(func=lambda a: print(err, file=sys.stderr) or 2)
+
+
+def _transformers_options(s: argparse.ArgumentParser) -> None:
+    from validator.workloads.hf_pd import add_arguments, run_from_args
+
+    add_arguments(s)
+    s.set_defaults(func=run_from_args)
 
 
 class _DeferredParser(argparse.ArgumentParser):

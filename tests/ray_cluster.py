@@ -39,8 +39,9 @@ class RayCluster:
         self.workers.append(proc)
         return proc
 
-    def wait_for_cpus(self, cpus: int, timeout: float = 90) -> None:
-        """Until the cluster reports ``cpus`` CPUs on live nodes (asked with a short-lived `ray status`)."""
+    def wait_for_cpus(self, cpus: int, timeout: float = 120) -> None:
+        """Until the cluster reports ``cpus`` CPUs on live nodes (asked with a short-lived `ray status`);
+        ``cpus=0``: until the head answers."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dead = [p for p in [self.head, *self.workers] if p is not None and p.poll() is not None]
@@ -51,6 +52,8 @@ class RayCluster:
                                      text=True, timeout=30)
             except subprocess.TimeoutExpired:
                 continue
+            if cpus == 0 and got.returncode == 0:
+                return
             for line in got.stdout.splitlines():
                 parts = line.strip().split()
                 if len(parts) >= 2 and parts[-1] == "CPU" and "/" in parts[0]:
@@ -82,8 +85,8 @@ class RayCluster:
                 todo.append(c)
         return out
 
-    def task_workers(self, prefix: str = "ray::_measure_batch") -> list[int]:
-        """Worker processes of our nodes running a task whose title starts with ``prefix``."""
+    def task_workers(self, prefix: str = "ray::validator.measure") -> list[int]:
+        """Worker processes of our nodes running a task whose title (``ray::`` and the task's name) starts with ``prefix``."""
         found = []
         for node in self.workers:
             for pid in self.descendants(node.pid):
@@ -143,9 +146,10 @@ def ray_cluster(log_dir: Path, *, workers: int = 2, cpus: int = 1, env: Mapping[
     try:
         with open(log_dir / "head.log", "ab") as log:
             cluster.head = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        for _ in range(workers):
+        cluster.wait_for_cpus(0)  # a node started before the head's GCS answers may time out on a busy machine
+        for i in range(workers):  # one at a time: nodes registering together can miss the GCS's deadline on 2 cores
             cluster.add_worker(cpus)
-        cluster.wait_for_cpus(workers * cpus)
+            cluster.wait_for_cpus((i + 1) * cpus)
         yield cluster
     finally:
         cluster.stop()

@@ -220,6 +220,7 @@ def connect(address: str | None) -> Any:
         return ray
     if target != "auto":
         _check_reachable(target)
+    _errors_to_stderr()
     try:
         ray.init(
             address=target,
@@ -235,6 +236,24 @@ def connect(address: str | None) -> Any:
     return ray
 
 
+def _errors_to_stderr() -> None:
+    """Ray's driver prints the cluster's error notes ("a worker died...") to stdout, where they would break
+    ``--json``; send them to stderr. (Ray looks the printer up at each message: replacing it is enough.)"""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_validator_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix=ignore_prefix)
+
+    to_stderr._validator_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
+
+
 def _lost(ray: Any, exc: BaseException) -> RayUnavailable:
     return RayUnavailable(f"the Ray cluster was lost during the comparison ({type(exc).__name__}: {exc}); nothing was stored")
 
@@ -244,7 +263,9 @@ class RayExecutor:
 
     ``blob_url``: the blob store as the workers reach it (``s3://...``, or ``file://PATH`` of a directory
     they all mount at the same path); needed for stored runs. ``in_flight``: tasks submitted ahead of the
-    results consumed (default: two per CPU of the cluster)."""
+    results consumed (default: two per CPU of the cluster). ``fresh_workers``: each task in a new worker
+    process (Ray's ``max_calls=1``): whatever a task allocated goes back to the node when it ends, at the
+    cost of a process start and the imports (torch, numba) per task."""
 
     def __init__(
         self,
@@ -256,6 +277,7 @@ class RayExecutor:
         batch_bytes: int = BATCH_BYTES,
         batch_pairs: int = BATCH_PAIRS,
         in_flight: int | None = None,
+        fresh_workers: bool = False,
     ) -> None:
         self.address = address
         self.blob_url = blob_url
@@ -264,6 +286,7 @@ class RayExecutor:
         self.batch_bytes = batch_bytes
         self.batch_pairs = batch_pairs
         self.in_flight = in_flight
+        self.fresh_workers = fresh_workers
         self.tasks_submitted = 0
 
     def __call__(self, measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[Pair]) -> Iterator[Measured]:
@@ -295,7 +318,7 @@ class RayExecutor:
                 f"tensor {la.label!r} needs about {memory[worst] / 2**30:.1f} GiB to compare, more than any Ray node "
                 f"offers ({node_mem / 2**30:.1f} GiB of its memory resource)"
             )
-        task = ray.remote(_measure_batch)
+        task = ray.remote(max_calls=1)(_measure_batch) if self.fresh_workers else ray.remote(_measure_batch)
         measure_ref = ray.put(measure)
         window = self.in_flight or max(2, int(2 * cpus / self.cpus_per_task))
         pending: dict[Any, int] = {}

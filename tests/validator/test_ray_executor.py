@@ -1,0 +1,297 @@
+"""Comparisons on a real Ray cluster (validator.ray_executor): a head and two worker nodes on loopback
+(tests/ray_cluster.py), reading tensors from a shared filesystem, a local blob store and the SeaweedFS S3
+store scripts/services starts. The comparison document must be the one a single process writes, byte for
+byte; a worker killed mid-task must not change it; no cluster, or a lost one, is exit 2 with a message."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from probes import BundleWriter, ShardSpec
+from probes.acceptance import AcceptanceRecorder
+from tests.factories import tensors, write_tp_bundle
+from tests.ray_cluster import RayCluster
+from tests.servers import VALIDATOR, free_port
+from validator.errors import InputError
+from validator.judging.compare import compare_runs
+from validator.ray_executor import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches
+from validator.runs.reassembly import group_logical
+from validator.runs.sources import open_path
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+S3 = os.environ.get("VALIDATOR_TEST_S3_ENDPOINT")
+BUCKET = "validator-tests"
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="needs Ray: pip install 'validator[ray]' (scripts/setup installs it)")
+
+
+# -- test data: TP-split, replicated and PP-partial tensors, a floor pair, acceptance records --------
+
+
+def _write_run(root: Path, name: str, *, tp: int, pp: int, dtype: torch.dtype, noise: float, seed: int) -> Path:
+    full = tensors(seed=0, tokens=512, hidden=640)  # ctx: 327,680 elements (above compare.SMALL_PAIR)
+    path = write_tp_bundle(root, name, full, tp=tp, dtype=dtype, noise=noise, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    proj = torch.randn(64, 96, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    weights = torch.rand(pp, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    weights /= weights.sum()
+    for s in range(pp):
+        if pp > 2 and s == 2:
+            continue  # a stage that contributed nothing
+        piece = proj * weights[s] + noise * torch.randn(proj.shape, generator=g, dtype=torch.float64)
+        with BundleWriter(path, run_name=name, part=f"pp{s}") as w:
+            w.add("proj", piece.to(torch.float32), step=0, pp_stage=s, shard=ShardSpec.partial(s, pp))
+    rng = torch.Generator().manual_seed(seed + 200)
+    with AcceptanceRecorder(path, part="acceptance") as rec:
+        for r in range(24):
+            for step in range(6):
+                acc = int(torch.randint(0, 4, (1,), generator=rng))
+                rec.record(f"req{r}", proposed=[1, 2, 3], accepted=acc, step=step)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ray-runs")
+    return {
+        "a": _write_run(root, "a", tp=4, pp=4, dtype=torch.float32, noise=0.0, seed=1),
+        "b": _write_run(root, "b", tp=2, pp=2, dtype=torch.bfloat16, noise=0.002, seed=2),
+        "fa": _write_run(root, "fa", tp=4, pp=4, dtype=torch.float32, noise=0.0, seed=3),
+        "fb": _write_run(root, "fb", tp=8, pp=4, dtype=torch.bfloat16, noise=0.001, seed=4),
+    }
+
+
+def _cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([VALIDATOR, *args], env={**os.environ, **AWS_ENV, **env}, capture_output=True, text=True, timeout=timeout)
+
+
+def _compare_args(runs: dict[str, Path] | dict[str, str]) -> list[str]:
+    return ["compare", str(runs["a"]), str(runs["b"]), "--floor", str(runs["fa"]), str(runs["fb"]), "--json"]
+
+
+# -- without a cluster ---------------------------------------------------------------------------
+
+
+def test_executor_syntax() -> None:
+    assert parse_executor(None) == ExecutorSpec() and parse_executor("local") == ExecutorSpec()
+    assert parse_executor("ray") == ExecutorSpec("ray", None)
+    assert parse_executor("ray=10.0.0.1:6379") == ExecutorSpec("ray", "10.0.0.1:6379")
+    for bad in ("dask", "ray=", "Ray"):
+        with pytest.raises(InputError, match="use local, ray or ray=ADDRESS"):
+            parse_executor(bad)
+
+
+def test_plan_and_memory_bound(runs: dict[str, Path]) -> None:
+    ga, gb = group_logical(open_path(runs["a"]).tensors), group_logical(open_path(runs["b"]).tensors)
+    pairs = [(ga[k], gb[k], True) for k in sorted(ga.keys() & gb.keys(), key=repr)]
+    assert [len(b) for b in plan_batches(pairs)] == [3]
+    assert plan_batches(pairs, batch_bytes=1) == [[0], [1], [2]]  # a pair larger than a batch is a task of its own
+    for la, lb, r in pairs:  # the reservation covers both assembled tensors at least
+        numel = int(torch.Size(la.shape()).numel())
+        assert pair_memory(la, lb, r) >= numel * (4 + 2)
+
+
+def test_unreadable_refs_are_refused_before_connecting(tmp_path: Path) -> None:
+    """A tensor a worker cannot read (no file, not in a blob store) is an input error naming it, and no
+    cluster is contacted (there is none at this address)."""
+    a = write_tp_bundle(tmp_path, "a", tensors(), tp=1)
+    view = open_path(a)
+    from dataclasses import replace
+
+    view.tensors = [replace(t, location=None) for t in view.tensors]
+    ex = RayExecutor(f"127.0.0.1:{free_port()}")
+    with pytest.raises(InputError, match="cannot be read by Ray workers"):
+        compare_runs(view, open_path(a), executor=ex)
+
+
+def test_no_cluster_is_exit_2(runs: dict[str, Path]) -> None:
+    got = _cli([*_compare_args(runs), "--executor", f"ray=127.0.0.1:{free_port()}"], {})
+    assert got.returncode == 2, got.stderr
+    assert "no Ray cluster answers at 127.0.0.1:" in got.stderr and "Traceback" not in got.stderr
+    assert got.stdout == ""
+    got = _cli([*_compare_args(runs), "--executor", "spark"], {})
+    assert got.returncode == 2 and "use local, ray or ray=ADDRESS" in got.stderr
+
+
+# -- on a cluster ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    if not HAVE_RAY:
+        pytest.skip("needs Ray: pip install 'validator[ray]' (scripts/setup installs it)")
+    from tests.ray_cluster import ray_cluster
+
+    with ray_cluster(tmp_path_factory.mktemp("ray-logs"), workers=2, cpus=1, env=AWS_ENV) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local_doc(runs: dict[str, Path]) -> str:
+    got = _cli(_compare_args(runs), {})
+    assert got.returncode in (0, 1, 3), got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["floor"] and "acceptance" in doc and len(doc["pairs"]) == 3
+    kinds = {p["name"]: p["floor_kind"] for p in doc["pairs"]}
+    assert kinds == {"ctx": "measured", "k": "measured", "proj": "measured"}, kinds
+    return got.stdout
+
+
+@needs_ray
+def test_shared_files_bitwise_equal(cluster: RayCluster, runs: dict[str, Path], local_doc: str) -> None:
+    """Bundles on a filesystem the workers share: the same document, byte for byte."""
+    address = cluster.address
+    got = _cli([*_compare_args(runs), "--executor", f"ray={address}"], {})
+    assert got.returncode in (0, 1, 3), got.stderr
+    assert got.stdout == local_doc
+
+
+def _s3_url() -> str:
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", endpoint_url=S3, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+    return f"s3://{BUCKET}/ray-{uuid.uuid4().hex[:10]}?endpoint={S3}"
+
+
+@needs_ray
+@pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts"))])
+def test_stored_runs_bitwise_equal(
+    cluster: RayCluster, runs: dict[str, Path], local_doc: str, store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored runs: the workers read the blobs from the store themselves (a directory they share, or S3);
+    the document equals the single-process one on the bundles (run names aside)."""
+    from validator.service import Service
+    from validator.settings import Settings
+
+    env = {"VALIDATOR_HOME": str(tmp_path / "home")}
+    if store == "s3":
+        env["VALIDATOR_BLOB_URL"] = _s3_url()
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    svc = Service(Settings(home=tmp_path / "home", blob_url=env.get("VALIDATOR_BLOB_URL")))
+    try:
+        for name, path in runs.items():
+            svc.ingest(path, name=f"r{name}")
+    finally:
+        svc.close()
+    names = {k: f"r{k}" for k in runs}
+    local = _cli(_compare_args(names), env)
+    assert local.returncode in (0, 1, 3), local.stderr
+    address = cluster.address
+    got = _cli([*_compare_args(names), "--executor", f"ray={address}"], env)
+    assert got.returncode == local.returncode, got.stderr
+    assert got.stdout == local.stdout
+
+
+@needs_ray
+def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) -> None:
+    """SIGKILL the worker process running a measuring task: Ray runs the task again and the document is
+    unchanged. Each task gets a fresh worker process here, so there is a task to kill while it starts."""
+    script = (
+        "import sys, json\n"
+        "from validator.judging.compare import compare_runs\n"
+        "from validator.judging.report import comparison_doc\n"
+        "from validator.runs.sources import open_path\n"
+        "from validator.ray_executor import RayExecutor\n"
+        "a, b, address = sys.argv[1:]\n"
+        "ex = RayExecutor(address, batch_pairs=1, fresh_workers=True)\n"
+        "c = compare_runs(open_path(a), open_path(b), executor=ex)\n"
+        "print(json.dumps(comparison_doc(c), indent=1))\n"
+    )
+    address = cluster.address
+    args = [sys.executable, "-c", script, str(runs["a"]), str(runs["b"]), address]
+    driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[int] = []
+    deadline = time.monotonic() + 120
+    while not killed and driver.poll() is None and time.monotonic() < deadline:
+        for pid in cluster.task_workers():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            break
+        time.sleep(0.02)
+    out, err = driver.communicate(timeout=240)
+    assert killed, "no measuring task was seen running"
+    assert driver.returncode == 0, err
+    assert "will be retried" in err  # Ray's note, on stderr (stdout holds only the document)
+    from validator.judging.report import comparison_doc
+
+    expected = json.dumps(comparison_doc(compare_runs(open_path(runs["a"]), open_path(runs["b"]))), indent=1)
+    assert out.strip() == expected
+
+
+@needs_ray
+def test_service_background_comparison_on_ray(cluster: RayCluster, runs: dict[str, Path], tmp_path: Path) -> None:
+    """VALIDATOR_COMPARE_EXECUTOR: a background comparison is measured on the cluster; its stored result is
+    the one computed in the service's own process."""
+    from validator.service import Service
+    from validator.settings import Settings
+
+    address = cluster.address
+    svc = Service(Settings(home=tmp_path / "home", compare_executor=f"ray={address}"))
+    try:
+        for name in ("a", "b"):
+            svc.ingest(runs[name], name=name)
+        got = svc.cached_comparison("a", "b", background=True)
+        deadline = time.monotonic() + 180
+        while got["status"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            got = svc.get_comparison(got["id"])
+        assert got["status"] == "done", got["error"]
+        from validator.judging.report import comparison_json
+
+        expected = json.loads(comparison_json(svc.compare("a", "b", allow_paths=False)))  # in this process
+        assert got["result"] == expected
+    finally:
+        svc.close()
+
+
+def test_bad_executor_setting_fails_at_start(tmp_path: Path) -> None:
+    from validator.service import Service
+    from validator.settings import Settings
+
+    with pytest.raises(InputError, match="use local, ray or ray=ADDRESS"):
+        Service(Settings(home=tmp_path / "home", compare_executor="ray="))
+
+
+@needs_ray
+def test_lost_cluster_is_exit_2(cluster: RayCluster, runs: dict[str, Path]) -> None:
+    """The whole cluster stops while a comparison runs on it: exit 2 with a message, no traceback, no
+    output. (The last test of the module: it stops the module's cluster.)"""
+    c = cluster
+    script = (
+        "import sys\n"
+        "from validator.app.cli import main\n"
+        "from validator import ray_executor\n"
+        "ray_executor.LOST_AFTER_S = 5.0\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script, *_compare_args(runs), "--executor", f"ray={c.address}"],
+        env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not c.task_workers() and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c.stop()
+    out, err = driver.communicate(timeout=240)
+    assert driver.returncode == 2, (driver.returncode, err[-3000:])
+    assert "Ray cluster" in err and "nothing was stored" in err and "Traceback" not in err, err[-3000:]
+    assert out == ""

@@ -213,6 +213,9 @@ class SafetensorsFile:
         return raw_tensor(self.path, e.begin, e.nbytes, e.dtype, e.shape)
 
 
+DROP_BEHIND_BYTES = 1 << 20
+
+
 def file_byte_chunks(path: str | Path, offset: int, nbytes: int, chunk: int = CHUNK_BYTES) -> Iterator[memoryview]:
     """``nbytes`` bytes of ``path`` from ``offset``, in pieces of at most ``chunk`` bytes.
 
@@ -231,7 +234,9 @@ def file_byte_chunks(path: str | Path, offset: int, nbytes: int, chunk: int = CH
                 raise OSError(f"{path}: file ended {left} bytes before the tensor's end")
             left -= got
             yield view[:got]
-        if hasattr(os, "posix_fadvise"):  # read once: let the page cache drop these pages first
+        # read once: let the page cache drop a large tensor's pages first (small ones share pages with
+        # their neighbours, and a system call each costs more than the pages)
+        if nbytes >= DROP_BEHIND_BYTES and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), offset, nbytes, os.POSIX_FADV_DONTNEED)
 
 

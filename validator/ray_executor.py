@@ -9,6 +9,9 @@ reference, so the code is the same as in one process) and returns the small resu
 them exactly as ``compare_runs`` does in one process, so the comparison document is the same, bit for bit.
 No tensor byte passes through the driver.
 
+Tasks: consecutive pairs up to ``BATCH_BYTES`` of tensors (fewer when the comparison is small next to the
+cluster: at least four tasks per CPU when the pairs allow), a pair larger than that alone.
+
 Memory: a task reserves (Ray's ``memory`` resource) the most one of its pairs needs, an estimate of the
 assembled tensors' bytes (:func:`pair_memory`); Ray then never runs more tasks on a node than its memory
 holds, and a pair larger than every node is refused before anything runs.
@@ -293,14 +296,10 @@ class RayExecutor:
         if not pairs:
             return iter(())
         shipped = [(portable(la, self.blob_url), portable(lb, self.blob_url), r) for la, lb, r in pairs]  # before connecting: bad input first
-        batches = plan_batches(shipped, batch_bytes=self.batch_bytes, batch_pairs=self.batch_pairs)
-        memory = [max(pair_memory(*shipped[i]) for i in b) for b in batches]
         ray = connect(self.address)
-        return self._run(ray, measure, shipped, batches, memory)
+        return self._run(ray, measure, shipped)
 
-    def _run(
-        self, ray: Any, measure: Callable[..., Measured], pairs: list[Pair], batches: list[list[int]], memory: list[int]
-    ) -> Iterator[Measured]:
+    def _run(self, ray: Any, measure: Callable[..., Measured], pairs: list[Pair]) -> Iterator[Measured]:
         from ray import exceptions as rex
 
         try:
@@ -311,6 +310,12 @@ class RayExecutor:
         cpus = sum(n.get("Resources", {}).get("CPU", 0.0) for n in nodes)
         if cpus < self.cpus_per_task:
             raise RayUnavailable(f"the Ray cluster at {_CONNECTED} has no node with {self.cpus_per_task:g} CPU(s) to run a task")
+        # at least four tasks per task slot when the pairs allow it, so that every worker has work to the end
+        total = sum(r.nbytes for la, lb, _ in pairs for r in (*la.shards, *lb.shards))
+        slots = max(1, int(cpus / self.cpus_per_task))
+        batch_bytes = max(1, min(self.batch_bytes, total // (4 * slots)))
+        batches = plan_batches(pairs, batch_bytes=batch_bytes, batch_pairs=self.batch_pairs)
+        memory = [max(pair_memory(*pairs[i]) for i in b) for b in batches]
         worst = max(range(len(batches)), key=lambda j: memory[j])
         if node_mem and memory[worst] > node_mem:
             la = pairs[batches[worst][0]][0]

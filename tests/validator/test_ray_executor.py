@@ -174,10 +174,10 @@ def _s3_url() -> str:
 @needs_ray
 @pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts"))])
 def test_stored_runs_bitwise_equal(
-    cluster: RayCluster, runs: dict[str, Path], local_doc: str, store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: RayCluster, runs: dict[str, Path], store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stored runs: the workers read the blobs from the store themselves (a directory they share, or S3);
-    the document equals the single-process one on the bundles (run names aside)."""
+    the document equals the one this process computes on the same stored runs, byte for byte."""
     from validator.service import Service
     from validator.settings import Settings
 
@@ -190,15 +190,16 @@ def test_stored_runs_bitwise_equal(
     try:
         for name, path in runs.items():
             svc.ingest(path, name=f"r{name}")
+        c = svc.compare("ra", "rb", floor=("rfa", "rfb"), allow_paths=False)  # in this process
     finally:
         svc.close()
+    from validator.judging.report import EXIT_CODES, comparison_doc
+
+    local = json.dumps(comparison_doc(c), indent=1) + "\n"  # as `validator compare --json` prints it
     names = {k: f"r{k}" for k in runs}
-    local = _cli(_compare_args(names), env)
-    assert local.returncode in (0, 1, 3), local.stderr
-    address = cluster.address
-    got = _cli([*_compare_args(names), "--executor", f"ray={address}"], env)
-    assert got.returncode == local.returncode, got.stderr
-    assert got.stdout == local.stdout
+    got = _cli([*_compare_args(names), "--executor", f"ray={cluster.address}"], env)
+    assert got.returncode == EXIT_CODES[c.verdict], got.stderr
+    assert got.stdout == local
 
 
 @needs_ray

@@ -12,6 +12,7 @@ __getattr__, __all__ = public(
         "blobs": ["BlobStore", "LocalBlobStore"],
         "blob_url": ["open_blob_store"],
         "blobs_s3": ["S3BlobStore"],
+        "blob_read": ["open_blob_tensor", "open_file_tensor"],
         "uploads": ["create_pending", "upload_file", "upload_status", "finalize"],
         "integrity": ["check_store"],
     },

@@ -1,0 +1,128 @@
+"""Comparisons on a Ray cluster (validator.ray_executor) against one process, on this machine.
+
+Writes two runs of ``--pairs`` bf16 tensor pairs of ``--elements`` elements each (as bundle files, which
+the workers read from the shared filesystem, and optionally ingested into a blob store), starts a loopback
+Ray cluster (tests/ray_cluster.py: a head without CPUs and worker nodes of one CPU each), and times
+``compare_runs`` in this process (the default thread pool) and on 1, 2, 4... workers, adding worker nodes
+between the rows. Each row: one warm-up comparison (worker processes start and import torch, numba),
+then the best of ``--reps``. It checks that every document equals the single-process one, and reports
+what crossed to the driver: the pickled task arguments and results (no tensor byte does).
+
+    .venv/bin/python benchmarks/ray_bench.py --workers 1,2,4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def write_runs(root: Path, pairs: int, elements: int) -> tuple[Path, Path]:
+    import torch
+
+    from probes import BundleWriter
+
+    cols = 1024
+    rows = max(1, elements // cols)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for name, noise in (("a", 0.0), ("b", 1e-3)):
+        path = root / name
+        with BundleWriter(path, run_name=name, part="p0") as w:
+            g.manual_seed(0)
+            for i in range(pairs):
+                t = torch.randn(rows, cols, generator=g)
+                if noise:
+                    t = t * (1 + noise * torch.randn(rows, cols, generator=torch.Generator().manual_seed(i)))
+                w.add(f"layer{i}.out", t.to(torch.bfloat16), step=0, layer=i)
+        out.append(path)
+    return out[0], out[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="1,2,4", help="worker node counts, increasing (comma-separated)")
+    p.add_argument("--pairs", type=int, default=32)
+    p.add_argument("--elements", type=int, default=4 << 20, help="elements per tensor (bf16)")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--batch-bytes", type=int, default=None, help="RayExecutor batch_bytes (default: the module's)")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    counts = [int(x) for x in args.workers.split(",")]
+
+    from tests.ray_cluster import ray_cluster
+    from validator.judging.compare import compare_runs
+    from validator.judging.report import comparison_json
+    from validator.ray_executor import BATCH_BYTES, RayExecutor
+    from validator.runs.sources import open_path
+
+    results: dict[str, object] = {
+        "pairs": args.pairs,
+        "elements": args.elements,
+        "cpus": os.cpu_count(),
+        "load_before": os.getloadavg()[0],
+        "rows": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
+        a, b = write_runs(Path(tmp), args.pairs, args.elements)
+        va, vb = open_path(a), open_path(b)
+        nbytes = sum(t.nbytes for t in va.tensors) + sum(t.nbytes for t in vb.tensors)
+        results["bytes_compared"] = nbytes
+
+        def timed(executor: object) -> tuple[float, str]:
+            best, doc = float("inf"), ""
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                c = compare_runs(open_path(a), open_path(b), executor=executor)  # type: ignore[arg-type]
+                best = min(best, time.perf_counter() - t0)
+                doc = comparison_json(c)
+            return best, doc
+
+        compare_runs(va, vb)  # warm: numba's cached pass loaded
+        local_s, local_doc = timed(None)
+        rows: list[dict[str, object]] = [{"where": "one process (thread pool)", "workers": 0, "seconds": local_s, "gb_s": nbytes / local_s / 1e9}]
+        print(f"{'one process':>14}: {local_s:.2f} s, {nbytes / local_s / 1e9:.2f} GB/s", flush=True)
+        with ray_cluster(Path(tmp) / "logs", workers=counts[0], cpus=1) as cluster:
+            have = counts[0]
+            for n in counts:
+                while have < n:
+                    cluster.add_worker(1)
+                    have += 1
+                    cluster.wait_for_cpus(have)
+                ex = RayExecutor(cluster.address, batch_bytes=args.batch_bytes or BATCH_BYTES)
+                compare_runs(va, vb, executor=ex)  # warm-up: worker processes start, import torch and numba
+                secs, doc = timed(ex)
+                assert doc == local_doc, "the Ray comparison differs from the single-process one"
+                per_run = ex.tasks_submitted // (args.reps + 1)
+                rows.append({"where": f"Ray, {n} worker node(s) of 1 CPU", "workers": n, "seconds": secs, "gb_s": nbytes / secs / 1e9, "tasks": per_run})
+                print(f"{n:>3} worker(s): {secs:.2f} s, {nbytes / secs / 1e9:.2f} GB/s, {per_run} tasks, same document", flush=True)
+        # what a task's arguments and results weigh when pickled (what crosses the network besides blobs)
+        from validator.judging.compare import _measure
+        from validator.ray_executor import portable
+        from validator.runs.reassembly import group_logical
+
+        ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
+        key = sorted(ga)[0]
+        arg = pickle.dumps([(portable(ga[key], None), portable(gb[key], None), False)])
+        res = pickle.dumps([_measure(ga[key], gb[key], False)])
+        results["pickled_args_per_pair"] = len(arg)
+        results["pickled_result_per_pair"] = len(res)
+        print(f"per pair: {len(arg)} bytes of task arguments, {len(res)} bytes of result; tensor bytes through the driver: 0")
+    results["rows"] = rows
+    results["load_after"] = os.getloadavg()[0]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

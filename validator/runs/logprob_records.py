@@ -31,12 +31,15 @@ __all__ = [
     "LOGPROB_FIELDS",
     "LogprobInputError",
     "LogprobRecords",
+    "LOGPROB_FILE",
+    "read_logprob_files",
     "read_logprob_jsonl",
     "read_logprob_parquet",
     "records_from_objects",
     "write_logprob_parquet",
 ]
 
+LOGPROB_FILE = "logprobs.jsonl"  # a bundle part's logprob records
 LOGPROB_FIELDS = ("step", "sample_id", "token_index", "rollout_logprob", "train_logprob", "weight_version")
 _REQUIRED = LOGPROB_FIELDS[:5]
 _LOGPROB_TOL = 1e-3  # logprobs a little above 0 (rounding) are accepted
@@ -159,8 +162,21 @@ def records_from_objects(objs: Iterable[Any], *, source: str = "records") -> Log
 
 def read_logprob_jsonl(path: str | Path) -> LogprobRecords:
     """Read and validate a JSONL file of logprob records. Blank lines are skipped."""
-    p = Path(path)
-    b = _Builder(str(p))
+    b = _Builder(str(path))
+    _read_into(b, Path(path))
+    return b.build()
+
+
+def read_logprob_files(paths: Iterable[str | Path]) -> LogprobRecords:
+    """Records of several JSONL files (a bundle's parts) as one: a token may appear in only one of them."""
+    ps = [Path(p) for p in paths]
+    b = _Builder(", ".join(map(str, ps)))
+    for p in ps:
+        _read_into(b, p)
+    return b.build()
+
+
+def _read_into(b: _Builder, p: Path) -> None:
     try:
         f = open(p, encoding="utf-8")
     except OSError as exc:
@@ -177,7 +193,6 @@ def read_logprob_jsonl(path: str | Path) -> LogprobRecords:
                 b.add(obj, f"{p} line {n}")
         except UnicodeDecodeError:
             raise LogprobInputError(f"{p}: not UTF-8 text") from None
-    return b.build()
 
 
 def _parquet_schema() -> Any:

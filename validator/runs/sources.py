@@ -108,6 +108,9 @@ def read_bundle(root: Path) -> RunView:
         acc = part / "acceptance.jsonl"
         if acc.exists():
             view.acceptance_files.append(acc)  # written whole and renamed into place: complete by itself
+        lp = part / "logprobs.jsonl"
+        if lp.exists():
+            view.logprob_files.append(lp)  # RL logprob records (docs/rl.md)
         if (part / "metrics.json").exists():
             if view.engine_metrics_file is not None:
                 raise InputError(f"{part}: a second metrics.json in one bundle ({view.engine_metrics_file})")
@@ -117,8 +120,8 @@ def read_bundle(root: Path) -> RunView:
                 raise InputError(f"{part}: a second gsm8k.jsonl in one bundle ({view.gsm8k_file})")
             view.gsm8k_file = part / "gsm8k.jsonl"
         if not ppath.exists():
-            if acc.exists() and not any(part.glob("*.safetensors")):
-                continue  # a part holding only acceptance records
+            if (acc.exists() or lp.exists()) and not any(part.glob("*.safetensors")):
+                continue  # a part holding only acceptance or logprob records
             raise InputError(f"{part}: incomplete part (no {PART_FILE}; the writer did not close it)")
         doc = _load_json(ppath)
         recs = doc.get("tensors") if isinstance(doc, dict) else None

@@ -64,6 +64,8 @@ class RunView:
     tensors: list[TensorRef] = field(default_factory=list)
     acceptance_files: list[Path] = field(default_factory=list)  # JSONL step records (bundle parts, or a .jsonl)
     acceptance_parquet: Path | None = None  # a stored run's acceptance records
+    logprob_files: list[Path] = field(default_factory=list)  # RL logprob records (bundle parts' logprobs.jsonl)
+    logprob_parquet: Path | None = None  # a stored run's logprob records
     gsm8k_file: Path | None = None  # GSM8K probe rows (gsm8k.jsonl), see validator.workloads.gsm8k
     engine_metrics_file: Path | None = None  # scraped engine counters (metrics.json), see validator.workloads.scrape
     run_id: int | None = None
@@ -82,4 +84,18 @@ class RunView:
             from validator.runs.acceptance_records import read_acceptance_parquet
 
             return read_acceptance_parquet(self.acceptance_parquet)
+        return None
+
+    @property
+    def has_logprobs(self) -> bool:
+        return bool(self.logprob_files) or self.logprob_parquet is not None
+
+    def load_logprobs(self) -> Any:
+        """The RL logprob records (validator.runs.logprob_records.LogprobRecords), or None."""
+        from validator.runs.logprob_records import read_logprob_files, read_logprob_parquet
+
+        if self.logprob_files:
+            return read_logprob_files(self.logprob_files)
+        if self.logprob_parquet is not None:
+            return read_logprob_parquet(self.logprob_parquet)
         return None

@@ -106,3 +106,21 @@ def test_objects_and_parquet_round_trip(tmp_path: Path) -> None:
     (tmp_path / "x.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(LogprobInputError, match=r"x.parquet: not a readable Parquet file"):
         read_logprob_parquet(tmp_path / "x.parquet")
+
+
+def test_bundle_parts_hold_logprob_records(tmp_path: Path) -> None:
+    from probes.bundle import ensure_manifest
+    from validator.runs.sources import open_path
+
+    root = tmp_path / "bundle"
+    for part, step in (("rank0", 0), ("rank1", 1)):
+        (root / "parts" / part).mkdir(parents=True)
+        _write(root / "parts" / part / "logprobs.jsonl", [_line(step=step), _line(step=step, token_index=1)])
+    ensure_manifest(root, "rl-run", {"model": "m"})
+    view = open_path(root)
+    assert view.has_logprobs and not view.tensors
+    rec = view.load_logprobs()
+    assert rec.step.tolist() == [0, 0, 1, 1]
+    _write(root / "parts" / "rank1" / "logprobs.jsonl", [_line(step=0)])
+    with pytest.raises(LogprobInputError, match=r"rank1/logprobs.jsonl line 1: duplicate token .* first at .*rank0/logprobs.jsonl line 1"):
+        open_path(root).load_logprobs()

@@ -57,9 +57,12 @@ def _transformers() -> Any:
     import importlib
 
     try:
-        return importlib.import_module("transformers")
+        tf = importlib.import_module("transformers")
     except ImportError:
         raise InputError("Hugging Face transformers is not installed: pip install 'validator[transformers]'") from None
+    tf.logging.set_verbosity_error()  # progress bars and deprecation notices from inside generate()
+    tf.logging.disable_progress_bar()
+    return tf
 
 
 def target_config(model_type: str = "llama") -> dict[str, Any]:

@@ -413,7 +413,8 @@ def _child(cfg: PDConfig, role: str, handoff: Path, job: Path) -> dict[str, Any]
     job.write_text(json.dumps({"config": asdict(cfg), "role": role, "handoff": str(handoff)}))
     result = job.with_suffix(f".{role}.json")
     cmd = [sys.executable, "-m", "validator.workloads.hf_pd", str(job), str(result)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(_REPO)})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+        x for x in (str(_REPO), os.environ.get("PYTHONPATH")) if x)})
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
         raise InputError(f"the {role} process failed (exit {proc.returncode}): " + " | ".join(tail))
@@ -423,6 +424,7 @@ def _child(cfg: PDConfig, role: str, handoff: Path, job: Path) -> dict[str, Any]
 def run(cfg: PDConfig) -> dict[str, Any]:
     """Run one mode and write the bundle ``cfg.out``; returns a summary (also ``<out>/hf-run.json``)."""
     cfg.check()
+    load_prompts(cfg.prompts, cfg.limit)  # a bad prompts file is refused before any model is loaded
     out = Path(cfg.out)
     if (out / "parts").exists():
         raise InputError(f"{out}: a bundle is already there; give a new --out")

@@ -97,7 +97,6 @@ def main() -> int:
                 while have < n:
                     cluster.add_worker(1)
                     have += 1
-                    cluster.wait_for_cpus(have)
                 ex = RayExecutor(cluster.address, batch_bytes=args.batch_bytes or BATCH_BYTES)
                 compare_runs(va, vb, executor=ex)  # warm-up: worker processes start, import torch and numba
                 secs, doc = timed(ex)

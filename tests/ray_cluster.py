@@ -31,36 +31,13 @@ class RayCluster:
     head: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def add_worker(self, cpus: int = 1) -> subprocess.Popen[bytes]:
+    def add_worker(self, cpus: int = 1, timeout: float = 120) -> subprocess.Popen[bytes]:
+        """Start a worker node and wait until it has joined the cluster."""
         cmd = [RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={cpus}", *_node_ports(),
                "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
-        with open(self.log_dir / f"worker{len(self.workers)}.log", "ab") as log:  # the child keeps its own copy
-            proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = _start_node(cmd, self.env, self.log_dir / f"worker{len(self.workers)}.log", timeout, self)
         self.workers.append(proc)
         return proc
-
-    def wait_for_cpus(self, cpus: int, timeout: float = 120) -> None:
-        """Until the cluster reports ``cpus`` CPUs on live nodes (asked with a short-lived `ray status`);
-        ``cpus=0``: until the head answers."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = [p for p in [self.head, *self.workers] if p is not None and p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"a Ray node exited with {dead[0].returncode} while starting:\n{self.log_tail()}")
-            try:
-                got = subprocess.run([RAY, "status", f"--address={self.address}"], env=self.env, capture_output=True,
-                                     text=True, timeout=30)
-            except subprocess.TimeoutExpired:
-                continue
-            if cpus == 0 and got.returncode == 0:
-                return
-            for line in got.stdout.splitlines():
-                parts = line.strip().split()
-                if len(parts) >= 2 and parts[-1] == "CPU" and "/" in parts[0]:
-                    if float(parts[0].split("/")[1]) >= cpus:
-                        return
-            time.sleep(0.5)
-        raise RuntimeError(f"the Ray cluster did not reach {cpus} CPUs within {timeout:g} s:\n{self.log_tail()}")
 
     def log_tail(self, limit: int = 3000) -> str:
         text = ""
@@ -120,6 +97,27 @@ class RayCluster:
             self.stop_node(p)
 
 
+STARTED = b"Ray runtime started."  # what `ray start` prints once its node has registered with the head
+
+
+def _start_node(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, cluster: RayCluster) -> subprocess.Popen[bytes]:
+    """Run one `ray start --block` (its own session: stopping it stops its node) and wait for its node to be
+    up, read from its log (no `ray status`: a Python start per poll is seconds on a busy machine)."""
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    with open(log_path, "ab") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            if STARTED in f.read():
+                return proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            cluster.stop_node(proc)
+            raise RuntimeError(f"a Ray node did not start ({' '.join(cmd[:4])}...):\n{cluster.log_tail()}")
+        time.sleep(0.1)
+
+
 def _node_ports() -> list[str]:
     """Free ports for one node's servers (two nodes on one host must not share the fixed defaults)."""
     return [
@@ -144,12 +142,9 @@ def ray_cluster(log_dir: Path, *, workers: int = 2, cpus: int = 1, env: Mapping[
            *_node_ports(), "--node-ip-address=127.0.0.1",
            f"--temp-dir={temp}", "--disable-usage-stats", "--object-store-memory=100000000"]
     try:
-        with open(log_dir / "head.log", "ab") as log:
-            cluster.head = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        cluster.wait_for_cpus(0)  # a node started before the head's GCS answers may time out on a busy machine
-        for i in range(workers):  # one at a time: nodes registering together can miss the GCS's deadline on 2 cores
+        cluster.head = _start_node(cmd, full_env, log_dir / "head.log", 120, cluster)
+        for _ in range(workers):  # one at a time: nodes registering together can miss the GCS's deadline on 2 cores
             cluster.add_worker(cpus)
-            cluster.wait_for_cpus((i + 1) * cpus)
         yield cluster
     finally:
         cluster.stop()

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -210,10 +211,16 @@ def _check_reachable(address: str) -> None:
 
 
 _CONNECTED: str | None = None
+_CONNECT_LOCK = threading.Lock()  # a server's background comparisons may start together
 
 
 def connect(address: str | None) -> Any:
     """Connect this process to the cluster once (Ray allows one per process); returns the ``ray`` module."""
+    with _CONNECT_LOCK:
+        return _connect(address)
+
+
+def _connect(address: str | None) -> Any:
     global _CONNECTED
     ray = _import_ray()
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
@@ -380,4 +387,7 @@ def make_executor(spec: ExecutorSpec, *, blob_url: str | None = None) -> RayExec
     """The executor ``spec`` names (None: measure in this process)."""
     if spec.kind == "local":
         return None
+    address = spec.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "auto":
+        _check_reachable(address)  # before the comparison reads anything: no cluster is the first error
     return RayExecutor(spec.address, blob_url=blob_url)

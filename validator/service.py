@@ -527,10 +527,10 @@ def _compare(
     executor: str | None = None,
     blob_url: str | None = None,
 ) -> Comparison:
-    from validator.judging.compare import compare_runs
     from validator.ray_executor import make_executor, parse_executor
 
-    spec = parse_executor(executor)  # before reading anything: a bad --executor is the first error
+    ex = make_executor(parse_executor(executor), blob_url=blob_url)  # first: a bad --executor or no cluster fails fast
+    from validator.judging.compare import compare_runs
+
     fl = (resolve(floor[0]), resolve(floor[1])) if floor else None
-    ex = make_executor(spec, blob_url=blob_url)
     return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress, executor=ex)

@@ -264,6 +264,23 @@ def test_service_background_comparison_on_ray(cluster: RayCluster, runs: dict[st
         svc.close()
 
 
+def test_the_setting_imports_neither_ray_nor_torch(tmp_path: Path) -> None:
+    """A service with the Ray setting starts, lists and shows without importing Ray (or torch): only a
+    comparison does."""
+    script = (
+        "import sys\n"
+        "from validator.service import Service\n"
+        "from validator.settings import Settings\n"
+        "from pathlib import Path\n"
+        "svc = Service(Settings(home=Path(sys.argv[1]), compare_executor='ray=10.0.0.1:6379'))\n"
+        "svc.list_runs()\n"
+        "svc.close()\n"
+        "assert 'ray' not in sys.modules and 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith(('ray', 'torch')))\n"
+    )
+    got = subprocess.run([sys.executable, "-c", script, str(tmp_path / "home")], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+
+
 def test_bad_executor_setting_fails_at_start(tmp_path: Path) -> None:
     from validator.service import Service
     from validator.settings import Settings
@@ -296,3 +313,35 @@ def test_lost_cluster_is_exit_2(cluster: RayCluster, runs: dict[str, Path]) -> N
     assert driver.returncode == 2, (driver.returncode, err[-3000:])
     assert "Ray cluster" in err and "nothing was stored" in err and "Traceback" not in err, err[-3000:]
     assert out == ""
+
+
+@pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts")
+def test_worker_reads_from_s3_in_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker does with a stored blob: S3 GETs (ranged, side by side, when the object is larger than
+    a range) into memory, the digest checked; a missing or wrong object is an error naming the blob."""
+    from validator.store.blob_read import open_blob_tensor
+    from validator.store.blobs_s3 import S3BlobStore
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    url = _s3_url()
+    store = S3BlobStore.from_url(url, cache_dir=tmp_path / "cache")
+    t = torch.randn(1000, 777, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    data = t.view(torch.uint8).numpy().tobytes()
+    sha, size, _ = store.put([data])
+    for range_bytes in (None, 100_000, size - 1, size):
+        got = open_blob_tensor(url, sha, "bfloat16", (1000, 777), size, range_bytes=range_bytes)
+        assert torch.equal(got, t)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("??/*"))  # no copy on disk
+    missing = "0" * 64
+    with pytest.raises(InputError, match=f"blob {missing} is missing from object storage"):
+        open_blob_tensor(url, missing, "bfloat16", (1000, 777), size)
+    wrong = "f" * 64  # an object under a digest its bytes do not have
+    store.client.put_object(Bucket=store.bucket, Key=store.key(wrong), Body=data)
+    for range_bytes in (None, 100_000):
+        with pytest.raises(InputError, match="does not match its digest"):
+            open_blob_tensor(url, wrong, "bfloat16", (1000, 777), size, range_bytes=range_bytes)
+    with pytest.raises(InputError, match="longer than its record"):
+        open_blob_tensor(url, wrong, "bfloat16", (999, 777), size - 777 * 2)
+    with pytest.raises(InputError, match="bytes, its record says"):
+        open_blob_tensor(url, wrong, "bfloat16", (999, 777), size - 777 * 2, range_bytes=100_000)

@@ -18,9 +18,11 @@ from validator.store.blobs import LocalBlobStore, check_sha
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["open_blob_tensor", "open_file_tensor", "READ_CHUNK"]
+__all__ = ["open_blob_tensor", "open_file_tensor", "READ_CHUNK", "RANGE_BYTES", "RANGE_STREAMS"]
 
 READ_CHUNK = 8 << 20  # bytes per piece of an S3 body copied into the tensor's buffer
+RANGE_BYTES = 64 << 20  # an object larger than this is read in ranges of this size (S3 range reads)...
+RANGE_STREAMS = 8  # ...this many at a time
 
 
 def open_file_tensor(path: str, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -28,15 +30,18 @@ def open_file_tensor(path: str, offset: int, nbytes: int, dtype: str, shape: tup
     return raw_tensor(Path(path), offset, nbytes, torch_dtype(dtype), shape)
 
 
-def open_blob_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
+def open_blob_tensor(
+    url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int, *, range_bytes: int | None = None
+) -> torch.Tensor:
     """The blob ``sha256`` of the store at ``url`` (``file://PATH`` or ``s3://BUCKET/PREFIX?endpoint=...``)
-    as a tensor. A directory is memory-mapped in place; an S3 object is read into memory once, its digest
-    checked on the way (memory: the tensor's bytes, nothing more)."""
+    as a tensor. A directory is memory-mapped in place. An S3 object is read into memory once, in ranges of
+    ``range_bytes`` (default :data:`RANGE_BYTES`) fetched side by side when it is larger than one, and its
+    digest is checked (memory: the tensor's bytes, nothing more)."""
     check_sha(sha256)
     if url.startswith("file://"):
         return LocalBlobStore(Path(url[len("file://") :])).open_tensor(sha256, torch_dtype(dtype), shape, nbytes)
     if url.startswith("s3://"):
-        return _s3_tensor(url, sha256, dtype, shape, nbytes)
+        return _s3_tensor(url, sha256, dtype, shape, nbytes, range_bytes or RANGE_BYTES)
     raise InputError(f"unsupported blob store URL {url!r} (use file://PATH or s3://BUCKET/PREFIX)")
 
 
@@ -48,9 +53,35 @@ def _s3_store(url: str) -> Any:
     return S3BlobStore.from_url(url, cache_dir=Path(tempfile.gettempdir()) / "validator-blob-read")
 
 
-def _s3_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
-    import torch
+def _read_range(store: Any, url: str, sha256: str, view: memoryview, start: int, end: int, whole: bool) -> None:
+    """Bytes ``start:end`` of the object into ``view[start:end]`` (one GET; ``whole``: without a Range)."""
     from botocore.exceptions import BotoCoreError, ClientError
+
+    pos = start
+    try:
+        kwargs = {} if whole else {"Range": f"bytes={start}-{end - 1}"}
+        obj = store.client.get_object(Bucket=store.bucket, Key=store.key(sha256), **kwargs)
+        for chunk in obj["Body"].iter_chunks(READ_CHUNK):
+            stop = pos + len(chunk)
+            if stop > end:
+                raise InputError(f"blob {sha256} in object storage is longer than its record says ({len(view)} bytes)")
+            view[pos:stop] = chunk
+            pos = stop
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            raise InputError(f"blob {sha256} is missing from object storage ({url.split('?')[0]})") from None
+        if code in ("416", "InvalidRange"):
+            raise InputError(f"blob {sha256} in object storage is shorter than its record's {len(view)} bytes") from None
+        raise ValidatorError(f"object storage: {exc}") from None
+    except BotoCoreError as exc:
+        raise ValidatorError(f"object storage: {exc}") from None
+    if pos != end:
+        raise InputError(f"blob {sha256} in object storage is shorter than its record's {len(view)} bytes")
+
+
+def _s3_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes: int, range_bytes: int) -> torch.Tensor:
+    import torch
 
     tdtype = torch_dtype(dtype)
     if nbytes == 0:
@@ -58,24 +89,17 @@ def _s3_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes
     store = _s3_store(url)
     buf = bytearray(nbytes)
     view = memoryview(buf)
-    h = hashlib.sha256()
-    pos = 0
-    try:
-        obj = store.client.get_object(Bucket=store.bucket, Key=store.key(sha256))
-        for chunk in obj["Body"].iter_chunks(READ_CHUNK):
-            end = pos + len(chunk)
-            if end > nbytes:
-                raise InputError(f"blob {sha256} in object storage is longer than its record's {nbytes} bytes")
-            view[pos:end] = chunk
-            h.update(chunk)
-            pos = end
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code")
-        if code in ("404", "NoSuchKey", "NotFound"):
-            raise InputError(f"blob {sha256} is missing from object storage ({url.split('?')[0]})") from None
-        raise ValidatorError(f"object storage: {exc}") from None
-    except BotoCoreError as exc:
-        raise ValidatorError(f"object storage: {exc}") from None
-    if pos != nbytes or h.hexdigest() != sha256:
-        raise InputError(f"blob {sha256} in object storage does not match its digest ({pos} of {nbytes} bytes read)")
+    edges = list(range(0, nbytes, range_bytes)) + [nbytes]
+    if len(edges) == 2:
+        _read_range(store, url, sha256, view, 0, nbytes, whole=True)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(RANGE_STREAMS, len(edges) - 1), thread_name_prefix="blob-range") as ex:
+            list(ex.map(lambda se: _read_range(store, url, sha256, view, se[0], se[1], whole=False), zip(edges, edges[1:])))
+        head = store.client.head_object(Bucket=store.bucket, Key=store.key(sha256))
+        if int(head.get("ContentLength", nbytes)) != nbytes:
+            raise InputError(f"blob {sha256} in object storage is {head['ContentLength']} bytes, its record says {nbytes}")
+    if hashlib.sha256(view).hexdigest() != sha256:
+        raise InputError(f"blob {sha256} in object storage does not match its digest")
     return torch.frombuffer(buf, dtype=torch.uint8).view(tdtype).reshape(shape)

@@ -43,6 +43,7 @@ class PairResult:
     shape_a: tuple[int, ...] = ()
     shape_b: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    capture_index: int | None = None  # the tensor's place in run A's capture order (records as written)
 
     @property
     def floor_rel_l2(self) -> float | None:
@@ -91,6 +92,7 @@ class PairResult:
             "notes": list(self.notes) + (list(d.notes) if d else []),
             "shape_a": list(self.shape_a),
             "shape_b": list(self.shape_b),
+            "capture_index": self.capture_index,
             "metrics": m,
         }
 
@@ -261,6 +263,7 @@ def compare_runs(
     ga, gb = group_logical(a.tensors), group_logical(b.tensors)
     floor_m = _floor_pairs(floor, executor)
     keys = sorted(ga.keys() & gb.keys(), key=lambda k: (k[0], repr(k[1])))
+    captured = {k: i for i, k in enumerate(ga)}  # run A's records in the order they were written
     pairs: list[PairResult] = []
     have = floor is not None
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
@@ -291,6 +294,7 @@ def compare_runs(
                 shape_a=la.shape(),
                 shape_b=lb.shape(),
                 notes=tuple(got.notes),
+                capture_index=captured[key],
             )
         )
         if progress:

@@ -172,7 +172,11 @@ _cache: weakref.WeakKeyDictionary[Service, OrderedDict[int, _Prepared]] = weakre
 
 def _prepare(svc: Service, rec: dict[str, Any]) -> _Prepared:
     doc = rec["result"]
-    order = capture_order(svc, doc["a"]) if doc.get("pairs") else {}
+    pairs = doc.get("pairs", [])
+    if all(isinstance(p.get("capture_index"), int) for p in pairs):  # comparisons since JUDGING_VERSION 3
+        order = {p["label"]: p["capture_index"] for p in pairs}
+    else:
+        order = capture_order(svc, doc["a"]) if pairs else {}
     return _Prepared(
         summary={**rec, "result": {k: v for k, v in doc.items() if k not in _HEAVY}},
         doc_pairs=[{k: p[k] for k in _MAP_KEYS if k in p} for p in doc.get("pairs", [])],

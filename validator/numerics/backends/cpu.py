@@ -429,12 +429,13 @@ def compare_cpu(
             hist = np.zeros(bins, np.int64)
             for ra, rb in pieces():
                 out = np.zeros((PARTS, bins), np.int64)
-                with _LOCK, numba.parallel_chunksize(1):
-                    _refine(ra, rb, ra.size // a.element_size(), spec, lo, shift, out)
+                n = ra.size // a.element_size()
+                with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
+                    _refine(ra, rb, n, spec, lo, shift, out)
                 hist += out.sum(0)
-            return [int(x) for x in hist]
+            return hist.tolist()
 
-        ulp = (max_ulp, p99_from_keys([int(k) for k in keys], int(counts[0]), refine, REFINE_BINS))
+        ulp = (max_ulp, p99_from_keys(keys.tolist(), int(counts[0]), refine, REFINE_BINS))
     return Totals(
         a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp,  # type: ignore[arg-type]
         tuple(block_d2.tolist()), tuple(block_a2.tolist()),

@@ -52,7 +52,7 @@ class PDConfig:
     mode: str = "d-only"
     prompts: str = str(DEFAULT_PROMPTS)
     out: str = "hf-run"
-    limit: int = 8
+    limit: int = 16
     max_new_tokens: int = 64
     block: int = 4
     capture: str = "full"  # full | summary | off
@@ -459,7 +459,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSONL: GSM8K rows ('question') or {'prompt': ...}; default: GSM8K test questions")
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument("--push", metavar="URL", help="afterwards, push the bundle to this server (validator push)")
-    p.add_argument("--limit", type=int, default=8, help="prompts to run (default 8)")
+    p.add_argument("--limit", type=int, default=16, help="prompts to run (the first N of the file; default 16)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--block", type=int, default=4, help="draft tokens per verify step")
     p.add_argument("--capture", choices=("full", "summary", "off"), default="full")

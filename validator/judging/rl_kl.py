@@ -269,8 +269,7 @@ def mann_kendall(y: Sequence[float] | FloatArray) -> tuple[int, float, float, bo
     n = a.size
     if n < 2:
         return 0, 0.0, math.nan, False
-    diff = a[None, :] - a[:, None]
-    s = int(np.sum(np.sign(diff[np.triu_indices(n, 1)])))
+    s = int(sum(int(np.sum(np.sign(a[i + 1 :] - a[i]))) for i in range(n - 1)))  # O(n) memory
     var = (n * (n - 1) * (2 * n + 5) - _tie_term(a)) / 18.0
     ties = np.unique(a).size < n
     if not ties and n <= _EXACT_MK_MAX_N:
@@ -290,10 +289,13 @@ def sen_slope(x: Sequence[float] | FloatArray, y: Sequence[float] | FloatArray, 
     ya = np.asarray(y, dtype=np.float64)
     if xa.size < 2:
         return math.nan, math.nan, math.nan
-    dx = xa[None, :] - xa[:, None]
-    dy = ya[None, :] - ya[:, None]
-    keep = dx > 0
-    slopes = np.sort(dy[keep] / dx[keep])
+    rows = []
+    for i in range(xa.size - 1):  # pairs (i, j > i) row by row: no n x n matrices
+        dx = xa[i + 1 :] - xa[i]
+        dy = ya[i + 1 :] - ya[i]
+        ok = dx != 0  # the pair ordered by x has the same slope either way
+        rows.append(dy[ok] / dx[ok])
+    slopes = np.sort(np.concatenate(rows)) if rows else np.empty(0)
     if slopes.size == 0:
         return math.nan, math.nan, math.nan
     slope = float(np.median(slopes))

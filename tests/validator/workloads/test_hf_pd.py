@@ -16,7 +16,7 @@ from validator.app.cli import main
 pytest.importorskip("transformers")
 
 NAMES = "target.hidden,target.logits,target.k,target.v,draft.k,draft.v,draft.logits"
-COMMON = ["--limit", "10", "--max-new-tokens", "40", "--threads", "1", "--names", NAMES]
+COMMON = ["--limit", "8", "--max-new-tokens", "32", "--threads", "1", "--names", NAMES]
 POLICY = ROOT / "examples" / "policies" / "hf-tiny-pd.toml"
 
 

@@ -42,13 +42,14 @@ def _one_thread() -> Any:
     torch.set_num_threads(n)
 
 
-def tiny(layers: int = 2, seed: int = 0) -> Any:
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+def tiny(layers: int = 2, seed: int = 0, kind: str = "llama") -> Any:
+    config_cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen3Config
+    cfg = config_cls(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=4, head_dim=8,
                                    max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=63,
                                    pad_token_id=63)
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
 def part(bundle: Path, name: str) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
@@ -59,8 +60,9 @@ def part(bundle: Path, name: str) -> tuple[list[dict[str, Any]], dict[str, torch
     return doc["tensors"], tensors
 
 
-def test_capture_under_generate(tmp_path: Path) -> None:
-    model = tiny()
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_capture_under_generate(tmp_path: Path, kind: str) -> None:
+    model = tiny(kind=kind)
     s = ProbeSession(ProbeConfig(bundle=str(tmp_path / "b"), part="p"))
     cap = ModelCapture(model, s, role="target").attach()
     cap.begin_request("r0")

@@ -208,3 +208,55 @@ def test_capture_kv_shards(tmp_path: Path) -> None:
     assert [r["shard"] for r in ks] == [{"kind": "split", "index": i, "count": 2, "dim": 1} for i in range(2)]
     whole = torch.cat([tensors[r["key"]] for r in ks], 1)
     assert torch.equal(whole, k[0].transpose(0, 1))
+
+
+IMPORT_SCRIPT = """
+import sys, tempfile
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("transformers", "validator", "sqlalchemy", "pandas", "triton"):
+            raise ImportError(f"blocked import of {name}")
+sys.meta_path.insert(0, Blocker())
+import torch
+from torch import nn
+from probes.capture import ProbeSession
+from probes.config import ProbeConfig
+from probes.transformers import ModelCapture
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+    def forward(self, x):
+        return x + self.mlp(x)
+
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.norm = nn.LayerNorm(4)
+        self.lm_head = nn.Linear(4, 7)
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.lm_head(self.norm(x))
+
+with tempfile.TemporaryDirectory() as d:
+    s = ProbeSession(ProbeConfig(bundle=d, part="p"))
+    with ModelCapture(LM(), s) as cap:
+        cap.begin_request("r")
+        cap.model(torch.ones(1, 3, 4))
+    s.close()
+    assert s.report()["captured"] == 2 + 2 + 1 + 1, s.report()
+print("ok")
+"""
+
+
+def test_imports_and_captures_without_transformers() -> None:
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

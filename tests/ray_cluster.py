@@ -88,6 +88,16 @@ class RayCluster:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    def crash(self) -> None:
+        """Every process of every node SIGKILLed at once, the head included: a cluster lost, not stopped."""
+        nodes = [*self.workers, *([self.head] if self.head is not None else [])]
+        pids = [pid for p in nodes for pid in [p.pid, *self.descendants(p.pid)]]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in nodes:
+            p.wait()
+
     def stop(self) -> None:
         nodes = [*self.workers, *([self.head] if self.head is not None else [])]
         for p in nodes:  # all at once: each takes seconds to wind down

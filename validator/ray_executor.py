@@ -25,6 +25,7 @@ This module imports Ray only when a comparison runs on it; parsing ``--executor`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -54,6 +55,7 @@ BATCH_PAIRS = 256  # ...or this many pairs
 MAX_RETRIES = 3  # Ray runs a task again this many times when its worker process or node dies
 CONNECT_TIMEOUT_S = 5.0
 LOST_AFTER_S = 30.0  # a cluster with no node able to run a task for this long is lost
+HEAD_CHECK_S = 2.0  # while waiting for results, whether the head still answers is checked this often
 
 
 class RayUnavailable(ValidatorError):
@@ -211,6 +213,7 @@ def _check_reachable(address: str) -> None:
 
 
 _CONNECTED: str | None = None
+_GCS: str | None = None  # HOST:PORT of the connected cluster's head
 _CONNECT_LOCK = threading.Lock()  # a server's background comparisons may start together
 
 
@@ -221,7 +224,7 @@ def connect(address: str | None) -> Any:
 
 
 def _connect(address: str | None) -> Any:
-    global _CONNECTED
+    global _CONNECTED, _GCS
     ray = _import_ray()
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     if ray.is_initialized():
@@ -243,7 +246,35 @@ def _connect(address: str | None) -> Any:
         where = "on this machine (no RAY_ADDRESS set)" if target == "auto" else f"at {target}"
         raise RayUnavailable(f"cannot connect to a Ray cluster {where}: {exc}; see docs/ray.md") from None
     _CONNECTED = target
+    try:
+        context: Any = ray.get_runtime_context()
+        _GCS = str(context.gcs_address)
+    except (AttributeError, RuntimeError):
+        _GCS = target if target != "auto" else None
     return ray
+
+
+def _head_answers() -> bool:
+    """Whether the head's GCS port still accepts a connection (a plain TCP connect: asking Ray itself would
+    block for a minute when the head is gone, after which Ray ends this process)."""
+    if _GCS is None:
+        return True
+    host, _, port = _GCS.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _disconnect(ray: Any) -> None:
+    """Leave a lost cluster, so that Ray does not end this process (a server) when its head stays gone;
+    bounded: Ray's shutdown may wait on the dead head."""
+    global _CONNECTED, _GCS
+    t = threading.Thread(target=ray.shutdown, name="ray-shutdown", daemon=True)
+    t.start()
+    t.join(timeout=10.0)
+    _CONNECTED = _GCS = None
 
 
 def _errors_to_stderr() -> None:
@@ -336,7 +367,8 @@ class RayExecutor:
         pending: dict[Any, int] = {}
         done: dict[int, list[Any]] = {}
         submitted = 0
-        last_progress = time.monotonic()
+        last_progress = last_check = time.monotonic()
+        lost = False
         try:
             for j in range(len(batches)):
                 while submitted < len(batches) and len(pending) < window:
@@ -357,7 +389,16 @@ class RayExecutor:
                     for ref in ready:
                         done[pending.pop(ref)] = ray.get(ref)
                         last_progress = time.monotonic()
-                    if not ready and time.monotonic() - last_progress > LOST_AFTER_S:
+                    now = time.monotonic()
+                    if not ready and now - last_check > HEAD_CHECK_S:
+                        last_check = now
+                        if not _head_answers():
+                            lost = True
+                            raise RayUnavailable(
+                                f"the Ray cluster was lost during the comparison: its head at {_GCS} no longer answers; "
+                                "nothing was stored"
+                            )
+                    if not ready and now - last_progress > LOST_AFTER_S:
                         self._check_alive(ray)
                         last_progress = time.monotonic()
                 results = done.pop(j)
@@ -367,10 +408,15 @@ class RayExecutor:
         except rex.RayTaskError as exc:  # an error in our code on a worker: not a fault Ray retries
             raise ValidatorError(f"a comparison task failed on the Ray cluster: {exc.cause!r}") from None
         except (rex.RayError, ConnectionError) as exc:  # worker or node gone past its retries, object lost, GCS gone
+            lost = True
             raise _lost(ray, exc) from None
         finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            if lost:
+                _disconnect(ray)
+            else:
+                for ref in pending:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref, force=True)
 
     def _check_alive(self, ray: Any) -> None:
         try:

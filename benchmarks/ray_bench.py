@@ -8,7 +8,7 @@ between the rows. Each row: one warm-up comparison (worker processes start and i
 then the best of ``--reps``. It checks that every document equals the single-process one, and reports
 what crossed to the driver: the pickled task arguments and results (no tensor byte does).
 
-    .venv/bin/python benchmarks/ray_bench.py --workers 1,2,4 --json out.json
+    .venv/bin/python benchmarks/ray_bench.py --workers 1,2,4 --s3 http://127.0.0.1:18433 --json out.json
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ import pickle
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from validator.runs.view import RunView
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,6 +60,7 @@ def main() -> int:
     p.add_argument("--elements", type=int, default=4 << 20, help="elements per tensor (bf16)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--batch-bytes", type=int, default=None, help="RayExecutor batch_bytes (default: the module's)")
+    p.add_argument("--s3", metavar="ENDPOINT", help="also store the runs in S3 at ENDPOINT (e.g. the SeaweedFS scripts/services starts) and compare the stored runs")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
@@ -77,33 +83,78 @@ def main() -> int:
         va, vb = open_path(a), open_path(b)
         nbytes = sum(t.nbytes for t in va.tensors) + sum(t.nbytes for t in vb.tensors)
         results["bytes_compared"] = nbytes
+        # where the tensors are: (label, views of A and B, the blob store URL for workers, before each comparison)
+        sources: list[tuple[str, Callable[[], tuple[RunView, RunView]], str | None, Callable[[], None]]] = [
+            ("bundle files", lambda: (open_path(a), open_path(b)), None, lambda: None)
+        ]
+        svc = None
+        if args.s3:
+            import shutil
+            import uuid
 
-        def timed(executor: object) -> tuple[float, str]:
+            import boto3
+
+            from validator.service import Service
+            from validator.settings import Settings
+
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+            client = boto3.client("s3", endpoint_url=args.s3, region_name="us-east-1")
+            try:
+                client.create_bucket(Bucket="validator-bench")
+            except client.exceptions.ClientError as exc:
+                if exc.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+            url = f"s3://validator-bench/b-{uuid.uuid4().hex[:8]}?endpoint={args.s3}"
+            svc = Service(Settings(home=Path(tmp) / "home", blob_url=url))
+            svc.ingest(a, name="a")
+            svc.ingest(b, name="b")
+            store_svc = svc
+
+            def stored() -> tuple[RunView, RunView]:
+                return store_svc.stored_view(store_svc.get_run("a")), store_svc.stored_view(store_svc.get_run("b"))
+
+            def drop_cache() -> None:  # one process downloads every blob again, as a fresh comparison does
+                for d in store_svc.settings.cache_dir.iterdir():
+                    if d.name != "tmp":
+                        shutil.rmtree(d, ignore_errors=True)
+
+            sources.append(("S3 store (SeaweedFS)", stored, url, drop_cache))
+
+        def timed(views: Callable[[], tuple[RunView, RunView]], executor: object, before: Callable[[], None]) -> tuple[float, str]:
             best, doc = float("inf"), ""
             for _ in range(args.reps):
+                before()
                 t0 = time.perf_counter()
-                c = compare_runs(open_path(a), open_path(b), executor=executor)  # type: ignore[arg-type]
+                c = compare_runs(*views(), executor=executor)  # type: ignore[arg-type]
                 best = min(best, time.perf_counter() - t0)
                 doc = comparison_json(c)
             return best, doc
 
         compare_runs(va, vb)  # warm: numba's cached pass loaded
-        local_s, local_doc = timed(None)
-        rows: list[dict[str, object]] = [{"where": "one process (thread pool)", "workers": 0, "seconds": local_s, "gb_s": nbytes / local_s / 1e9}]
-        print(f"{'one process':>14}: {local_s:.2f} s, {nbytes / local_s / 1e9:.2f} GB/s", flush=True)
+        rows: list[dict[str, object]] = []
+        local_docs = {}
+        for label, views, _, before in sources:
+            local_s, local_docs[label] = timed(views, None, before)
+            rows.append({"where": "one process (thread pool)", "source": label, "workers": 0, "seconds": local_s, "gb_s": nbytes / local_s / 1e9})
+            print(f"{label}, one process: {local_s:.2f} s, {nbytes / local_s / 1e9:.2f} GB/s", flush=True)
         with ray_cluster(Path(tmp) / "logs", workers=counts[0], cpus=1) as cluster:
             have = counts[0]
             for n in counts:
                 while have < n:
                     cluster.add_worker(1)
                     have += 1
-                ex = RayExecutor(cluster.address, batch_bytes=args.batch_bytes or BATCH_BYTES)
-                compare_runs(va, vb, executor=ex)  # warm-up: worker processes start, import torch and numba
-                secs, doc = timed(ex)
-                assert doc == local_doc, "the Ray comparison differs from the single-process one"
-                per_run = ex.tasks_submitted // (args.reps + 1)
-                rows.append({"where": f"Ray, {n} worker node(s) of 1 CPU", "workers": n, "seconds": secs, "gb_s": nbytes / secs / 1e9, "tasks": per_run})
-                print(f"{n:>3} worker(s): {secs:.2f} s, {nbytes / secs / 1e9:.2f} GB/s, {per_run} tasks, same document", flush=True)
+                for label, views, blob_url, _ in sources:
+                    ex = RayExecutor(cluster.address, blob_url=blob_url, batch_bytes=args.batch_bytes or BATCH_BYTES)
+                    compare_runs(*views(), executor=ex)  # warm-up: worker processes start, import torch and numba
+                    secs, doc = timed(views, ex, lambda: None)
+                    assert doc == local_docs[label], "the Ray comparison differs from the single-process one"
+                    per_run = ex.tasks_submitted // (args.reps + 1)
+                    rows.append({"where": f"Ray, {n} worker node(s) of 1 CPU", "source": label, "workers": n, "seconds": secs,
+                                 "gb_s": nbytes / secs / 1e9, "tasks": per_run})
+                    print(f"{label}, {n} worker(s): {secs:.2f} s, {nbytes / secs / 1e9:.2f} GB/s, {per_run} tasks, same document", flush=True)
+        if svc is not None:
+            svc.close()
         # what a task's arguments and results weigh when pickled (what crosses the network besides blobs)
         from validator.judging.compare import _measure
         from validator.ray_executor import portable

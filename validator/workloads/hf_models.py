@@ -90,8 +90,8 @@ def model_config(cfg: Mapping[str, Any]) -> Any:
     cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen3Config
     try:
         return cls(**d)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"invalid {kind} config: {exc}") from None
+    except Exception as exc:  # transformers' own validation errors have no common base class
+        raise InputError(f"invalid {kind} config: {type(exc).__name__}: {exc}") from None
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
@@ -113,6 +113,8 @@ def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "flo
 
     transformers = _transformers()
     path = Path(spec)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} asked for, but torch has no CUDA device here")
     try:
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
@@ -125,10 +127,13 @@ def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "flo
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=torch_dtype, attn_implementation=attn, use_safetensors=True, local_files_only=True)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"{path}: cannot load the model: {exc}") from None
+        except Exception as exc:  # a corrupt header, a config transformers refuses, missing tensors ...
+            raise InputError(f"{path}: cannot load the model: {type(exc).__name__}: {exc}") from None
     elif path.is_file():
-        cfg = model_config(_read_config_file(path))
+        try:
+            cfg = model_config(_read_config_file(path))
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
         cfg._attn_implementation = attn
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)

@@ -184,10 +184,10 @@ def _cache_kw(model: Any) -> str:
 
 
 def prefill(target: Any, draft: Any, ids: Any, caps: Sequence[Any]) -> tuple[int, Any, Any]:
-    """Target and draft forwards over the prompt (step 0): the first output token and both caches."""
+    """Target and draft forwards over the prompt (step 0): the first output token and both caches.
+    ``caps``: the target's and the draft's ``ModelCapture`` (the draft's forward is pinned to step 0)."""
     import torch
 
-    ct = caps[0] if caps else None
     cd = caps[1] if len(caps) > 1 else None
     with torch.no_grad():
         tcache = _new_cache(target)
@@ -201,7 +201,6 @@ def prefill(target: Any, draft: Any, ids: Any, caps: Sequence[Any]) -> tuple[int
                     draft(input_ids=ids, use_cache=True, **{_cache_kw(draft): dcache})
             else:
                 draft(input_ids=ids, use_cache=True, **{_cache_kw(draft): dcache})
-    del ct
     return first, tcache, dcache
 
 
@@ -264,6 +263,7 @@ def read_handoff(folder: Path, rid: str, tp_p: int, tp_d: int, broken: str | Non
                  ) -> tuple[list[int], int, dict[str, list[list[tuple[Any, Any]]]]]:
     """Read the P ranks' files as the D ranks would: per role, per D rank, per layer ``(k, v)`` with that
     rank's heads. ``broken`` misplaces part of it (see the module doc)."""
+    import torch
     from safetensors import safe_open
 
     from probes.sglang.heads import head_ranks, rank_heads
@@ -299,8 +299,6 @@ def read_handoff(folder: Path, rid: str, tp_p: int, tp_d: int, broken: str | Non
                     t = files[src][0]
                     ks.append(t[f"{role}.k.{src_layer}"][:, local:local + 1])
                     vs.append(t[f"{role}.v.{src_layer}"][:, local:local + 1])
-                import torch
-
                 layers.append((torch.cat(ks, 1).to(device), torch.cat(vs, 1).to(device)))
             per_rank.append(layers)
         out[role] = per_rank

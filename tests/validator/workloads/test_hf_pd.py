@@ -72,3 +72,12 @@ def test_bad_input_exit_2(tmp_path: Path, capsys: Any) -> None:
     assert f"{bad} line 1" in capsys.readouterr().err
     assert main(["probe", "transformers", "--out", str(tmp_path / "o"), "--model", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text((ROOT / "examples/models/gsm8k-llama-tiny/target/config.json").read_text())
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not safetensors")
+    assert main(["probe", "transformers", "--out", str(tmp_path / "o"), "--model", str(tmp_path / "m")]) == 2
+    assert f"{tmp_path / 'm'}: cannot load the model" in capsys.readouterr().err
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": "wide"}')
+    assert main(["probe", "transformers", "--out", str(tmp_path / "o"), "--model", str(cfg)]) == 2
+    assert f"{cfg}: invalid llama config" in capsys.readouterr().err

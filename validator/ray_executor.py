@@ -403,7 +403,14 @@ class RayExecutor:
                         last_progress = time.monotonic()
                 results = done.pop(j)
                 if results and isinstance(results[0], _Failed):
-                    raise results[0].error
+                    err = results[0].error
+                    if isinstance(err, OSError):  # most likely a path the workers do not see as the driver does
+                        where = f"{err.filename}: " if err.filename else ""
+                        raise InputError(
+                            f"a Ray worker cannot read {where}{err.strerror or err}; the workers must see bundles and "
+                            "local blob stores at the same path as this machine (docs/ray.md)"
+                        )
+                    raise err
                 yield from results
         except rex.RayTaskError as exc:  # an error in our code on a worker: not a fault Ray retries
             raise ValidatorError(f"a comparison task failed on the Ray cluster: {exc.cause!r}") from None

@@ -246,6 +246,31 @@ def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) ->
 
 
 @needs_ray
+def test_a_file_workers_cannot_read_is_exit_2(cluster: RayCluster, tmp_path: Path) -> None:
+    """A bundle the workers do not find where the driver found it: an error naming the file, exit 2."""
+    a = write_tp_bundle(tmp_path, "a", tensors(), tp=2)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from validator.errors import InputError\n"
+        "from validator.judging.compare import compare_runs\n"
+        "from validator.runs.sources import open_path\n"
+        "from validator.ray_executor import RayExecutor\n"
+        "a, address = sys.argv[1:]\n"
+        "va, vb = open_path(a), open_path(a)\n"
+        "Path(a).rename(a + '.moved')\n"  # headers read, bytes not yet: the workers will not find them
+        "try:\n"
+        "    compare_runs(va, vb, executor=RayExecutor(address))\n"
+        "except InputError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(2)\n"
+    )
+    got = subprocess.run([sys.executable, "-c", script, str(a), cluster.address], capture_output=True, text=True, timeout=180)
+    assert got.returncode == 2, got.stderr[-3000:]
+    assert "a Ray worker cannot read" in got.stdout and str(a) in got.stdout and "same path" in got.stdout
+
+
+@needs_ray
 def test_service_background_comparison_on_ray(cluster: RayCluster, runs: dict[str, Path], tmp_path: Path) -> None:
     """VALIDATOR_COMPARE_EXECUTOR: a background comparison is measured on the cluster; its stored result is
     the one computed in the service's own process."""

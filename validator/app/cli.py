@@ -158,7 +158,7 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     """(comparison document, pre-rendered extra tables), computed locally or by the server."""
     floor = tuple(args.floor) if args.floor else None
     policy = _policy_doc(args.policy)
-    if args.server and args.executor:
+    if args.server and args.executor not in (None, "local"):
         raise InputError("--executor is for local comparisons; a server measures where its VALIDATOR_COMPARE_EXECUTOR says")
     if args.server:
         client = _client(args)

@@ -440,6 +440,10 @@ def make_executor(spec: ExecutorSpec, *, blob_url: str | None = None) -> RayExec
     """The executor ``spec`` names (None: measure in this process)."""
     if spec.kind == "local":
         return None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # without importing it
+        raise RayUnavailable(f"--executor ray needs Ray, which is not installed here: {RAY_INSTALL}")
     address = spec.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto":
         _check_reachable(address)  # before the comparison reads anything: no cluster is the first error

@@ -125,6 +125,15 @@ def test_no_cluster_is_exit_2(runs: dict[str, Path]) -> None:
     assert got.returncode == 2 and "use local, ray or ray=ADDRESS" in got.stderr
 
 
+def test_without_ray_installed_is_exit_2(runs: dict[str, Path]) -> None:
+    """Ray missing (as in the default install): --executor ray says what to install; exit 2."""
+    script = "import sys\nsys.modules['ray'] = None\nfrom validator.app.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    got = subprocess.run([sys.executable, "-c", script, *_compare_args(runs), "--executor", "ray"], capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 2, got.stderr
+    assert "needs Ray, which is not installed here: pip install 'validator[ray]'" in got.stderr and got.stdout == ""
+
+
 # -- on a cluster ----------------------------------------------------------------------------------
 
 

@@ -280,6 +280,23 @@ def test_a_file_workers_cannot_read_is_exit_2(cluster: RayCluster, tmp_path: Pat
 
 
 @needs_ray
+def test_a_pair_larger_than_every_node_is_refused(cluster: RayCluster, tmp_path: Path) -> None:
+    """A pair whose tensors need more memory than any node's memory resource is refused before any task
+    runs, naming the tensor (the file is sparse: as large as this machine's memory, and nothing is read)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    numel = ram // 4
+    header = json.dumps({"huge": {"dtype": "F32", "shape": [numel], "data_offsets": [0, numel * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / "huge.safetensors"
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + numel * 4)
+    got = _cli(["compare", str(path), str(path), "--executor", f"ray={cluster.address}"], {})
+    assert got.returncode == 2, got.stderr
+    assert "tensor 'huge' needs about" in got.stderr and "more than any Ray node offers" in got.stderr, got.stderr
+
+
+@needs_ray
 def test_service_background_comparison_on_ray(cluster: RayCluster, runs: dict[str, Path], tmp_path: Path) -> None:
     """VALIDATOR_COMPARE_EXECUTOR: a background comparison is measured on the cluster; its stored result is
     the one computed in the service's own process."""

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not 
 
     from validator.judging.compare import Comparison
     from validator.judging.policy import Policy
+    from validator.judging.rl_kl import KLReport, KLSettings
     from validator.store.expiry import Collected
 
 __all__ = ["Service", "RunSummary", "Progress", "compare_refs"]
@@ -276,6 +277,16 @@ class Service:
 
             load_metrics_doc(view.engine_metrics_file)
             put_file(view.engine_metrics_file, "engine-metrics")
+        if view.has_logprobs:  # RL logprob records (docs/rl.md), validated, then stored as Parquet
+            from validator.runs.logprob_records import write_logprob_parquet
+
+            records = view.load_logprobs()
+            self.settings.staging_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=temp_prefix(), dir=self.settings.staging_dir) as tmp:
+                lp_path = Path(tmp) / "logprobs.parquet"
+                write_logprob_parquet(records, lp_path)
+                lp_data = lp_path.read_bytes()
+            put_bytes(lambda: [lp_data], "logprobs")
         if not view.has_acceptance:
             return out
         from validator.runs.acceptance_records import write_acceptance_parquet  # pandas/pyarrow only when needed
@@ -380,6 +391,7 @@ class Service:
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
         gsm = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
         eng = next((a for a in run.artifacts if a.kind == "engine-metrics"), None)
+        lp = next((a for a in run.artifacts if a.kind == "logprobs"), None)
         return RunView(
             name=run.name,
             source="store",
@@ -390,6 +402,7 @@ class Service:
             acceptance_parquet=self.blobs.path(acc.sha256) if acc else None,
             gsm8k_file=self.blobs.path(gsm.sha256) if gsm else None,
             engine_metrics_file=self.blobs.path(eng.sha256) if eng else None,
+            logprob_parquet=self.blobs.path(lp.sha256) if lp else None,
             run_id=run.id,
         )
 
@@ -407,6 +420,15 @@ class Service:
         if run is None:
             raise NotFoundError(f"{ref!r} is neither a stored run nor an existing path")
         return self.stored_view(run)
+
+    def rl_kl(self, ref: str, settings: KLSettings | None = None) -> KLReport:
+        """The train/rollout KL report (validator.judging.rl_kl.KLReport) of a stored run's logprob records."""
+        from validator.judging.rl_kl import kl_report
+
+        view = self.resolve(ref, allow_paths=False)
+        if not view.has_logprobs:
+            raise NotFoundError(f"run {ref!r} has no logprob records (a bundle part's logprobs.jsonl; docs/rl.md)")
+        return kl_report(view.load_logprobs(), settings)
 
     # -- compare --------------------------------------------------------------------------------
     def compare(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
@@ -26,7 +28,26 @@ def cmd_rl_kl(args: argparse.Namespace) -> int:
         settings = KLSettings(floor=args.floor, floor_steps=args.floor_steps, tolerance=args.tolerance)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    report = kl_report(read_logprob_jsonl(args.records), settings)
+    path = Path(args.records)
+    if path.is_file():
+        report = kl_report(read_logprob_jsonl(path), settings)
+    elif path.is_dir():  # a bundle whose parts hold logprobs.jsonl
+        from validator.runs.sources import open_path
+
+        view = open_path(path)
+        if not view.has_logprobs:
+            raise InputError(f"{path}: no logprobs.jsonl in this bundle's parts")
+        report = kl_report(view.load_logprobs(), settings)
+    else:  # a stored run
+        from validator.service import Service
+        from validator.settings import Settings
+
+        conf = Settings.from_env(home=args.home)
+        svc = Service(replace(conf, database_url=args.db) if args.db else conf)
+        try:
+            report = svc.rl_kl(args.records, settings)
+        finally:
+            svc.close()
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -75,9 +96,10 @@ def add_commands(sub: Any) -> None:
         help="k1/k2/k3 KL(rollout || train) per step, floor, trend; exit 0 at floor, 1 above floor or diverging, "
         "3 inconclusive, 2 bad input",
         description="RECORDS: JSONL, one sampled token a line: step, sample_id, token_index, rollout_logprob, "
-        "train_logprob, optional weight_version (docs/rl.md).",
+        "train_logprob, optional weight_version (docs/rl.md); or a bundle whose parts hold logprobs.jsonl, or a "
+        "stored run.",
     )
-    s.add_argument("records", help="logprob records (.jsonl)")
+    s.add_argument("records", help="logprob records: a .jsonl file, a bundle directory, or a stored run (name or id)")
     s.add_argument("--floor", type=float, help="declared floor of the k3 step mean (default: estimated from the first steps)")
     s.add_argument("--floor-steps", type=int, default=5, help="steps the floor is estimated from when not declared (default 5)")
     s.add_argument("--tolerance", type=float, default=1.5, help="band: k3 <= tolerance x floor (default 1.5)")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
-_FILE_RE = re.compile(r"(tensors-[0-9]{5}\.safetensors|part\.json|acceptance\.jsonl|gsm8k\.jsonl|metrics\.json)")
+_FILE_RE = re.compile(r"(tensors-[0-9]{5}\.safetensors|part\.json|acceptance\.jsonl|logprobs\.jsonl|gsm8k\.jsonl|metrics\.json)")
 ROOT_PART = "_root"  # the manifest's pseudo-part
 
 
@@ -50,7 +50,8 @@ def check_file_name(part: str, filename: str) -> None:
         raise InputError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
     if not _FILE_RE.fullmatch(filename):
         raise InputError(
-            f"file name {filename!r} is not a bundle file (tensors-NNNNN.safetensors, part.json, acceptance.jsonl, gsm8k.jsonl)"
+            f"file name {filename!r} is not a bundle file (tensors-NNNNN.safetensors, part.json, acceptance.jsonl, "
+            "logprobs.jsonl, gsm8k.jsonl)"
         )
 
 
@@ -211,7 +212,7 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
                 shutil.copyfile(src, dest)
         for part_dir in (tmp / "parts").iterdir() if (tmp / "parts").exists() else []:
             names = {p.name for p in part_dir.iterdir()}
-            if PART_FILE not in names and names != {"acceptance.jsonl"}:  # an acceptance-only part is whole
+            if PART_FILE not in names and not names <= {"acceptance.jsonl", "logprobs.jsonl"}:  # records-only parts are whole
                 raise InputError(f"run {r.name!r}: part {part_dir.name!r} has no {PART_FILE} (upload incomplete)")
         with cycle_collector_paused():
             view = read_bundle(tmp)

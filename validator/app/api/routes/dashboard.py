@@ -199,6 +199,22 @@ def runs_list(
     return _page(request, "runs.html", lambda: pages.runs_page(svc, labels=_label_filters(request), limit=limit, offset=offset))
 
 
+@router.get("/runs/{ref:path}/rl-kl", dependencies=[ReadAuth])  # before /runs/{ref:path}, which would take it
+def rl_kl(request: Request, ref: str, svc: ServiceDep, floor: float | None = None) -> Response:
+    """A run's train/rollout KL per step (docs/rl.md): chart, verdict, table."""
+    from validator.app.dashboard.rl_kl_view import kl_page
+    from validator.judging.rl_kl import KLSettings
+
+    def build() -> dict[str, Any]:
+        try:
+            settings = KLSettings(floor=floor)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        return kl_page(ref, svc.rl_kl(ref, settings).to_dict())
+
+    return _page(request, "rl_kl.html", build)
+
+
 @router.get("/runs/{ref:path}", dependencies=[ReadAuth])  # :path: run names may hold '/'
 def run_detail(ref: str, request: Request, svc: ServiceDep) -> Response:
     return _page(request, "run.html", lambda: pages.run_page(svc, ref))

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from validator.app.api.deps import WriteAuth
+from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.errors import InputError
 
 router = APIRouter(prefix="/rl", tags=["rl"])
@@ -38,6 +38,20 @@ def kl_gate(body: KLGate) -> dict[str, Any]:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     doc = kl_report(records_from_objects(body.records, source="records"), settings).to_dict()
+    doc["exit_code"] = VERDICT_EXIT[doc["verdict"]]
+    return doc
+
+
+@router.get("/runs/{ref:path}/kl", dependencies=[ReadAuth])
+def stored_kl(ref: str, svc: ServiceDep, floor: float | None = None, floor_steps: int = 5, tolerance: float = 1.5) -> dict[str, Any]:
+    """The KL verdict of a stored run's logprob records (a bundle part's logprobs.jsonl); 404 without them."""
+    from validator.judging.rl_kl import VERDICT_EXIT, KLSettings
+
+    try:
+        settings = KLSettings(floor=floor, floor_steps=floor_steps, tolerance=tolerance)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    doc = svc.rl_kl(ref, settings).to_dict()
     doc["exit_code"] = VERDICT_EXIT[doc["verdict"]]
     return doc
 

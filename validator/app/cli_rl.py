@@ -20,6 +20,14 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=1, allow_nan=False))
 
 
+def _open_service(args: argparse.Namespace) -> Any:
+    from validator.service import Service
+    from validator.settings import Settings
+
+    conf = Settings.from_env(home=args.home)
+    return Service(replace(conf, database_url=args.db) if args.db else conf)
+
+
 def cmd_rl_kl(args: argparse.Namespace) -> int:
     from validator.judging.rl_kl import KLSettings, kl_report
     from validator.runs.logprob_records import read_logprob_jsonl
@@ -39,11 +47,7 @@ def cmd_rl_kl(args: argparse.Namespace) -> int:
             raise InputError(f"{path}: no logprobs.jsonl in this bundle's parts")
         report = kl_report(view.load_logprobs(), settings)
     else:  # a stored run
-        from validator.service import Service
-        from validator.settings import Settings
-
-        conf = Settings.from_env(home=args.home)
-        svc = Service(replace(conf, database_url=args.db) if args.db else conf)
+        svc = _open_service(args)
         try:
             report = svc.rl_kl(args.records, settings)
         finally:
@@ -76,9 +80,20 @@ def cmd_manifest_diff(args: argparse.Namespace) -> int:
     from validator.judging.manifest_diff import DEFAULT_LORA_B, diff_manifests
     from validator.runs.weight_manifest import load_side
 
-    a = load_side(args.a, version=_version(args.a_version))
-    b = load_side(args.b, version=_version(args.b_version))
-    d = diff_manifests(a, b, lora_b=tuple(args.lora_b) if args.lora_b else DEFAULT_LORA_B, numeric=not args.no_numeric)
+    services: list[Any] = []
+
+    def open_run(ref: str) -> Any:  # a name that is no path: a stored run
+        if not services:
+            services.append(_open_service(args))
+        return services[0].resolve(ref, allow_paths=False)
+
+    try:
+        a = load_side(args.a, version=_version(args.a_version), open_run=open_run)
+        b = load_side(args.b, version=_version(args.b_version), open_run=open_run)
+        d = diff_manifests(a, b, lora_b=tuple(args.lora_b) if args.lora_b else DEFAULT_LORA_B, numeric=not args.no_numeric)
+    finally:
+        for svc in services:
+            svc.close()
     if args.json:
         _print_json(d.to_dict())
     else:
@@ -118,8 +133,8 @@ def add_commands(sub: Any) -> None:
         "diff",
         help="missing/extra/changed tensors, update changed nothing, LoRA B zero at version 1; exit 0 identical "
         "(or an update that changed tensors), 1 differences, 2 bad input",
-        description="A and B: manifest files (.json), or .safetensors files or directories hashed on the fly "
-        "(then changed tensors are also compared numerically: rel_l2 in float64).",
+        description="A and B: manifest files (.json), .safetensors files or directories of them hashed on the fly, "
+        "run bundles, or stored runs (then changed tensors are also compared numerically: rel_l2 in float64).",
     )
     s.add_argument("a", help="reference (e.g. the trainer's manifest)")
     s.add_argument("b", help="candidate (e.g. the rollout engine's)")

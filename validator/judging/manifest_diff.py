@@ -137,12 +137,12 @@ def _lora_check(m: WeightManifest, patterns: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _numeric(a: WeightManifest, b: WeightManifest, name: str) -> dict[str, Any] | None:
-    fa, fb = a.files.get(name), b.files.get(name)
-    if fa is None or fb is None:
+    la, lb = a.loaders.get(name), b.loaders.get(name)
+    if la is None or lb is None:
         return None
     from validator.numerics.metrics import compare_tensors  # imports torch: only for a numeric comparison
 
-    ta, tb = fa[0].load(fa[1]), fb[0].load(fb[1])
+    ta, tb = la(), lb()
     m = compare_tensors(ta, tb)
     da, db = a.tensors[name].dtype, b.tensors[name].dtype
     return {

@@ -13,17 +13,23 @@ stores, and what ``probes.weights`` hashes from a state dict. No torch here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.runs.tensorfile import ITEMSIZES, SafetensorsFile, file_byte_chunks
+
+if TYPE_CHECKING:
+    import torch
+
+    from validator.runs.view import RunView
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -32,6 +38,7 @@ __all__ = [
     "load_side",
     "manifest_from_dict",
     "manifest_of_safetensors",
+    "manifest_of_view",
     "read_manifest",
     "write_manifest",
 ]
@@ -65,13 +72,14 @@ class ManifestTensor:
 
 @dataclass(frozen=True)
 class WeightManifest:
-    """Tensors by name; ``version`` the manifest's weight version; ``files`` (name -> (file, entry)) when it was
-    computed from safetensors files, so that changed tensors can be compared numerically."""
+    """Tensors by name; ``version`` the manifest's weight version; ``loaders`` (name -> a function returning the
+    tensor) when it was computed from tensors (safetensors files, a bundle, a stored run), so that changed tensors
+    can be compared numerically."""
 
     tensors: dict[str, ManifestTensor]
     version: int | None = None
     source: str = "manifest"
-    files: dict[str, tuple[SafetensorsFile, str]] = field(default_factory=dict, repr=False, compare=False)
+    loaders: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
     def tensor_version(self, name: str) -> int | None:
         v = self.tensors[name].version
@@ -156,12 +164,13 @@ def manifest_of_safetensors(paths: str | Path | Iterable[str | Path], *, version
         else:
             raise InputError(f"{p}: no such file or directory")
     tensors: dict[str, ManifestTensor] = {}
-    where: dict[str, tuple[SafetensorsFile, str]] = {}
+    where: dict[str, Path] = {}
+    loaders: dict[str, Callable[[], torch.Tensor]] = {}
     for f in files:
         st = SafetensorsFile(f)
         for key, e in st.entries.items():
             if key in tensors:
-                raise InputError(f"tensor {key!r} is in both {where[key][0].path} and {f}")
+                raise InputError(f"tensor {key!r} is in both {where[key]} and {f}")
             h = hashlib.sha256()
             try:
                 for chunk in file_byte_chunks(f, e.begin, e.nbytes):
@@ -169,19 +178,54 @@ def manifest_of_safetensors(paths: str | Path | Iterable[str | Path], *, version
             except OSError as exc:
                 raise InputError(f"{f}, tensor {key!r}: cannot read: {exc}") from None
             tensors[key] = ManifestTensor(e.dtype_name, e.shape, h.hexdigest())
-            where[key] = (st, key)
+            where[key] = f
+            loaders[key] = functools.partial(st.load, key)
     source = ", ".join(map(str, items)) if len(items) > 1 else str(items[0])
-    return WeightManifest(tensors=tensors, version=version, source=source, files=where)
+    return WeightManifest(tensors=tensors, version=version, source=source, loaders=loaders)
 
 
-def load_side(path: str | Path, *, version: int | None = None) -> WeightManifest:
-    """A manifest file (``.json``), or safetensors files / a directory hashed on the fly."""
+def manifest_of_view(view: RunView, *, version: int | None = None) -> WeightManifest:
+    """The manifest of a run's tensors (a bundle, a stored run: their recorded SHA256 of the raw bytes, or the
+    bytes hashed here). Only whole tensors: a tensor stored as TP slices or partial sums has no one hash."""
+    tensors: dict[str, ManifestTensor] = {}
+    loaders: dict[str, Callable[[], torch.Tensor]] = {}
+    for ref in view.tensors:
+        where = ("pp_stage", "tp_rank", "tp_size")  # where a copy was held, not which tensor it is
+        coords = {k: v for k, v in ref.coords.to_dict().items() if k not in where and v is not None}
+        name = ref.name + ("[" + ",".join(f"{k}={v}" for k, v in sorted(coords.items())) + "]" if coords else "")
+        if ref.shard.kind not in ("full", "replicated"):
+            raise InputError(f"{view.name}: tensor {name!r} is stored as {ref.shard.kind} shards; a manifest needs whole tensors")
+        sha = ref.sha256
+        if sha is None:
+            h = hashlib.sha256()
+            for chunk in ref.byte_chunks():
+                h.update(chunk)
+            sha = h.hexdigest()
+        entry = ManifestTensor(ref.dtype, tuple(ref.shape), sha)
+        if name in tensors and tensors[name] != entry:
+            raise InputError(f"{view.name}: tensor {name!r} has copies that differ")
+        tensors[name] = entry
+        loaders[name] = ref.load
+    return WeightManifest(tensors=tensors, version=version, source=f"run {view.name!r}", loaders=loaders)
+
+
+def load_side(
+    path: str | Path, *, version: int | None = None, open_run: Callable[[str], RunView] | None = None
+) -> WeightManifest:
+    """A manifest file (``.json``), safetensors files or a directory of them hashed on the fly, a bundle
+    directory, or (with ``open_run``) a stored run."""
     p = Path(path)
     if p.is_file() and p.suffix == ".json":
         m = read_manifest(p)
         if version is not None:
             m = WeightManifest(tensors=m.tensors, version=version, source=m.source)
         return m
+    if p.is_dir() and (p / "manifest.json").is_file():  # a run bundle
+        from validator.runs.sources import open_path
+
+        return manifest_of_view(open_path(p), version=version)
+    if not p.exists() and open_run is not None:
+        return manifest_of_view(open_run(str(path)), version=version)
     return manifest_of_safetensors(p, version=version)
 
 

@@ -3,6 +3,7 @@ dashboard page and the CLI from the store."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -85,3 +86,50 @@ def test_run_without_logprob_records(api_service: Service, tmp_path: Path) -> No
 
     with pytest.raises(NotFoundError, match="no logprob records"):
         api_service.rl_kl("plain")
+
+
+def _weights(d: Path, name: str, scale: float) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path = d / f"{name}.safetensors"
+    save_file({"w": torch.arange(6, dtype=torch.float32) * scale, "x.lora_B.weight": torch.zeros(2, 2)}, str(path))
+    return path
+
+
+async def test_manifest_diff_of_stored_runs(client: httpx.AsyncClient, api_service: Service, tmp_path: Path) -> None:
+    from validator.runs.weight_manifest import manifest_of_safetensors, manifest_of_view
+
+    for name, scale in (("w1", 1.0), ("w1b", 1.0), ("w2", 1.5)):
+        api_service.ingest(_weights(tmp_path, name, scale), name=name)
+    stored = manifest_of_view(api_service.resolve("w1", allow_paths=False))
+    assert stored.tensors == manifest_of_safetensors(tmp_path / "w1.safetensors").tensors
+    r = await client.get("/api/v1/rl/manifest-diff", params={"a": "w1", "b": "w1b"})
+    assert r.status_code == 200 and r.json()["verdict"] == "identical"
+    r = await client.get("/api/v1/rl/manifest-diff", params={"a": "w1", "b": "w2", "numeric": True})
+    doc = r.json()
+    assert doc["verdict"] == "different" and doc["changed"][0]["name"] == "w" and doc["changed"][0]["numeric"]["rel_l2"] == 0.5
+    assert (await client.get("/api/v1/rl/manifest-diff", params={"a": "w1", "b": "nope"})).status_code == 404
+    page = await client.get("/rl/manifest-diff", params={"a": "w1", "b": "w2"})
+    assert page.status_code == 200 and "DIFFERENT" in page.text and "float32 -&gt; float64" in page.text
+    js = await client.get("/rl/manifest-diff", params={"a": "w1", "b": "w1b", "format": "json"})
+    assert js.json()["diff"]["verdict"] == "identical"
+    assert (await client.get("/rl/manifest-diff", params={"a": "w1", "b": "nope"})).status_code == 404
+
+
+def test_cli_manifest_diff_of_stored_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from validator.settings import Settings
+
+    home = tmp_path / "home"
+    svc = Service(Settings(home=home))
+    try:
+        svc.ingest(_weights(tmp_path, "w1", 1.0), name="w1")
+        svc.ingest(_weights(tmp_path, "w2", 2.0), name="w2")
+    finally:
+        svc.close()
+    assert main(["--home", str(home), "manifest", "diff", "w1", str(tmp_path / "w1.safetensors")]) == 0
+    assert main(["--home", str(home), "manifest", "diff", "w1", "w2", "--json"]) == 1
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
+    assert doc["changed"][0]["numeric"]["rel_l2"] == 1.0
+    assert main(["--home", str(home), "manifest", "diff", "w1", "nope"]) == 2

@@ -273,6 +273,19 @@ def pair(id: int, index: int, request: Request, svc: ServiceDep) -> Response:
     return _page(request, "pair.html", lambda: pages.pair_page(svc, id, index))
 
 
+@router.get("/rl/manifest-diff", dependencies=[ReadAuth])
+def manifest_diff(request: Request, svc: ServiceDep, a: str, b: str) -> Response:
+    """The weight-manifest diff of two stored runs, with rel_l2 of the changed tensors (docs/rl.md)."""
+    from validator.judging.manifest_diff import diff_manifests
+    from validator.runs.weight_manifest import manifest_of_view
+
+    def build() -> dict[str, Any]:
+        ma, mb = (manifest_of_view(svc.resolve(r, allow_paths=False)) for r in (a, b))
+        return {"a": a, "b": b, "diff": diff_manifests(ma, mb).to_dict()}
+
+    return _page(request, "manifest_diff.html", build)
+
+
 @router.get("/comparisons/{id}/acceptance", dependencies=[ReadAuth])
 def acceptance(id: int, request: Request, svc: ServiceDep) -> Response:
     return _page(request, "acceptance.html", lambda: pages.acceptance_page(svc, id))

@@ -56,6 +56,20 @@ def stored_kl(ref: str, svc: ServiceDep, floor: float | None = None, floor_steps
     return doc
 
 
+@router.get("/manifest-diff", dependencies=[ReadAuth])
+def stored_manifest_diff(a: str, b: str, svc: ServiceDep, numeric: bool = False) -> dict[str, Any]:
+    """The manifest diff of two stored runs' tensors (their recorded SHA256); ``numeric``: also rel_l2 of the
+    changed tensors (loads them)."""
+    from validator.judging.manifest_diff import diff_manifests
+    from validator.runs.weight_manifest import manifest_of_view
+
+    d = diff_manifests(manifest_of_view(svc.resolve(a, allow_paths=False)), manifest_of_view(svc.resolve(b, allow_paths=False)),
+                       numeric=numeric)
+    doc = d.to_dict()
+    doc["exit_code"] = d.exit_code
+    return doc
+
+
 @router.post("/manifest-diff", dependencies=[WriteAuth])
 def manifest_gate(body: ManifestGate) -> dict[str, Any]:
     from validator.judging.manifest_diff import DEFAULT_LORA_B, diff_manifests

@@ -47,7 +47,7 @@ from validator.store.blob_read import open_blob_tensor, open_file_tensor
 if TYPE_CHECKING:
     from validator.judging.compare import Measured, Pair
 
-__all__ = ["ExecutorSpec", "RayExecutor", "RayUnavailable", "parse_executor", "pair_memory", "plan_batches"]
+__all__ = ["ExecutorSpec", "RayExecutor", "RayUnavailable", "disconnect", "parse_executor", "pair_memory", "plan_batches"]
 
 RAY_INSTALL = "pip install 'validator[ray]'"
 BATCH_BYTES = 256 << 20  # pairs are packed into one task until their tensors hold this many bytes...
@@ -252,6 +252,15 @@ def _connect(address: str | None) -> Any:
     except (AttributeError, RuntimeError):
         _GCS = target if target != "auto" else None
     return ray
+
+
+def disconnect() -> None:
+    """Leave the cluster this process is connected to, if any (before the cluster goes away on purpose:
+    a driver left connected to a stopped cluster is ended by Ray a minute later)."""
+    with _CONNECT_LOCK:
+        if _CONNECTED is None:
+            return
+        _disconnect(_import_ray())
 
 
 def _head_answers() -> bool:

@@ -143,8 +143,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
         pytest.skip("needs Ray: pip install 'validator[ray]' (scripts/setup installs it)")
     from tests.ray_cluster import ray_cluster
 
+    from validator.ray_executor import disconnect
+
     with ray_cluster(tmp_path_factory.mktemp("ray-logs"), workers=2, cpus=1, env=AWS_ENV) as c:
-        yield c
+        try:
+            yield c
+        finally:  # the tests' own driver leaves before the cluster stops, or Ray ends this process later
+            disconnect()
 
 
 @pytest.fixture(scope="module")

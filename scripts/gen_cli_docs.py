@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from validator.app.cli import build_parser  # noqa: E402
+from validator.app.cli import build_parser
 
 
 def _walk(parser: argparse.ArgumentParser, prog: str) -> list[tuple[str, str]]:

@@ -142,7 +142,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     if not HAVE_RAY:
         pytest.skip("needs Ray: pip install 'validator[ray]' (scripts/setup installs it)")
     from tests.ray_cluster import ray_cluster
-
     from validator.ray_executor import disconnect
 
     with ray_cluster(tmp_path_factory.mktemp("ray-logs"), workers=2, cpus=1, env=AWS_ENV) as c:

@@ -58,13 +58,14 @@ def _case_strategy(schema: Any) -> st.SearchStrategy[Any]:
                     )
                 )
     known = st.sampled_from(["ref", "cand", "1", "2", "pend"])
+    _floats = st.floats(allow_nan=False, allow_infinity=False)  # JSON bodies cannot carry NaN or Inf
     policies = st.one_of(
         st.none(),
         st.dictionaries(st.sampled_from(["missing", "rule", "acceptance", "bogus"]),
                         st.one_of(st.integers(), st.text(max_size=5), st.lists(st.dictionaries(
                             st.sampled_from(["match", "rel_l2_max", "nonfinite", "floor_multiple", "cosine_min"]),
-                            st.one_of(st.floats(), st.integers(-2, 2), st.text(max_size=4)), max_size=3), max_size=2),
-                            st.dictionaries(st.text(max_size=8), st.one_of(st.floats(), st.integers(), st.text(max_size=3)), max_size=3)),
+                            st.one_of(_floats, st.integers(-2, 2), st.text(max_size=4)), max_size=3), max_size=2),
+                            st.dictionaries(st.text(max_size=8), st.one_of(_floats, st.integers(), st.text(max_size=3)), max_size=3)),
                         max_size=3),
     )
     targeted = []  # comparisons and gates of the seeded runs: a quarter of the cases, however many routes exist

@@ -71,15 +71,30 @@ def main() -> int:
     from validator.ray_executor import BATCH_BYTES, RayExecutor
     from validator.runs.sources import open_path
 
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the loopback cluster runs without token authentication
+    import numba
+    import ray
+    import torch
+
     results: dict[str, object] = {
         "pairs": args.pairs,
         "elements": args.elements,
+        "reps": args.reps,
         "cpus": os.cpu_count(),
+        "versions": {"python": sys.version.split()[0], "ray": ray.__version__, "torch": torch.__version__, "numba": numba.__version__},
         "load_before": os.getloadavg()[0],
         "rows": [],
     }
+    rows: list[dict[str, object]] = []
+
+    def save() -> None:  # after every row: a run stopped by a time limit still leaves the rows it measured
+        results["rows"] = rows
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
     with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
+        t0 = time.perf_counter()
         a, b = write_runs(Path(tmp), args.pairs, args.elements)
+        print(f"wrote two runs of {args.pairs} pairs in {time.perf_counter() - t0:.1f} s", flush=True)
         va, vb = open_path(a), open_path(b)
         nbytes = sum(t.nbytes for t in va.tensors) + sum(t.nbytes for t in vb.tensors)
         results["bytes_compared"] = nbytes
@@ -132,18 +147,20 @@ def main() -> int:
             return best, doc
 
         compare_runs(va, vb)  # warm: numba's cached pass loaded
-        rows: list[dict[str, object]] = []
         local_docs = {}
         for label, views, _, before in sources:
             local_s, local_docs[label] = timed(views, None, before)
             rows.append({"where": "one process (thread pool)", "source": label, "workers": 0, "seconds": local_s, "gb_s": nbytes / local_s / 1e9})
             print(f"{label}, one process: {local_s:.2f} s, {nbytes / local_s / 1e9:.2f} GB/s", flush=True)
+            save()
+        t0 = time.perf_counter()
         with ray_cluster(Path(tmp) / "logs", workers=counts[0], cpus=1) as cluster:
             have = counts[0]
             for n in counts:
                 while have < n:
                     cluster.add_worker(1)
                     have += 1
+                print(f"cluster of {n} worker node(s) up ({time.perf_counter() - t0:.1f} s since the head's start)", flush=True)
                 for label, views, blob_url, _ in sources:
                     ex = RayExecutor(cluster.address, blob_url=blob_url, batch_bytes=args.batch_bytes or BATCH_BYTES)
                     compare_runs(*views(), executor=ex)  # warm-up: worker processes start, import torch and numba
@@ -153,6 +170,7 @@ def main() -> int:
                     rows.append({"where": f"Ray, {n} worker node(s) of 1 CPU", "source": label, "workers": n, "seconds": secs,
                                  "gb_s": nbytes / secs / 1e9, "tasks": per_run})
                     print(f"{label}, {n} worker(s): {secs:.2f} s, {nbytes / secs / 1e9:.2f} GB/s, {per_run} tasks, same document", flush=True)
+                    save()
         if svc is not None:
             svc.close()
         # what a task's arguments and results weigh when pickled (what crosses the network besides blobs)
@@ -167,10 +185,8 @@ def main() -> int:
         results["pickled_args_per_pair"] = len(arg)
         results["pickled_result_per_pair"] = len(res)
         print(f"per pair: {len(arg)} bytes of task arguments, {len(res)} bytes of result; tensor bytes through the driver: 0")
-    results["rows"] = rows
     results["load_after"] = os.getloadavg()[0]
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    save()
     return 0
 
 

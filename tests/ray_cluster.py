@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,9 +18,24 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import free_port
 
-RAY = str(Path(sys.executable).parent / "ray")
+def _ray_command() -> list[str]:
+    """The `ray` CLI of this interpreter: its script beside the interpreter (a virtual environment), or
+    Ray's CLI module run by the interpreter (Ray installed with `pip --prefix/--target` elsewhere)."""
+    script = Path(sys.executable).parent / "ray"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+RAY = _ray_command()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -33,7 +49,7 @@ class RayCluster:
 
     def add_worker(self, cpus: int = 1, timeout: float = 120) -> subprocess.Popen[bytes]:
         """Start a worker node and wait until it has joined the cluster."""
-        cmd = [RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={cpus}", *_node_ports(),
+        cmd = [*RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={cpus}", *_node_ports(),
                "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
         proc = _start_node(cmd, self.env, self.log_dir / f"worker{len(self.workers)}.log", timeout, self)
         self.workers.append(proc)
@@ -124,7 +140,7 @@ def _start_node(cmd: list[str], env: dict[str, str], log_path: Path, timeout: fl
                 return proc
         if proc.poll() is not None or time.monotonic() > deadline:
             cluster.stop_node(proc)
-            raise RuntimeError(f"a Ray node did not start ({' '.join(cmd[:4])}...):\n{cluster.log_tail()}")
+            raise RuntimeError(f"a Ray node did not start ({' '.join(cmd[: len(RAY) + 3])}...):\n{cluster.log_tail()}")
         time.sleep(0.1)
 
 
@@ -145,10 +161,12 @@ def ray_cluster(log_dir: Path, *, workers: int = 2, cpus: int = 1, env: Mapping[
     """A head and ``workers`` nodes of ``cpus`` CPUs each; stopped (all their processes) on the way out."""
     log_dir.mkdir(parents=True, exist_ok=True)
     temp = Path(tempfile.mkdtemp(prefix="vray", dir="/tmp"))
-    full_env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+    # RAY_AUTH_MODE: a loopback cluster without token authentication, whether or not ~/.ray/auth_token exists
+    # (Ray >= 2.5x enables it on a head when that file exists, and a worker node started alike would not join)
+    full_env = {"RAY_AUTH_MODE": "disabled", **os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
     cluster = RayCluster(address=f"127.0.0.1:{port}", temp_dir=temp, log_dir=log_dir, env=full_env)
-    cmd = [RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+    cmd = [*RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
            *_node_ports(), "--node-ip-address=127.0.0.1",
            f"--temp-dir={temp}", "--disable-usage-stats", "--object-store-memory=100000000"]
     try:

@@ -47,7 +47,9 @@ from validator.store.blob_read import open_blob_tensor, open_file_tensor
 if TYPE_CHECKING:
     from validator.judging.compare import Measured, Pair
 
-__all__ = ["ExecutorSpec", "RayExecutor", "RayUnavailable", "disconnect", "parse_executor", "pair_memory", "plan_batches"]
+__all__ = [
+    "ExecutorSpec", "RayExecutor", "RayUnavailable", "disconnect", "parse_executor", "pair_memory", "plan_batches", "plan_ranges",
+]
 
 RAY_INSTALL = "pip install 'validator[ray]'"
 BATCH_BYTES = 256 << 20  # pairs are packed into one task until their tensors hold this many bytes...
@@ -130,6 +132,29 @@ def plan_batches(pairs: list[Pair], *, batch_bytes: int = BATCH_BYTES, batch_pai
         cur_bytes += size
     if cur:
         out.append(cur)
+    return out
+
+
+def plan_ranges(shape: tuple[int, ...], bytes_per_element: int, bound: int) -> list[tuple[int, int]]:
+    """Element ranges (row-major, ``start, stop``) that cut a pair of ``shape`` into pieces of at most
+    ``bound`` bytes of both tensors (``bytes_per_element``: A's item size plus B's), for range tasks. Every
+    cut is on an edge of the pair's row blocks (``floors.block_edges``: the blocks whose sums the bootstrap
+    interval resamples), so each block's sums come whole from one task; a block larger than ``bound`` is a
+    range of its own. One range when the pair fits.
+
+    Not used by :class:`RayExecutor` yet: the engine's totals do not merge bit for bit across ranges
+    (docs/ray.md, "Splitting huge tensors")."""
+    from validator.numerics.floors import block_edges
+
+    edges = block_edges(shape)
+    out: list[tuple[int, int]] = []
+    start = edges[0]
+    for lo, hi in zip(edges, edges[1:]):
+        if hi > start and lo > start and (hi - start) * bytes_per_element > bound:
+            out.append((start, lo))
+            start = lo
+    if edges[-1] > start or not out:
+        out.append((start, edges[-1]))
     return out
 
 

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from tests.ray_cluster import RayCluster
 from tests.servers import VALIDATOR, free_port
 from validator.errors import InputError
 from validator.judging.compare import compare_runs
-from validator.ray_executor import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches
+from validator.ray_executor import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches, plan_ranges
 from validator.runs.reassembly import group_logical
 from validator.runs.sources import open_path
 
@@ -407,3 +408,123 @@ def test_worker_reads_from_s3_in_ranges(tmp_path: Path, monkeypatch: pytest.Monk
         open_blob_tensor(url, wrong, "bfloat16", (999, 777), size - 777 * 2)
     with pytest.raises(InputError, match="bytes, its record says"):
         open_blob_tensor(url, wrong, "bfloat16", (999, 777), size - 777 * 2, range_bytes=100_000)
+
+
+# -- ranges of huge tensors (planning and range reads; the executor does not split pairs yet) ------------
+
+
+@pytest.mark.parametrize("shape", [(4096, 1024), (1000, 3, 7), (100,), (63, 5), (1, 1), (0, 4)])
+@pytest.mark.parametrize("bound", [1, 64, 4096, 1 << 20, 1 << 40])
+def test_plan_ranges_cut_on_block_edges(shape: tuple[int, ...], bound: int) -> None:
+    """Ranges cover the tensor in order, every cut is a row-block edge, and each range holds at most
+    ``bound`` bytes of both tensors unless it is one block larger than that."""
+    from validator.numerics.floors import block_edges
+
+    edges = block_edges(shape)
+    per = 2 + 4  # bf16 against float32
+    got = plan_ranges(shape, per, bound)
+    assert got[0][0] == 0 and got[-1][1] == edges[-1]
+    assert all(x[1] == y[0] for x, y in zip(got, got[1:])) and all(lo < hi for lo, hi in got if edges[-1])
+    assert {c for r in got for c in r} <= set(edges)
+    for lo, hi in got:
+        inside = [e for e in edges if lo < e < hi]
+        assert (hi - lo) * per <= bound or not inside, (lo, hi)
+    if edges[-1] * per <= bound:
+        assert got == [(0, edges[-1])]
+
+
+def _record_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(offset, length) of every positioned read validator.store.blob_read makes from now on."""
+    import validator.store.blob_read as blob_read
+
+    reads: list[tuple[int, int]] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        got = real(fd, buffers, offset)
+        reads.append((offset, got))
+        return got
+
+    monkeypatch.setattr(blob_read, "os", SimpleNamespace(preadv=preadv))
+    return reads
+
+
+def test_file_range_reads_only_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range of a tensor in a bundle file: the same elements as the whole tensor's, and no byte outside
+    the range is read (what bounds a range task's memory)."""
+    from validator.store.blob_read import open_file_range
+
+    t = torch.randn(300, 77, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    with BundleWriter(tmp_path / "r", run_name="r", part="p0") as w:
+        w.add("x", t, step=0)
+    (ref,) = open_path(tmp_path / "r").tensors
+    assert ref.location is not None
+    path, offset = ref.location
+    reads = _record_reads(monkeypatch)
+    flat = t.reshape(-1)
+    for lo, hi in [(0, flat.numel()), (0, 1), (1234, 5678), (flat.numel() - 3, flat.numel()), (50, 50)]:
+        reads.clear()
+        got = open_file_range(str(path), offset, "bfloat16", lo, hi)
+        assert torch.equal(got, flat[lo:hi])
+        assert all(offset + 2 * lo <= o and o + n <= offset + 2 * hi for o, n in reads), reads
+        assert sum(n for _, n in reads) == 2 * (hi - lo)
+    with pytest.raises(OSError, match="file ended"):
+        open_file_range(str(path), offset, "bfloat16", flat.numel(), flat.numel() + 10**6)
+
+
+def test_local_store_range_reads_only_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range of a blob of the local store (file://): its elements, read alone; a blob of another length
+    than its record, or a missing one, is an error naming it."""
+    from validator.store.blob_read import open_blob_range
+    from validator.store.blobs import LocalBlobStore
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    t = torch.randn(1000, 33, generator=torch.Generator().manual_seed(4))
+    sha, size, _ = store.put([t.view(torch.uint8).numpy().tobytes()])
+    url = f"file://{tmp_path / 'blobs'}"
+    reads = _record_reads(monkeypatch)
+    got = open_blob_range(url, sha, "float32", size, 4000, 9000)
+    assert torch.equal(got, t.reshape(-1)[4000:9000])
+    assert reads and all(4 * 4000 <= o and o + n <= 4 * 9000 for o, n in reads)
+    with pytest.raises(InputError, match="its record says"):
+        open_blob_range(url, sha, "float32", size + 4, 0, 10)
+    with pytest.raises(InputError, match="outside blob"):
+        open_blob_range(url, sha, "float32", size, 0, size // 4 + 1)
+    with pytest.raises(InputError, match="missing"):
+        open_blob_range(url, "0" * 64, "float32", size, 0, 10)
+
+
+@pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts")
+def test_s3_range_reads_only_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range of an S3 blob: range GETs inside the range only (side by side when larger than one range),
+    the elements equal; an object whose length is not its record's is refused."""
+    from validator.store.blob_read import _s3_store, open_blob_range
+    from validator.store.blobs_s3 import S3BlobStore
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    url = _s3_url()
+    store = S3BlobStore.from_url(url, cache_dir=tmp_path / "cache")
+    t = torch.randn(1000, 777, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    sha, size, _ = store.put([t.view(torch.uint8).numpy().tobytes()])
+    client = _s3_store(url).client
+    ranges: list[str] = []
+    real = client.get_object
+
+    def get_object(**kw: object) -> object:
+        ranges.append(str(kw.get("Range")))
+        return real(**kw)
+
+    monkeypatch.setattr(client, "get_object", get_object)
+    flat = t.reshape(-1)
+    for lo, hi, step in [(0, flat.numel(), None), (1000, 300_000, 100_000), (777, 778, None)]:
+        ranges.clear()
+        got = open_blob_range(url, sha, "bfloat16", size, lo, hi, range_bytes=step)
+        assert torch.equal(got, flat[lo:hi])
+        spans = [tuple(int(x) for x in r.removeprefix("bytes=").split("-")) for r in ranges]
+        assert spans and all(2 * lo <= a and b < 2 * hi for a, b in spans), ranges
+        assert sum(b - a + 1 for a, b in spans) == 2 * (hi - lo)
+    with pytest.raises(InputError, match="its record says"):
+        open_blob_range(url, sha, "bfloat16", size + 2, 0, 10)
+    with pytest.raises(InputError, match="missing from object storage"):
+        open_blob_range(url, "0" * 64, "bfloat16", size, 0, 10)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
-from validator.numerics.floors import BlockSums, measure_blocks, more_precise, rounding_sums
+from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
 from validator.numerics.metrics import MetricInputError, TensorMetrics
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
 from validator.runs.view import RunView
@@ -169,16 +169,27 @@ class Measured:
 def measure_tensors(ta: torch.Tensor, tb: torch.Tensor, *, rounding_dtype: str | None = None) -> Measured:
     """The metrics of a pair of equal-shape tensors and its block sums; with ``rounding_dtype``, also the
     rounding floor of ``ta`` in that dtype."""
-    if tuple(ta.shape) != tuple(tb.shape):
-        return Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}")
-    try:
-        m, blocks = measure_blocks(ta, tb)
-    except MetricInputError as exc:
-        return Measured(None, str(exc))
-    if not (ta.is_floating_point() and tb.is_floating_point()):
-        return Measured(m, None)
-    rounding = rounding_sums(ta, rounding_dtype) if rounding_dtype else None
-    return Measured(m, None, blocks=blocks, rounding=rounding)
+    return measure_tensors_many([(ta, tb, rounding_dtype)])[0]
+
+
+def measure_tensors_many(pairs: list[tuple[torch.Tensor, torch.Tensor, str | None]]) -> list[Measured]:
+    """:func:`measure_tensors` of each ``(ta, tb, rounding_dtype)``, in order; the small pairs on the CPU
+    are measured together, in one pass of the engine (``floors.measure_blocks_many``), with the same bits."""
+    same = [tuple(ta.shape) == tuple(tb.shape) for ta, tb, _ in pairs]
+    got = iter(measure_blocks_many([(ta, tb) for (ta, tb, _), ok in zip(pairs, same) if ok]))
+    out = []
+    for (ta, tb, rounding_dtype), ok in zip(pairs, same):
+        if not ok:
+            out.append(Measured(None, f"shape mismatch: A {list(ta.shape)} vs B {list(tb.shape)}"))
+            continue
+        r = next(got)
+        if isinstance(r, MetricInputError):
+            out.append(Measured(None, str(r)))
+        elif not (ta.is_floating_point() and tb.is_floating_point()):
+            out.append(Measured(r[0], None))
+        else:
+            out.append(Measured(r[0], None, blocks=r[1], rounding=rounding_sums(ta, rounding_dtype) if rounding_dtype else None))
+    return out
 
 
 def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool) -> Floor:
@@ -198,9 +209,15 @@ def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool)
 
 
 def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Measured:
-    wants_rounding = rounding and more_precise(la.dtype, lb.dtype)
-    got = measure_tensors(la.materialize(), lb.materialize(), rounding_dtype=lb.dtype if wants_rounding else None)
-    got.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+    return _measure_batch([(la, lb, rounding)])[0]
+
+
+def _measure_batch(pairs: list[Pair]) -> list[Measured]:
+    """``_measure`` of each pair, the pairs loaded together and measured in one pass of the engine."""
+    loaded = [(la.materialize(), lb.materialize(), lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for la, lb, r in pairs]
+    got = measure_tensors_many(loaded)
+    for m, (la, lb, _) in zip(got, pairs):
+        m.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
     return got
 
 
@@ -232,13 +249,31 @@ def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Ite
         return
     workers = _pair_workers(len(pairs))
     if workers <= 1 or max(_elements(la) for la, _, _ in pairs) <= SMALL_PAIR:
-        yield from (_measure(*p) for p in pairs)  # small pairs: a hand-off to a thread costs more than the pair
+        # small pairs: measured in the calling thread, BATCH_ELEMS at a time in one pass of the engine
+        for batch in _batches(pairs):
+            yield from _measure_batch(batch)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
         yield from ex.map(lambda p: _measure(*p), pairs)
 
 
-SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling thread, one after another
+SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling thread
+BATCH_ELEMS = 1 << 21  # elements of the pairs loaded and measured together (bounds the memory a batch holds)
+
+
+def _batches(pairs: list[Pair]) -> Iterator[list[Pair]]:
+    """The pairs in order, in runs of at most BATCH_ELEMS elements (a larger pair alone)."""
+    batch: list[Pair] = []
+    size = 0
+    for p in pairs:
+        n = _elements(p[0])
+        if batch and size + n > BATCH_ELEMS:
+            yield batch
+            batch, size = [], 0
+        batch.append(p)
+        size += n
+    if batch:
+        yield batch
 
 
 def _elements(t: LogicalTensor) -> int:

@@ -9,6 +9,7 @@ every field.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -17,9 +18,9 @@ from typing import Any
 import torch
 
 from validator.errors import InputError
-from validator.numerics.backends import Totals, compare
+from validator.numerics.backends import Totals, compare, compare_many
 
-__all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "measure", "metrics_from_totals"]
+__all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "measure", "measure_many", "metrics_from_totals"]
 
 
 class MetricInputError(InputError, ValueError):
@@ -103,12 +104,46 @@ def measure(
     """:func:`compare_tensors` and the totals of its pass, with d² and a² summed per block of ``edges``
     (element offsets in row-major order, 0 first and ``numel`` last; one block by default)."""
     _check_inputs(a, b, atol, rtol, chunk_elems)
-    edges = tuple(edges) or (0, a.numel())
-    if edges[0] != 0 or edges[-1] != a.numel() or any(x > y for x, y in zip(edges, edges[1:])):
-        raise MetricInputError(f"edges must rise from 0 to numel {a.numel()}, got {edges[:3]}...{edges[-3:]}")
+    edges = _checked_edges(tuple(edges), a.numel())
     with torch.no_grad():
         totals = compare(a.detach(), b.detach(), atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
     return metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol), totals
+
+
+def measure_many(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    chunk_elems: int = 1 << 22,
+) -> list[tuple[TensorMetrics, Totals] | MetricInputError]:
+    """:func:`measure` of each pair ``(a, b, edges)``, in order and with the same bits, the error it would
+    raise in place of a pair it rejects. Small pairs on the CPU are measured together (``compare_many``)."""
+    good: list[tuple[torch.Tensor, torch.Tensor, Sequence[int]]] = []
+    out: list[tuple[TensorMetrics, Totals] | MetricInputError | None] = []
+    for a, b, edges in pairs:
+        try:
+            _check_inputs(a, b, atol, rtol, chunk_elems)
+            good.append((a.detach(), b.detach(), _checked_edges(tuple(edges), a.numel())))
+            out.append(None)
+        except MetricInputError as exc:
+            out.append(exc)
+    with torch.no_grad():
+        totals = iter(compare_many(good, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems))
+    for i, ((a, b, _), got) in enumerate(zip(pairs, out)):
+        if got is None:
+            t = next(totals)
+            out[i] = (metrics_from_totals(t, a.dtype, b.dtype, atol, rtol), t)
+    return [r for r in out if r is not None]
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_edges(edges: tuple[int, ...], numel: int) -> tuple[int, ...]:
+    """``edges``, or ``(0, numel)`` for none; raises MetricInputError unless they rise from 0 to numel."""
+    edges = edges or (0, numel)
+    if edges[0] != 0 or edges[-1] != numel or any(x > y for x, y in zip(edges, edges[1:])):
+        raise MetricInputError(f"edges must rise from 0 to numel {numel}, got {edges[:3]}...{edges[-3:]}")
+    return edges
 
 
 def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: int) -> None:

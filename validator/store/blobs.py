@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["BlobStore", "Durability", "LocalBlobStore", "check_sha", "write_temp", "temp_prefix", "stale_temp", "remove_stale_temp"]
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
+SMALL_BLOB = 1 << 20  # bytes: blobs no larger are read into memory by LocalBlobStore.open_tensor
 
 
 def check_sha(sha256: str) -> str:
@@ -296,7 +297,21 @@ class LocalBlobStore:
         Path(self._file(sha256)).unlink(missing_ok=True)
 
     def open_tensor(self, sha256: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        p = self.path(sha256)
-        if nbytes and not p.exists():
-            raise InputError(f"blob {sha256} is missing from {self.root}")
-        return raw_tensor(p, 0, nbytes, dtype, shape)
+        """The blob as a tensor: read into memory up to SMALL_BLOB bytes (one read, where a memory map costs
+        more than the bytes), memory-mapped copy-on-write beyond."""
+        import torch
+
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        path = self._file(sha256)
+        try:
+            if nbytes > SMALL_BLOB:
+                return raw_tensor(Path(path), 0, nbytes, dtype, shape)
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            with open(path, "rb", buffering=0) as f:
+                got = f.readinto(buf.numpy().data)
+        except FileNotFoundError:
+            raise InputError(f"blob {sha256} is missing from {self.root}") from None
+        if got != nbytes:
+            raise InputError(f"blob {sha256} in {self.root} is shorter than its record's {nbytes} bytes")
+        return buf.view(dtype).reshape(shape)

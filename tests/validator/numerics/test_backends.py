@@ -197,7 +197,7 @@ def with_numba_threads(n: int, fn: Callable[[], object]) -> object:
     """fn() with the CPU backend's kernels on n of numba's threads."""
     saved = numba.get_num_threads()
     try:
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
         return fn()
     finally:
         numba.set_num_threads(saved)

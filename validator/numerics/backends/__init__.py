@@ -24,7 +24,7 @@ import torch
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
 from validator.numerics.backends.reference import compare_reference, compute_device
 
-__all__ = ["Totals", "backend_for", "compare", "info"]
+__all__ = ["Totals", "backend_for", "compare", "compare_many", "info"]
 
 
 @functools.cache
@@ -72,6 +72,27 @@ def compare(
 
         return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
     return compare_reference(a, b, atol, rtol, chunk_elems, edges)
+
+
+def compare_many(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float, chunk_elems: int
+) -> list[Totals]:
+    """:func:`compare` of each pair ``(a, b, edges)``, in order, with the same bits. Contiguous CPU pairs of
+    float dtypes are measured together, one pass of the CPU engine per pair of dtypes; the others (and
+    every pair on a GPU) one by one."""
+    from validator.numerics.backends.cpu import batchable, compare_cpu_many
+
+    out: list[Totals | None] = [None] * len(pairs)
+    together: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
+    for i, (a, b, edges) in enumerate(pairs):
+        if backend_for(a, b) == "cpu" and batchable(a, b):
+            together.setdefault((a.dtype, b.dtype), []).append(i)
+        else:
+            out[i] = compare(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+    for idx in together.values():
+        for i, got in zip(idx, compare_cpu_many([pairs[i] for i in idx], atol=atol, rtol=rtol)):
+            out[i] = got
+    return [t for t in out if t is not None]
 
 
 def info() -> dict[str, Any]:

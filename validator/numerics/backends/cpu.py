@@ -42,6 +42,7 @@ from validator.numerics.backends.common import (
     SAFE_HI,
     SAFE_LO,
     TINY,
+    Refine,
     Totals,
     p99_from_keys,
     pieces_of,
@@ -108,7 +109,7 @@ def _table(dtype: torch.dtype) -> np.ndarray:
 
 @njit(cache=True)
 def _widen(raw, kind, table, lo, m, out):
-    """float32 bits of elements lo .. lo+m of ``raw`` (bytes) into out[:m]; out[m:] zeroed."""
+    """float32 bits of elements lo .. lo+m of ``raw`` (bytes) into out[:m]; zeros up to whole lanes (what _fast reads)."""
     if kind == F32:
         x32 = raw[4 * lo : 4 * (lo + m)].view(np.uint32)
         for j in range(m):
@@ -125,7 +126,7 @@ def _widen(raw, kind, table, lo, m, out):
         x8 = raw[lo : lo + m]
         for j in range(m):
             out[j] = table[x8[j]]
-    out[m:] = 0
+    out[m : -(-m // LANES) * LANES] = 0
 
 
 @njit(cache=True)
@@ -143,13 +144,11 @@ def _fast(xa, xb, m, tol, lanes, f, c):
     """A block in float32 lanes: sums and largest |d| into row f, counts into row c. False: the block
     needs float64 (row c untouched). tol: atol, rtol, the band's atol, rtol down and up, band?"""
     mm = -(-m // LANES) * LANES  # whole lanes; the scratch past m is zero
-    rows_a, rows_b = xa[:mm].reshape(-1, LANES), xb[:mm].reshape(-1, LANES)
     s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
     lanes[:] = 0
-    for k in range(rows_a.shape[0]):
-        ra, rb = rows_a[k], rows_b[k]
+    for k in range(0, mm, LANES):  # flat indices: a view per row of lanes costs more than the row
         for j in range(LANES):
-            x, y = ra[j], rb[j]
+            x, y = xa[k + j], xb[k + j]
             d = y - x
             ad = abs(d)
             s_a2[j] += x * x
@@ -164,11 +163,15 @@ def _fast(xa, xb, m, tol, lanes, f, c):
         ad, aa = abs(xb[j] - xa[j]), abs(xa[j])
         n_lo += ad <= aa * r_lo + a_lo
         n_hi += ad <= aa * r_hi + a_hi
-    for i in range(5):
-        f[i] = 0.0
-        for j in range(LANES):
-            f[i] += np.float64(lanes[i, j])
-    top = np.float64(lanes[5].max())
+    f0 = f1 = f2 = f3 = f4 = 0.0  # each sum lane by lane, the five side by side
+    for j in range(LANES):
+        f0 += np.float64(s_a2[j])
+        f1 += np.float64(s_b2[j])
+        f2 += np.float64(s_d2[j])
+        f3 += np.float64(s_abs[j])
+        f4 += np.float64(s_ad[j])
+    f[0], f[1], f[2], f[3], f[4] = f0, f1, f2, f3, f4
+    top = np.float64(s_top.max())
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
         return False
@@ -278,36 +281,30 @@ def _block_ulp(ra, rb, lo, m, spec, hist, clean):
     return _ulp(x32, y32, sign, mask, em, hist, clean)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, keys):
-    """Rows of partials per block (block i: elements starts[i] .. starts[i+1]): part_f (a², b², d², |d|,
-    a·d, exact max |d|, float32 max |d|), part_i (both, passed, non-finite a, b, mismatched, max ULP);
-    keys: a ULP key histogram per group. Returns the exact largest |d|."""
-    blocks = part_f.shape[0]
-    exact = kinds[0] == F64 or kinds[1] == F64
-    for g in prange(keys.shape[0]):
-        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
-        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
-        lanes = np.empty((6, LANES), np.float32)
-        for blk in range(g * GROUP, min(blocks, (g + 1) * GROUP)):
-            lo = starts[blk]
-            m = starts[blk + 1] - lo
-            f, c = part_f[blk], part_i[blk]
-            fast = False
-            if not exact:
-                _widen(ra, kinds[0], ta, lo, m, ua)
-                _widen(rb, kinds[1], tb, lo, m, ub)
-                fast = _fast(ua.view(np.float32), ub.view(np.float32), m, tol, lanes, f, c)
-            if not fast:
-                _widen64(ra, kinds[0], ta, lo, m, ua, ya)
-                _widen64(rb, kinds[1], tb, lo, m, ub, yb)
-                _masked(ya, yb, m, tol[0], tol[1], f, c)
-            c[5] = _block_ulp(ra, rb, lo, m, spec, keys[g], fast) if spec[0] else 0
-    # the exact largest |d|: among the positions whose float32 |d| is the largest float32 |d|
-    best, top32 = part_f[:, 5].max(), part_f[:, 6].max()
+@njit(cache=True)
+def _block(ra, rb, kinds, ta, tb, lo, m, tol, spec, f, c, hist, ua, ub, ya, yb, lanes):
+    """Block ``lo .. lo+m`` of a pair: its row of partials f (a², b², d², |d|, a·d, exact max |d|, float32
+    max |d|) and c (both, passed, non-finite a, b, mismatched, max ULP); its ULP keys added to hist."""
+    fast = False
+    if kinds[0] != F64 and kinds[1] != F64:
+        _widen(ra, kinds[0], ta, lo, m, ua)
+        _widen(rb, kinds[1], tb, lo, m, ub)
+        fast = _fast(ua.view(np.float32), ub.view(np.float32), m, tol, lanes, f, c)
+    if not fast:
+        _widen64(ra, kinds[0], ta, lo, m, ua, ya)
+        _widen64(rb, kinds[1], tb, lo, m, ub, yb)
+        _masked(ya, yb, m, tol[0], tol[1], f, c)
+    c[5] = _block_ulp(ra, rb, lo, m, spec, hist, fast) if spec[0] else 0
+
+
+@njit(cache=True)
+def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop):
+    """The exact largest |d| over blocks first .. stop: among the positions whose float32 |d| is the
+    largest float32 |d| (float32 rounding is monotonic), read again in float64."""
+    best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
     if top32 > 0:
         ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
-        for blk in range(blocks):
+        for blk in range(first, stop):
             if part_f[blk, 6] == top32:
                 lo = starts[blk]
                 m = starts[blk + 1] - lo
@@ -318,6 +315,49 @@ def _pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, keys):
                     if abs(xb[j] - xa[j]) == top32:
                         best = max(best, abs(np.float64(xb[j]) - np.float64(xa[j])))
     return best
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, keys):
+    """Rows of partials per block (block i: elements starts[i] .. starts[i+1], see _block) and a ULP key
+    histogram per group of blocks. Returns the exact largest |d|."""
+    blocks = part_f.shape[0]
+    for g in prange(keys.shape[0]):
+        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
+        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
+        lanes = np.empty((6, LANES), np.float32)
+        for blk in range(g * GROUP, min(blocks, (g + 1) * GROUP)):
+            lo = starts[blk]
+            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[g], ua, ub, ya, yb, lanes)
+    return _exact_max(ra, rb, kinds, ta, tb, starts, part_f, 0, blocks)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pass_many(ra, rb, kinds, ta, tb, starts, first, owner, tol, spec, part_f, part_i, keys, sums, counts, tops, out_blocks):
+    """:func:`_pass` and the reductions of :func:`compare_cpu` for many pairs in one call, a pair per
+    iteration: pair p is blocks first[p] .. first[p+1] (elements of the concatenated ``ra``, ``rb``).
+    Per pair: sums[p] (a², b², d², |d|, a·d; added in block order, as numpy's ``sum(0)`` of the rows),
+    counts[p], tops[p] (exact max |d|, max ULP), keys[p] (ULP key histogram), and the d² and a² of each
+    edge block (``owner``: global edge block of each row) into out_blocks[0], [1], in row order."""
+    for p in prange(sums.shape[0]):
+        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
+        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
+        lanes = np.empty((6, LANES), np.float32)
+        b0, b1 = first[p], first[p + 1]
+        for blk in range(b0, b1):
+            lo = starts[blk]
+            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[p], ua, ub, ya, yb, lanes)
+        tops[p, 0] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, b0, b1)
+        tops[p, 1] = part_i[b0:b1, 5].max()
+        for i in range(5):
+            s = 0.0
+            for blk in range(b0, b1):
+                s += part_f[blk, i]
+            sums[p, i] = s
+            counts[p, i] = part_i[b0:b1, i].sum()
+        for blk in range(b0, b1):
+            out_blocks[0, owner[blk]] += part_f[blk, 2]
+            out_blocks[1, owner[blk]] += part_f[blk, 0]
 
 
 @njit(cache=True)
@@ -392,6 +432,22 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
         yield _bytes(ca), _bytes(cb)
 
 
+def _refine_hist(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], size: int, spec: np.ndarray) -> Refine:
+    """common.Refine over the pair that ``pieces()`` reads (``size``: bytes per element)."""
+
+    def refine(lo: int, shift: int, bins: int) -> list[int]:
+        hist = np.zeros(bins, np.int64)
+        for ra, rb in pieces():
+            out = np.zeros((PARTS, bins), np.int64)
+            n = ra.size // size
+            with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
+                _refine(ra, rb, n, spec, lo, shift, out)
+            hist += out.sum(0)
+        return hist.tolist()
+
+    return refine
+
+
 def compare_cpu(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
@@ -424,19 +480,64 @@ def compare_cpu(
         block_a2 += np.bincount(owner, part_f[:, 0], len(block_a2))
     ulp = None
     if spec[0]:
-
-        def refine(lo: int, shift: int, bins: int) -> list[int]:
-            hist = np.zeros(bins, np.int64)
-            for ra, rb in pieces():
-                out = np.zeros((PARTS, bins), np.int64)
-                n = ra.size // a.element_size()
-                with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
-                    _refine(ra, rb, n, spec, lo, shift, out)
-                hist += out.sum(0)
-            return hist.tolist()
-
-        ulp = (max_ulp, p99_from_keys(keys.tolist(), int(counts[0]), refine, REFINE_BINS))
+        p99 = p99_from_keys(keys.tolist(), int(counts[0]), _refine_hist(pieces, a.element_size(), spec), REFINE_BINS)
+        ulp = (max_ulp, p99)
     return Totals(
         a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp,  # type: ignore[arg-type]
         tuple(block_d2.tolist()), tuple(block_a2.tolist()),
     )  # fmt: skip
+
+
+def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether :func:`compare_cpu_many` takes this pair (float dtypes on the CPU already checked): both
+    contiguous, not empty and of at most SMALL elements (a larger pair keeps every thread busy alone)."""
+    return 0 < a.numel() <= SMALL and a.is_contiguous() and b.is_contiguous()
+
+
+def compare_cpu_many(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float
+) -> list[Totals]:
+    """:func:`compare_cpu` of each pair ``(a, b, edges)``, bit for bit, in one pass of the engine over all
+    of them (a pair per thread at a time): for many small pairs, where the calls, not the elements, cost.
+    Every pair has the dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
+    if not pairs:
+        return []
+    a0, b0 = pairs[0][0], pairs[0][1]
+    kinds, spec = _setup(a0.dtype, b0.dtype)
+    ta, tb = _table(a0.dtype), _table(b0.dtype)
+    tol = _tolerances(atol, rtol)
+    numel = [a.numel() for a, _, _ in pairs]
+    plans = [_rows(tuple(e), 0, n) for (_, _, e), n in zip(pairs, numel)]  # cached per shape
+    rows = np.array([len(owner) for _, owner in plans])
+    n_edges = np.array([len(e) - 1 for _, _, e in pairs])
+    first = np.zeros(len(pairs) + 1, np.int64)
+    np.cumsum(rows, out=first[1:])
+    elem_at = np.cumsum([0, *numel])
+    edge_at = np.zeros(len(pairs) + 1, np.int64)
+    np.cumsum(n_edges, out=edge_at[1:])
+    starts = np.concatenate([s[:-1] for s, _ in plans] + [elem_at[-1:]])
+    starts[:-1] += np.repeat(elem_at[:-1], rows)
+    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    ra = torch.cat([a.reshape(-1).view(torch.uint8) for a, _, _ in pairs]).numpy()
+    rb = torch.cat([b.reshape(-1).view(torch.uint8) for _, b, _ in pairs]).numpy()
+    part_f, part_i = np.empty((first[-1], 7)), np.empty((first[-1], 6), np.int64)
+    keys = np.zeros((len(pairs), NUM_KEYS), np.int64)
+    sums, counts = np.empty((len(pairs), 5)), np.empty((len(pairs), 5), np.int64)
+    tops, out_blocks = np.empty((len(pairs), 2)), np.zeros((2, edge_at[-1]))
+    with _LOCK, _threads_for(int(elem_at[-1])), numba.parallel_chunksize(1):  # pairs handed out one at a time
+        _pass_many(ra, rb, kinds, ta, tb, starts, first, owner, tol, spec, part_f, part_i, keys, sums, counts, tops, out_blocks)
+    out = []
+    sums_l, counts_l, tops_l = sums.tolist(), counts.tolist(), tops.tolist()
+    block_d2, block_a2 = out_blocks.tolist()
+    for p, (a, b, _) in enumerate(pairs):
+        ulp = None
+        if spec[0]:
+            pieces = functools.partial(_pieces, a, b, 1 << 22)
+            p99 = p99_from_keys(keys[p].tolist(), counts_l[p][0], _refine_hist(pieces, a.element_size(), spec), REFINE_BINS)
+            ulp = (int(tops_l[p][1]), p99)
+        e0, e1 = edge_at[p], edge_at[p + 1]
+        out.append(
+            Totals(numel[p], tuple(sums_l[p]), max(0.0, tops_l[p][0]), tuple(counts_l[p]), ulp,  # type: ignore[arg-type]
+                   tuple(block_d2[e0:e1]), tuple(block_a2[e0:e1]))
+        )  # fmt: skip
+    return out

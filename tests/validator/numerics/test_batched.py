@@ -1,0 +1,139 @@
+"""Many small pairs measured together (one pass of the CPU engine for several pairs) give the bits of
+the same pairs measured one by one: totals, metrics, block sums, the comparison report."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from tests.validator.numerics.test_backends import CASES, DTYPES, edges, pair, with_nonfinite
+from validator.judging.compare import _measure, _measure_all, compare_runs, measure_tensors, measure_tensors_many
+from validator.numerics.backends import Totals, compare, compare_many
+from validator.numerics.backends.cpu import batchable, compare_cpu, compare_cpu_many
+from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
+from validator.numerics.metrics import MetricInputError
+
+
+def bits(x: object) -> object:
+    """``x`` with every float replaced by its bit pattern (so -0.0, NaN and every digit count)."""
+    if isinstance(x, float):
+        return struct.pack("<d", x)
+    if isinstance(x, np.ndarray):
+        return (x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, (tuple, list)):
+        return type(x)(bits(v) for v in x)
+    if isinstance(x, dict):
+        return {k: bits(v) for k, v in x.items()}
+    if hasattr(x, "__dataclass_fields__"):
+        return (type(x).__name__, {k: bits(getattr(x, k)) for k in x.__dataclass_fields__})
+    return x
+
+
+def mixed_pairs() -> list[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+    """Every case of test_backends (all dtypes, NaN/Inf, zero norms, empty, scalar, mixed dtypes, views),
+    and small 2-D pairs of every dtype with the row blocks of a comparison, interleaved."""
+    out = [(a, b, edges(a.numel())) for a, b, _, _ in CASES.values()]
+    for i, dt in enumerate(DTYPES):
+        for shape in ((16, 1024), (70, 33), (3, 5), (1, 7)):
+            a, b = pair(dt, math.prod(shape), seed=40 + i, noise=0.02)
+            if shape == (70, 33):
+                a, b = with_nonfinite(a, b)
+            out.insert(2 * i, (a.view(shape), b.view(shape), block_edges(shape)))
+    z = torch.zeros(16, 64, dtype=torch.bfloat16)
+    out += [(z, z, block_edges((16, 64))), (z, pair(torch.bfloat16, 1024)[0].view(16, 64), block_edges((16, 64)))]
+    return out
+
+
+@pytest.mark.parametrize("tols", [(1e-5, 1e-3), (1e-3, 1e-2), (0.0, 0.0), (1e-5, 2.0**21)])
+def test_compare_many_equals_compare_bitwise(tols: tuple[float, float]) -> None:
+    atol, rtol = tols
+    pairs = mixed_pairs()
+    one = [compare(a, b, atol=atol, rtol=rtol, chunk_elems=1000, edges=e) for a, b, e in pairs]
+    assert bits(compare_many(pairs, atol=atol, rtol=rtol, chunk_elems=1000)) == bits(one)
+
+
+def test_compare_cpu_many_equals_compare_cpu_bitwise_on_every_thread_count() -> None:
+    for dt in DTYPES:
+        pairs = [(a, b, e) for a, b, e in mixed_pairs() if a.dtype == b.dtype == dt and batchable(a, b)]
+        assert len(pairs) >= 5, dt
+        one = [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+        for threads in (1, 2):
+            saved = numba.get_num_threads()
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+            try:
+                many: list[Totals] = compare_cpu_many(pairs, atol=1e-5, rtol=1e-3)
+            finally:
+                numba.set_num_threads(saved)
+            assert bits(many) == bits(one), (dt, threads)
+
+
+def test_p99_refined_in_a_batch() -> None:
+    # wide ULP spreads: the p99's bin holds many distances and is refined by further passes of that pair
+    pairs = []
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn):
+        a, b = pair(dt, 20_000, seed=3, noise=0.05)
+        b[:300] = (-a[:300].double()).to(dt)
+        pairs += [(a, b, edges(a.numel())), (a[:999], b[:999], [0, 999])]
+    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(
+        [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+    )
+
+
+def test_measure_blocks_many_equals_measure_blocks() -> None:
+    pairs = [(a, b) for a, b, _ in mixed_pairs() if a.shape == b.shape]
+    pairs.append((torch.arange(10), torch.arange(10) + 1))  # integers: the reference backend
+    pairs.append((torch.zeros(3, dtype=torch.complex64), torch.zeros(3, dtype=torch.complex64)))  # rejected
+    got = measure_blocks_many(pairs)
+    for (a, b), r in zip(pairs, got):
+        if isinstance(r, MetricInputError):
+            with pytest.raises(MetricInputError, match=str(r)):
+                measure_blocks(a, b)
+        else:
+            assert bits(r) == bits(measure_blocks(a, b))
+    assert isinstance(got[-1], MetricInputError)
+
+
+def test_measure_tensors_many_equals_measure_tensors() -> None:
+    a, b = pair(torch.float64, 4096, seed=50)
+    args: list[tuple[torch.Tensor, torch.Tensor, str | None]] = [
+        (a.view(64, 64), b.view(64, 64), "bfloat16"),  # with the rounding floor
+        (a.view(64, 64), b.view(64, 64).float(), None),
+        (a.view(64, 64), b.view(32, 128), None),  # shape mismatch
+        (torch.arange(6), torch.arange(6), None),
+        (torch.zeros(3, dtype=torch.complex64), torch.zeros(3, dtype=torch.complex64), None),
+        *[(x, y, None) for x, y, _ in mixed_pairs() if x.shape == y.shape],
+    ]
+    got = measure_tensors_many(args)
+    assert bits([vars(m) for m in got]) == bits([vars(measure_tensors(x, y, rounding_dtype=r)) for x, y, r in args])
+    assert got[2].error and got[4].error and got[0].rounding is not None
+
+
+def test_compare_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
+    from probes import BundleWriter
+    from validator.runs.reassembly import group_logical
+    from validator.runs.sources import open_path
+
+    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e5m2]
+    for name, seed in (("a", 1), ("b", 2)):
+        noise = torch.Generator().manual_seed(seed)
+        with BundleWriter(tmp_path / name, run_name=name) as w:
+            for i in range(60):
+                shape = [(16, 64), (3, 5), (80, 8), (0, 4)][i % 4]
+                x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
+                x = x * (1 + 1e-2 * torch.randn(shape, generator=noise))
+                if i == 6:
+                    x[0, 0] = math.nan
+                w.add(f"t{i:02d}", x.to(dtypes[i % 4]), step=i % 3)
+    va, vb = open_path(tmp_path / "a"), open_path(tmp_path / "b")
+    ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
+    pairs = [(ga[k], gb[k], i % 2 == 0) for i, k in enumerate(sorted(ga, key=lambda k: (k[0], repr(k[1]))))]
+    batched = list(_measure_all(pairs))  # the pairs of a batch in one pass of the engine
+    assert bits([vars(m) for m in batched]) == bits([vars(_measure(*p)) for p in pairs])
+    by_pair = compare_runs(va, vb, executor=lambda fn, ps: (fn(*p) for p in ps)).to_dict()  # one by one, as Ray does
+    assert bits(compare_runs(va, vb).to_dict()) == bits(by_pair)

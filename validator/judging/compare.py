@@ -258,7 +258,7 @@ def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Ite
 
 
 SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling thread
-BATCH_ELEMS = 1 << 21  # elements of the pairs loaded and measured together (bounds the memory a batch holds)
+BATCH_ELEMS = 1 << 20  # elements of the pairs loaded and measured together (bounds the memory a batch holds)
 
 
 def _batches(pairs: list[Pair]) -> Iterator[list[Pair]]:

@@ -527,17 +527,16 @@ def compare_cpu_many(
     with _LOCK, _threads_for(int(elem_at[-1])), numba.parallel_chunksize(1):  # pairs handed out one at a time
         _pass_many(ra, rb, kinds, ta, tb, starts, first, owner, tol, spec, part_f, part_i, keys, sums, counts, tops, out_blocks)
     out = []
-    sums_l, counts_l, tops_l = sums.tolist(), counts.tolist(), tops.tolist()
+    sums_l, counts_l, tops_l, keys_l, at = sums.tolist(), counts.tolist(), tops.tolist(), keys.tolist(), edge_at.tolist()
     block_d2, block_a2 = out_blocks.tolist()
     for p, (a, b, _) in enumerate(pairs):
         ulp = None
         if spec[0]:
-            pieces = functools.partial(_pieces, a, b, 1 << 22)
-            p99 = p99_from_keys(keys[p].tolist(), counts_l[p][0], _refine_hist(pieces, a.element_size(), spec), REFINE_BINS)
-            ulp = (int(tops_l[p][1]), p99)
-        e0, e1 = edge_at[p], edge_at[p + 1]
+            refine = _refine_hist(functools.partial(_pieces, a, b, 1 << 22), a.element_size(), spec)  # rarely called
+            ulp = (int(tops_l[p][1]), p99_from_keys(keys_l[p], counts_l[p][0], refine, REFINE_BINS))
+        blocks = slice(at[p], at[p + 1])
         out.append(
             Totals(numel[p], tuple(sums_l[p]), max(0.0, tops_l[p][0]), tuple(counts_l[p]), ulp,  # type: ignore[arg-type]
-                   tuple(block_d2[e0:e1]), tuple(block_a2[e0:e1]))
+                   tuple(block_d2[blocks]), tuple(block_a2[blocks]))
         )  # fmt: skip
     return out

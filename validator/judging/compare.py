@@ -238,11 +238,13 @@ def _floor_pairs(floor: tuple[RunView, RunView] | None, executor: PairExecutor |
 
 
 def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[Measured]:
-    """``_measure`` of each pair, in order, several pairs at a time (the kernels release the GIL).
+    """``_measure`` of each pair, in order, with the same bits: when every pair is small (at most SMALL_PAIR
+    elements), BATCH_ELEMS elements of pairs at a time in one pass of the engine; else several pairs at a
+    time on threads (the kernels release the GIL).
 
-    At most ``workers`` pairs are loaded at once, so memory stays bounded by the largest pairs, not by
-    the run; safetensors inputs are memory-mapped and read lazily. With ``executor``, it maps ``_measure``
-    over the pairs instead (the same function on each pair, so the same results).
+    At most ``workers`` pairs (or one batch) are loaded at once, so memory stays bounded by the largest
+    pairs, not by the run; safetensors inputs are memory-mapped and read lazily. With ``executor``, it maps
+    ``_measure`` over the pairs instead (the same function on each pair, so the same results).
     """
     if executor is not None:
         yield from executor(_measure, pairs)

@@ -5,7 +5,8 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 - ``reference.py``: the definition, streamed float64 torch (integer and bool inputs, MPS, other
   accelerators, and CUDA without Triton);
 - ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes);
-- ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads.
+- ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
+  pairs several per pass (:func:`compare_many`), with the same bits.
 
 Counts, ``max_abs`` and the ULP metrics are exact on every backend; the sums agree with the float64
 reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns

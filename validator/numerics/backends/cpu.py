@@ -20,6 +20,12 @@ the blocks that hold it are read again in float64. The p99 bin is refined by fur
 Each block writes one row of partials and the rows are added in block order, so the result does not
 depend on the thread count or on which thread ran which block. Integer and boolean pairs take the
 reference (``backends.backend_for``).
+
+Many small pairs (:func:`compare_cpu_many`) run in one call, :func:`_pass_many`: ``prange`` hands a pair at
+a time to numba's threads, each block of a pair goes through the same :func:`_block` as in :func:`_pass`,
+and each pair's rows are added in block order as :func:`compare_cpu` adds them, so a pair's totals are the
+same bits whichever way it was measured. For pairs of a few thousand elements the calls, not the elements,
+cost (benchmarks/many_pairs_bench.md).
 """
 
 # mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False

@@ -546,3 +546,59 @@ def compare_cpu_many(
                    tuple(block_d2[blocks]), tuple(block_a2[blocks]))
         )  # fmt: skip
     return out
+
+
+# ---------------------------------------------------------------- ranges of a pair (validator.numerics.ranges)
+
+
+def compare_cpu_range(
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int], start: int
+) -> tuple[np.ndarray, np.ndarray, float, int, np.ndarray | None]:
+    """The pass of :func:`compare_cpu` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
+    elements, ``n`` of them, row-major; ``edges``: the whole pair's, as given to ``compare_cpu``), before
+    anything is added across rows: (the rows of float64 partials a², b², d², |d|, a·d, ``[rows, 5]``; the
+    five counts; the exact largest |d|; the largest ULP distance; the ULP key histogram, None without ULP
+    metrics). ``start`` must be the first element of one of the whole pair's rows (a block edge, or an edge
+    plus a multiple of :data:`BLOCK`): the rows are then the whole pair's, bit for bit."""
+    kinds, spec = _setup(a.dtype, b.dtype)
+    ta, tb = _table(a.dtype), _table(b.dtype)
+    tol = _tolerances(atol, rtol)
+    ra, rb = _bytes(a), _bytes(b)
+    n = ra.size // a.element_size()
+    starts, _ = _rows(tuple(edges), start, n)
+    blocks = len(starts) - 1
+    part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
+    group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
+    max_abs = 0.0
+    if blocks:
+        with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
+            max_abs = float(_pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, group_keys))
+    keys = group_keys.sum(0) if spec[0] else None
+    max_ulp = int(part_i[:, 5].max()) if blocks else 0
+    return np.ascontiguousarray(part_f[:, :5]), part_i[:, :5].sum(0), max_abs, max_ulp, keys
+
+
+def refine_cpu(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int) -> list[int]:
+    """``common.Refine`` over the elements of ``a`` and ``b`` only (a range of a pair): counts of
+    ``(d - lo) >> shift`` for the distances ``lo <= d < lo + (bins << shift)`` (integers: ranges add)."""
+    _, spec = _setup(a.dtype, b.dtype)
+    if not spec[0]:
+        raise ValueError(f"no ULP metrics for {a.dtype} against {b.dtype}")
+    return _refine_hist(lambda: iter([(_bytes(a), _bytes(b))]), a.element_size(), spec)(lo, shift, bins)
+
+
+def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sums, block d², block a²) of a contiguous pair from all its rows of partials (``[rows, 5]``, in row
+    order) and the edge block of each row, added as :func:`compare_cpu` adds them: the same bits."""
+    sums = np.zeros(5)
+    block_d2, block_a2 = np.zeros(n_blocks), np.zeros(n_blocks)
+    if len(rows):
+        sums += rows.sum(0)  # in float64, one row after another, as part_f[:, :5].sum(0)
+        block_d2 += np.bincount(owner, rows[:, 2], n_blocks)
+        block_a2 += np.bincount(owner, rows[:, 0], n_blocks)
+    return sums, block_d2, block_a2
+
+
+def row_plan(edges: Sequence[int], numel: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, owner) of the rows :func:`compare_cpu` lays over a contiguous pair of ``numel`` elements."""
+    return _rows(tuple(edges), 0, numel)

@@ -24,12 +24,12 @@ import math
 import operator
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
+from ._hidden_jsonl import HiddenJsonl, PublishOnExit
 from .bundle import BundleError, ensure_manifest
 
 __all__ = ["ACCEPTANCE_FILE", "AcceptanceRecordError", "AcceptanceRecorder"]
@@ -86,7 +86,7 @@ def _logprobs(name: str, values: Sequence[Any], lengths: tuple[int, ...]) -> lis
     return out
 
 
-class AcceptanceRecorder:
+class AcceptanceRecorder(PublishOnExit):
     """Appends acceptance records for one part of a run bundle.
 
     ``bundle_path`` is the bundle root (the folder holding ``manifest.json``). When the bundle has no
@@ -122,9 +122,8 @@ class AcceptanceRecorder:
             raise AcceptanceRecordError(str(exc)) from None
         self.buffer_records = buffer_records
         self.buffer_bytes = buffer_bytes
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-acceptance-", suffix=".jsonl", dir=self.part_dir)
-        self._tmp = Path(tmp)
-        self._file = os.fdopen(fd, "w", encoding="utf-8")
+        self._out = HiddenJsonl(self.part_dir, "acceptance")
+        self._file = self._out.file
         self._buffer: list[str] = []
         self._buffered_bytes = 0
         self._next_step: dict[str, int] = {}
@@ -239,10 +238,7 @@ class AcceptanceRecorder:
             if self.closed:
                 return
             self._write_buffer()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            os.replace(self._tmp, self.path)
+            self._out.publish(self.path)
             self.closed = True
 
     def abort(self) -> None:
@@ -250,21 +246,14 @@ class AcceptanceRecorder:
         with self._lock:
             if self.closed:
                 return
-            self._file.close()
-            self._tmp.unlink(missing_ok=True)
+            self._out.discard()
             self._buffer.clear()
             self.closed = True
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            # Keep what was written for debugging, under the hidden name only.
-            with self._lock:
-                if not self.closed:
-                    self._write_buffer()
-                    self._file.close()
-                    self.closed = True
+    def _keep(self) -> None:
+        """On an exception inside ``with``: keep what was written for debugging, under the hidden name only."""
+        with self._lock:
+            if not self.closed:
+                self._write_buffer()
+                self._file.close()
+                self.closed = True

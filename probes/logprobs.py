@@ -23,11 +23,11 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
+from ._hidden_jsonl import HiddenJsonl, PublishOnExit
 from .bundle import ensure_manifest
 
 __all__ = ["LOGPROB_FILE", "LogprobRecordError", "LogprobRecorder"]
@@ -57,7 +57,7 @@ def _floats(name: str, values: Any) -> list[float]:
     return out
 
 
-class LogprobRecorder:
+class LogprobRecorder(PublishOnExit):
     """Writes ``BUNDLE/parts/<part>/logprobs.jsonl``; creates the bundle's manifest if there is none."""
 
     def __init__(self, bundle: str | os.PathLike[str], *, part: str = "logprobs", run_name: str | None = None,
@@ -70,9 +70,8 @@ class LogprobRecorder:
         if (self.dir / LOGPROB_FILE).exists():
             raise LogprobRecordError(f"{self.dir / LOGPROB_FILE} exists: one recorder per part")
         ensure_manifest(self.root, run_name, labels or {})
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-logprobs-", suffix=".jsonl", dir=self.dir)
-        self._tmp = Path(tmp)
-        self._f = os.fdopen(fd, "w", encoding="utf-8")
+        self._out = HiddenJsonl(self.dir, "logprobs")
+        self._f = self._out.file
         self._seen: set[tuple[int, str]] = set()
         self.closed = False
 
@@ -103,25 +102,15 @@ class LogprobRecorder:
         if self.closed:
             return
         self.closed = True
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self._tmp, self.dir / LOGPROB_FILE)
+        self._out.publish(self.dir / LOGPROB_FILE)
 
     def abort(self) -> None:
         """Drop what was recorded (the hidden file is removed)."""
         if not self.closed:
             self.closed = True
-            self._f.close()
-            self._tmp.unlink(missing_ok=True)
+            self._out.discard()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._f.flush()  # the hidden file stays, the visible name never appears
-            self._f.close()
-            self.closed = True
+    def _keep(self) -> None:
+        """On an exception inside ``with``: the hidden file stays, the visible name never appears."""
+        self._out.keep()
+        self.closed = True

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
-from validator.numerics.metrics import MetricInputError, TensorMetrics
+from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
 from validator.runs.view import RunView
 
@@ -78,15 +78,15 @@ class PairResult:
             "rel_l2": m["rel_l2"] if m else None,
             "cosine": m["cosine"] if m else None,
             "max_abs": m["max_abs"] if m else None,
-            "threshold": _safe(self.decision.threshold) if self.decision else None,
-            "floor_rel_l2": _safe(self.floor_rel_l2),
-            "floor_ratio": _safe(self.floor_ratio),
-            "limit_ratio": _safe(self.ratio),
+            "threshold": _json_safe(self.decision.threshold) if self.decision else None,
+            "floor_rel_l2": _json_safe(self.floor_rel_l2),
+            "floor_ratio": _json_safe(self.floor_ratio),
+            "limit_ratio": _json_safe(self.ratio),
             "floor_kind": d.floor_kind if d else None,
             "judged": d.judged if d else None,
-            "value": _safe(d.value) if d else None,
-            "interval": [_safe(x) for x in d.interval] if d and d.interval else None,
-            "limit": _safe(d.limit) if d else None,
+            "value": _json_safe(d.value) if d else None,
+            "interval": [_json_safe(x) for x in d.interval] if d and d.interval else None,
+            "limit": _json_safe(d.limit) if d else None,
             "borderline": d.borderline if d else False,
             "reasons": list(d.reasons) if d else [],
             "notes": list(self.notes) + (list(d.notes) if d else []),
@@ -95,12 +95,6 @@ class PairResult:
             "capture_index": self.capture_index,
             "metrics": m,
         }
-
-
-def _safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
 
 
 @dataclass

@@ -7,7 +7,6 @@ locally and one fetched from a server print the same.
 from __future__ import annotations
 
 import json
-import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from validator.judging.text import (
     limit_cell,
     pair_status,
 )
+from validator.numerics.metrics import _json_safe
 
 __all__ = [
     "comparison_doc",
@@ -42,14 +42,13 @@ EXIT_CODES = VERDICT_EXIT
 
 
 def _num(v: Any) -> Any:
-    """JSON-safe numbers: non-finite floats become the strings 'inf', '-inf', 'nan'."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    """JSON-safe numbers, all the way down dicts, lists and tuples (tuples become lists): non-finite floats become
+    the strings 'inf', '-inf', 'nan' (``metrics._json_safe``, which does one value)."""
     if isinstance(v, dict):
         return {k: _num(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_num(x) for x in v]
-    return v
+    return _json_safe(v)
 
 
 def comparison_doc(c: Comparison) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from validator.errors import InputError
 from validator.settings import parse_labels
+from validator.workloads._jsonl import json_lines
 from validator.workloads.gsm8k_client import APIS, ClientConfig, send_all
 from validator.workloads.gsm8k_scoring import (
     compare_gsm8k,
@@ -73,15 +74,7 @@ def load_questions(path: str | os.PathLike[str], limit: int | None = None) -> li
     except OSError as exc:
         raise InputError(f"{path}: cannot read GSM8K data: {exc.strerror or exc}") from None
     rows: list[dict[str, str]] = []
-    for n, line in enumerate(lines, 1):
-        if limit is not None and len(rows) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {n}: not JSON ({exc})") from None
+    for n, obj in json_lines(path, lines, limit):
         if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) \
                 or not isinstance(obj.get("answer"), str):
             raise InputError(f"{path} line {n}: expected an object with string 'question' and 'answer'")
@@ -212,13 +205,7 @@ def load_gsm8k_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     rows = []
     try:
         with open(p, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as exc:
-                    raise InputError(f"{p} line {n}: not JSON ({exc})") from None
+            for n, obj in json_lines(p, f):
                 if not isinstance(obj, dict) or not all(k in obj for k in ("question", "correct", "answers")):
                     raise InputError(f"{p} line {n}: not a GSM8K probe row (needs question, answers, correct)")
                 rows.append(obj)

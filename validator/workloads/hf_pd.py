@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
+from validator.workloads._jsonl import json_lines
 from validator.workloads.hf_models import EOS, ByteTokenizer, load_model
 
 __all__ = ["MODES", "PDConfig", "add_arguments", "load_prompts", "run", "run_from_args"]
@@ -91,15 +92,7 @@ def load_prompts(path: str | os.PathLike[str], limit: int | None = None) -> list
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the prompts: {getattr(exc, 'strerror', None) or exc}") from None
     out: list[tuple[str, str]] = []
-    for n, line in enumerate(lines, 1):
-        if limit is not None and len(out) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {n}: not JSON ({exc})") from None
+    for n, obj in json_lines(path, lines, limit):
         if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
             out.append((str(obj.get("id", f"q{len(out):03d}")), obj["prompt"]))
         elif isinstance(obj, dict) and isinstance(obj.get("question"), str):

@@ -178,19 +178,29 @@ class ModelCapture:
         if self._handles:
             return self
         s = self.structure
+        points = self._wanted_points()
         self._handles.append(self.model.register_forward_pre_hook(self._pre, with_kwargs=True))
         for i in self.layers:
-            if "hidden" in self.points:
+            if "hidden" in points:
                 self._handles.append(s.layers[i].register_forward_hook(self._hook("hidden", i)))
-            if "attn" in self.points and s.attn[i] is not None:
+            if "attn" in points and s.attn[i] is not None:
                 self._handles.append(s.attn[i].register_forward_hook(self._hook("attn", i)))  # type: ignore[union-attr]
-            if "mlp" in self.points and s.mlp[i] is not None:
+            if "mlp" in points and s.mlp[i] is not None:
                 self._handles.append(s.mlp[i].register_forward_hook(self._hook("mlp", i)))  # type: ignore[union-attr]
-        if "norm" in self.points and s.norm is not None:
+        if "norm" in points and s.norm is not None:
             self._handles.append(s.norm.register_forward_hook(self._hook("norm", None)))
-        if "logits" in self.points and s.head is not None:
+        if "logits" in points and s.head is not None:
             self._handles.append(s.head.register_forward_hook(self._hook("logits", None)))
         return self
+
+    def _wanted_points(self) -> tuple[str, ...]:
+        """The points whose names the session's name filter keeps: hooks on the others would only be filtered
+        (in an eager, host-bound decode loop each hook call costs the step its Python)."""
+        cfg = getattr(self.session, "config", None)
+        wants = getattr(cfg, "wants_name", None)
+        if not getattr(self.session, "enabled", True) or not callable(wants):
+            return self.points
+        return tuple(p for p in self.points if wants(self.names[p]))
 
     def detach(self) -> None:
         while self._handles:

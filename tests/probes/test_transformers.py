@@ -117,6 +117,14 @@ def test_summary_mode_and_budget(tmp_path: Path) -> None:
     s.close()
     recs, _ = part(tmp_path / "s", "p")
     assert {r["name"] for r in recs} == {"target.hidden.summary"} and len(recs) == 2 * 3
+    # hooks only where the name filter keeps the point: the pre-hook and one per decoder layer's output
+    assert len(cap._handles) == 0 and s.stats["filtered"] == 0
+    s3 = ProbeSession(ProbeConfig(bundle=str(tmp_path / "f"), part="p", names=("target.hidden",)))
+    with ModelCapture(model, s3) as cap:
+        assert len(cap._handles) == 1 + len(cap.structure.layers)
+    s3.close()
+    with ModelCapture(model, DISABLED) as cap:  # a disabled session: every hook, each one attribute check
+        assert len(cap._handles) == 1 + 3 * len(cap.structure.layers) + 2
     s2 = ProbeSession(ProbeConfig(bundle=str(tmp_path / "t"), part="p", budget_bytes=3000))
     with ModelCapture(model, s2) as cap, pytest.warns(Warning, match="budget"):
         with torch.no_grad():

@@ -111,6 +111,9 @@ class LogprobRecorder(PublishOnExit):
             self._out.discard()
 
     def _keep(self) -> None:
-        """On an exception inside ``with``: the hidden file stays, the visible name never appears."""
+        """On an exception inside ``with``: the hidden file stays, the visible name never appears. After
+        ``close()`` or ``abort()`` there is nothing left to keep (and the exception is not replaced)."""
+        if self.closed:
+            return
         self._out.keep()
         self.closed = True

@@ -37,3 +37,13 @@ def test_recorder_refuses_bad_records(tmp_path: Path) -> None:
     assert not list((tmp_path / "b" / "parts" / "logprobs").iterdir())
     with pytest.raises(LogprobRecordError, match="part name"):
         LogprobRecorder(tmp_path / "b", part="../x")
+
+
+def test_exception_after_close_is_not_replaced(tmp_path: Path) -> None:
+    """Closed inside ``with``, then an exception: the file stays published and the exception is the caller's."""
+    with pytest.raises(KeyError, match="mine"):
+        with LogprobRecorder(tmp_path / "b", part="t0") as rec:
+            rec.record_sample(step=0, sample_id="s", rollout_logprobs=[-0.5], train_logprobs=[-0.4])
+            rec.close()
+            raise KeyError("mine")
+    assert (tmp_path / "b" / "parts" / "t0" / "logprobs.jsonl").is_file()

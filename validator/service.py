@@ -446,7 +446,11 @@ class Service:
         (validator.ray_executor; the workers read stored runs from this store's blobs)."""
         resolve = functools.partial(self.resolve, allow_paths=allow_paths)
         blob_url = self.settings.blob_url or f"file://{self.settings.blob_dir.resolve()}"
-        return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress, executor=executor, blob_url=blob_url)
+        # thousands of records, tensor references and pair results stay alive until the end: the cycle
+        # collector's full passes over them cost more than the measuring of small pairs (many_pairs_bench.md)
+        with cycle_collector_paused():
+            return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress, executor=executor,
+                            blob_url=blob_url)
 
     def cached_comparison(
         self,

@@ -271,8 +271,12 @@ def complete_run(
     return run
 
 
-def run_tensors(session: Session, *, run_id: int) -> Sequence[Tensor]:
-    return session.scalars(select(Tensor).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()
+def run_tensors(session: Session, *, run_id: int) -> Sequence[Any]:
+    """A run's tensor records in capture order, as plain rows (``.name``, ``.coords``, ``.shard``, ``.dtype``,
+    ``.shape``, ``.sha256``, ``.nbytes``): no ORM objects, which a run of thousands of tensors would build
+    one by one on every comparison."""
+    cols = (Tensor.name, Tensor.coords, Tensor.shard, Tensor.dtype, Tensor.shape, Tensor.sha256, Tensor.nbytes)
+    return session.execute(select(*cols).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()
 
 
 def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:

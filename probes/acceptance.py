@@ -23,19 +23,17 @@ import json
 import math
 import operator
 import os
-import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ._hidden_jsonl import HiddenJsonl, PublishOnExit
-from .bundle import BundleError, ensure_manifest
+from .bundle import PART_RE, BundleError, ensure_manifest
 
 __all__ = ["ACCEPTANCE_FILE", "AcceptanceRecordError", "AcceptanceRecorder"]
 
 ACCEPTANCE_FILE = "acceptance.jsonl"
-_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
 
 class AcceptanceRecordError(ValueError):
@@ -105,7 +103,7 @@ class AcceptanceRecorder(PublishOnExit):
         buffer_records: int = 1024,
         buffer_bytes: int = 1 << 20,
     ) -> None:
-        if not _PART_RE.fullmatch(part):
+        if not PART_RE.fullmatch(part):
             raise AcceptanceRecordError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
         if buffer_records < 1 or buffer_bytes < 1:
             raise AcceptanceRecordError("buffer_records and buffer_bytes must be positive")

@@ -48,7 +48,7 @@ MANIFEST = "manifest.json"
 PART_FILE = "part.json"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-\[\]]*")
-_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # a part (rank) name: a directory under parts/
 
 
 class BundleError(ValueError):
@@ -145,7 +145,7 @@ class BundleWriter:
         manifest: dict[str, Any] | None = None,
         max_file_bytes: int = 1 << 30,
     ) -> None:
-        if not _PART_RE.fullmatch(part):
+        if not PART_RE.fullmatch(part):
             raise BundleError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
         self.root = Path(path)
         self.part = part

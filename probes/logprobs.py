@@ -22,18 +22,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ._hidden_jsonl import HiddenJsonl, PublishOnExit
-from .bundle import ensure_manifest
+from .bundle import PART_RE, ensure_manifest
 
 __all__ = ["LOGPROB_FILE", "LogprobRecordError", "LogprobRecorder"]
 
 LOGPROB_FILE = "logprobs.jsonl"
-_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
 
 class LogprobRecordError(ValueError):
@@ -62,8 +60,8 @@ class LogprobRecorder(PublishOnExit):
 
     def __init__(self, bundle: str | os.PathLike[str], *, part: str = "logprobs", run_name: str | None = None,
                  labels: Mapping[str, str] | None = None) -> None:
-        if not _PART_RE.fullmatch(part):
-            raise LogprobRecordError(f"part name {part!r} must match {_PART_RE.pattern}")
+        if not PART_RE.fullmatch(part):
+            raise LogprobRecordError(f"part name {part!r} must match {PART_RE.pattern}")
         self.root = Path(bundle)
         self.dir = self.root / "parts" / part
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probes.bundle import MANIFEST, PART_FILE
+from probes.bundle import MANIFEST, PART_FILE, PART_RE
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
 from validator.runs.sources import read_bundle
 from validator.store import crud as store
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 
-_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 _FILE_RE = re.compile(r"(tensors-[0-9]{5}\.safetensors|part\.json|acceptance\.jsonl|logprobs\.jsonl|gsm8k\.jsonl|metrics\.json)")
 ROOT_PART = "_root"  # the manifest's pseudo-part
 
@@ -46,7 +45,7 @@ def check_file_name(part: str, filename: str) -> None:
         if filename != MANIFEST:
             raise InputError(f"only {MANIFEST} may be uploaded at the bundle root, not {filename!r}")
         return
-    if not _PART_RE.fullmatch(part) or ".." in part:
+    if not PART_RE.fullmatch(part) or ".." in part:
         raise InputError(f"part name {part!r} must be 1-64 letters, digits, '_', '.', '-'")
     if not _FILE_RE.fullmatch(filename):
         raise InputError(

@@ -10,7 +10,11 @@ them exactly as ``compare_runs`` does in one process, so the comparison document
 No tensor byte passes through the driver.
 
 Tasks: consecutive pairs up to ``BATCH_BYTES`` of tensors (fewer when the comparison is small next to the
-cluster: at least four tasks per CPU when the pairs allow), a pair larger than that alone.
+cluster: at least four tasks per CPU when the pairs allow), a pair larger than that alone. A pair larger
+than ``range_bytes`` (``VALIDATOR_RAY_RANGE_BYTES``, default :data:`RANGE_BYTES`) is cut into element
+ranges (:func:`plan_ranges`), a task each: the task reads only its range of each stored piece
+(:func:`assemble_range`) and returns the engine's range partials (``validator.numerics.ranges``); the
+driver merges them in the engine's own order (:func:`merge_measured`), the same bits as the whole pair.
 
 Memory: a task reserves (Ray's ``memory`` resource) the most one of its pairs needs, an estimate of the
 assembled tensors' bytes (:func:`pair_memory`); Ray then never runs more tasks on a node than its memory
@@ -42,7 +46,7 @@ from validator.errors import InputError, ValidatorError
 from validator.runs.reassembly import LogicalTensor
 from validator.runs.tensorfile import ITEMSIZES
 from validator.runs.view import TensorRef
-from validator.store.blob_read import open_blob_tensor, open_file_tensor
+from validator.store.blob_read import open_blob_range, open_blob_tensor, open_file_range, open_file_tensor
 
 if TYPE_CHECKING:
     from validator.judging.compare import Measured, Pair
@@ -54,6 +58,7 @@ __all__ = [
 RAY_INSTALL = "pip install 'validator[ray]'"
 BATCH_BYTES = 256 << 20  # pairs are packed into one task until their tensors hold this many bytes...
 BATCH_PAIRS = 256  # ...or this many pairs
+RANGE_BYTES = 1 << 30  # a pair holding more bytes (A's and B's shards) is measured in ranges of at most this many
 MAX_RETRIES = 3  # Ray runs a task again this many times when its worker process or node dies
 CONNECT_TIMEOUT_S = 5.0
 LOST_AFTER_S = 30.0  # a cluster with no node able to run a task for this long is lost
@@ -137,22 +142,28 @@ def plan_batches(pairs: list[Pair], *, batch_bytes: int = BATCH_BYTES, batch_pai
 
 def plan_ranges(shape: tuple[int, ...], bytes_per_element: int, bound: int) -> list[tuple[int, int]]:
     """Element ranges (row-major, ``start, stop``) that cut a pair of ``shape`` into pieces of at most
-    ``bound`` bytes of both tensors (``bytes_per_element``: A's item size plus B's), for range tasks. Every
-    cut is on an edge of the pair's row blocks (``floors.block_edges``: the blocks whose sums the bootstrap
-    interval resamples), so each block's sums come whole from one task; a block larger than ``bound`` is a
-    range of its own. One range when the pair fits.
-
-    Not used by :class:`RayExecutor` yet: the engine's totals do not merge bit for bit across ranges
-    (docs/ray.md, "Splitting huge tensors")."""
+    ``bound`` bytes of both tensors (``bytes_per_element``: A's item size plus B's), for range tasks. Cuts
+    fall on edges of the pair's row blocks (``floors.block_edges``) where they can; a block larger than
+    ``bound`` is cut inside, at the first element of one of the engine's rows of partials
+    (``numerics.ranges.is_cut``: an edge plus a multiple of ``ROW``), so a range is never smaller than one
+    such row. One range when the pair fits. Every range merges exactly (``numerics.ranges.merge``)."""
     from validator.numerics.floors import block_edges
+    from validator.numerics.ranges import ROW
 
     edges = block_edges(shape)
+    limit = max(1, bound // max(1, bytes_per_element))  # elements per range
+    step = max(ROW, limit // ROW * ROW)  # inside a block: whole rows
     out: list[tuple[int, int]] = []
     start = edges[0]
     for lo, hi in zip(edges, edges[1:]):
-        if hi > start and lo > start and (hi - start) * bytes_per_element > bound:
+        if hi - start <= limit or hi == lo:
+            continue
+        if lo > start:
             out.append((start, lo))
             start = lo
+        while hi - start > limit and start + step < hi:
+            out.append((start, start + step))
+            start += step
     if edges[-1] > start or not out:
         out.append((start, edges[-1]))
     return out
@@ -180,6 +191,216 @@ def portable(t: LogicalTensor, blob_url: str | None) -> LogicalTensor:
     return LogicalTensor(t.name, t.coords, [_portable_ref(r, blob_url) for r in t.shards], list(t.notes))
 
 
+# -- ranges of a huge pair (docs/ray.md, "Splitting huge tensors") ---------------------------------
+
+
+def _assembled_dtype(t: LogicalTensor) -> str:
+    """The dtype of ``t.materialize()``: a partial sum of several stages is added in float64."""
+    return "float64" if t.kind == "partial" and len(t.shards) > 1 else t.dtype
+
+
+def splittable(la: LogicalTensor, lb: LogicalTensor) -> bool:
+    """Whether a pair can be measured in ranges: equal shapes, and float dtypes the CPU engine reads
+    (``numerics.ranges.rangeable``; integer and boolean pairs are measured whole)."""
+    from validator.numerics.backends.common import FLOAT_DTYPES
+    from validator.runs.tensorfile import torch_dtype
+
+    if la.shape() != lb.shape() or not la.shards or not lb.shards:
+        return False
+    try:
+        return torch_dtype(_assembled_dtype(la)) in FLOAT_DTYPES and torch_dtype(_assembled_dtype(lb)) in FLOAT_DTYPES
+    except (InputError, KeyError, ValueError):
+        return False
+
+
+def _outer_row(t: LogicalTensor) -> int:
+    """Elements a range task may read past each end of its range: a split tensor along a dim other than
+    the first is read in whole rows of its dims from the split one on."""
+    if t.kind != "split":
+        return 0
+    dim = t.shards[0].shard.dim or 0
+    return math.prod(t.shape()[dim:]) if dim > 0 else 0
+
+
+def range_memory(la: LogicalTensor, lb: LogicalTensor, rounding: bool, start: int, stop: int) -> int:
+    """An upper estimate of the bytes one range task needs: :func:`pair_memory`'s terms for the range's
+    share of the pair (and the whole rows read around it), plus the engine's scratch."""
+    numel = max(1, math.prod(la.shape()))
+    n = stop - start
+    total = 0
+    for t in (la, lb):
+        frac = min(1.0, (n + 2 * _outer_row(t)) / numel)
+        total += int(tensor_memory(t) * frac)
+    extra = n * 8 if rounding else 0
+    return total + extra + 2 * n * 8 + (16 << 20)  # the float64 NaN count pieces, at most
+
+
+def _replica_checks(t: LogicalTensor) -> list[tuple[TensorRef, TensorRef]]:
+    """(the copy used, another copy) of every check ``t.materialize()`` makes, in its order."""
+    if t.kind == "replicated":
+        return [(t.shards[0], r) for r in t.shards[1:]]
+    if t.kind != "split":
+        return []
+    by_index: dict[int, list[TensorRef]] = {}
+    for r in t.shards:
+        by_index.setdefault(r.shard.index, []).append(r)
+    out = []
+    for i in sorted(by_index):
+        reps = sorted(by_index[i], key=lambda r: r.shard.replica)
+        out += [(reps[0], r) for r in reps[1:]]
+    return out
+
+
+def _read_range(r: TensorRef, blob_url: str | None, lo: int, hi: int) -> Any:
+    """Elements ``lo .. hi`` of one stored tensor, reading only their bytes (1-D)."""
+    if r.location is not None:
+        path, offset = r.location
+        return open_file_range(str(path), offset, r.dtype, lo, hi)
+    if r.sha256 is not None and blob_url is not None:
+        return open_blob_range(blob_url, r.sha256, r.dtype, r.nbytes, lo, hi)
+    raise InputError(f"{r.origin}: tensor {r.name!r} cannot be read in ranges by Ray workers")
+
+
+# a replica check over a range: (bitwise equal there, the largest finite |difference| there or None)
+Check = tuple[bool, float | None]
+
+
+def _check_range(first: Any, other: Any) -> Check:
+    """What ``LogicalTensor._check_replicas`` finds, over one range (merged over the ranges by the driver)."""
+    import torch
+
+    if torch.equal(first, other):
+        return True, (0.0 if bool(torch.isfinite(first.to(torch.float64)).any()) else None)
+    diff = (other.to(torch.float64) - first.to(torch.float64)).abs()
+    finite = torch.isfinite(diff)
+    return False, (float(diff[finite].max()) if bool(finite.any()) else None)
+
+
+def assemble_range(t: LogicalTensor, start: int, stop: int, blob_url: str | None) -> tuple[Any, list[Check | None]]:
+    """Elements ``start .. stop`` of ``t.materialize()`` (1-D, the same values), reading only those elements
+    of each stored piece (a split along a dim other than the first: whole rows of the dims from it on), and
+    the replica checks over what was read (aligned with :func:`_replica_checks`, None where not read)."""
+    import torch
+
+    checks_of = _replica_checks(t)
+    found: list[Check | None] = [None] * len(checks_of)
+
+    def check(ref0: TensorRef, first: Any, lo: int, hi: int) -> None:
+        for k, (c0, r) in enumerate(checks_of):
+            if c0 is ref0:
+                if r.sha256 is not None and r.sha256 == ref0.sha256:
+                    got: Check = (True, None)
+                else:
+                    got = _check_range(first, _read_range(r, blob_url, lo, hi))
+                found[k] = got
+
+    kind = t.kind
+    if kind in ("full", "replicated"):
+        first = _read_range(t.shards[0], blob_url, start, stop)
+        check(t.shards[0], first, start, stop)
+        return first, found
+    if kind == "partial":
+        ordered = sorted(t.shards, key=lambda r: r.shard.index)
+        if len(ordered) == 1:
+            return _read_range(ordered[0], blob_url, start, stop), found
+        total = _read_range(ordered[0], blob_url, start, stop).to(torch.float64)
+        for r in ordered[1:]:
+            total = total + _read_range(r, blob_url, start, stop).to(torch.float64)
+        return total, found
+    pieces = t._split_pieces()
+    dim = t.shards[0].shard.dim or 0
+    if dim == 0:  # each piece is a run of the logical tensor's elements
+        parts, offset = [], 0
+        for ref in pieces:
+            n = math.prod(ref.shape)
+            lo, hi = max(start, offset), min(stop, offset + n)
+            if hi > lo:
+                x = _read_range(ref, blob_url, lo - offset, hi - offset)
+                check(ref, x, lo - offset, hi - offset)
+                parts.append(x)
+            offset += n
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]), found
+    width = math.prod(t.shape()[dim:])  # elements of one logical row of the dims from `dim` on
+    o0, o1 = start // width, -(-stop // width)
+    rows = []
+    for ref in pieces:
+        w = math.prod(ref.shape[dim:])
+        x = _read_range(ref, blob_url, o0 * w, o1 * w)
+        check(ref, x, o0 * w, o1 * w)
+        rows.append(x.view(o1 - o0, w))
+    flat = torch.cat(rows, dim=1).reshape(-1)
+    return flat[start - o0 * width : stop - o0 * width].clone(), found
+
+
+def replica_notes(t: LogicalTensor, found: list[list[Check | None]]) -> list[str]:
+    """``t.notes`` as ``t.materialize()`` leaves them, from the replica checks of all its ranges."""
+    notes = list(t.notes)
+    for k, (ref0, r) in enumerate(_replica_checks(t)):
+        got = [c for c in (f[k] for f in found) if c is not None]
+        if all(eq for eq, _ in got):
+            continue
+        worsts = [w for _, w in got if w is not None]
+        worst = max(worsts) if worsts else float("nan")
+        notes.append(f"replicas disagree: {r.origin} ({r.shard}) differs from {ref0.origin} ({ref0.shard}), max |diff| {worst:.3g}")
+    return notes
+
+
+@dataclass
+class RangeResult:
+    """One range task's answer: the pair's range partials, the rounding floor's (or None), and the replica
+    checks of A and of B over the range."""
+
+    pair: Any  # numerics.ranges.RangePartials
+    rounding: Any
+    checks_a: list[Check | None]
+    checks_b: list[Check | None]
+
+
+def _measure_range(la: LogicalTensor, lb: LogicalTensor, rounding_dtype: str | None, start: int, stop: int, blob_url: str | None) -> list[Any]:
+    """The body of a range task: elements ``start .. stop`` of the pair, assembled and measured."""
+    from validator.numerics.ranges import measure_range, rounding_range
+
+    _use_assigned_cpus()
+    shape = la.shape()
+    try:
+        ta, checks_a = assemble_range(la, start, stop, blob_url)
+        tb, checks_b = assemble_range(lb, start, stop, blob_url)
+        part = measure_range(ta, tb, shape, start)
+        rounding = rounding_range(ta, rounding_dtype, shape, start) if rounding_dtype else None
+    except (ValidatorError, OSError) as exc:
+        return [_Failed(exc)]
+    return [RangeResult(part, rounding, checks_a, checks_b)]
+
+
+def _refine_range(la: LogicalTensor, lb: LogicalTensor, start: int, stop: int, blob_url: str | None, lo: int, shift: int, bins: int) -> list[Any]:
+    """The body of a refining task: one range's counts of a p99 refinement (``numerics.ranges.refine_range``)."""
+    from validator.numerics.ranges import refine_range
+
+    _use_assigned_cpus()
+    try:
+        ta, _ = assemble_range(la, start, stop, blob_url)
+        tb, _ = assemble_range(lb, start, stop, blob_url)
+    except (ValidatorError, OSError) as exc:
+        return [_Failed(exc)]
+    return [refine_range(ta, tb, lo, shift, bins)]
+
+
+def merge_measured(pair: Pair, results: list[RangeResult], refine: Callable[[int, int, int], list[int]]) -> Measured:
+    """A split pair's ``Measured`` from its ranges' results in order: the bits ``compare._measure`` gives
+    for the whole pair (``numerics.ranges.merge``; ``refine``: the p99 ULP's counting passes over the whole
+    pair, the sum of :func:`_refine_range` over the ranges, called only when needed), the replica notes
+    rebuilt from the ranges' checks."""
+    from validator.judging.compare import Measured
+    from validator.numerics.ranges import merge
+
+    la, lb, _ = pair
+    m, blocks = merge([x.pair for x in results], refine)
+    rounding = merge([x.rounding for x in results])[1] if results[0].rounding is not None else None
+    notes = [f"A: {n}" for n in replica_notes(la, [x.checks_a for x in results])]
+    notes += [f"B: {n}" for n in replica_notes(lb, [x.checks_b for x in results])]
+    return Measured(m, None, notes, blocks=blocks, rounding=rounding)
+
+
 # -- the task (runs on a worker) ------------------------------------------------------------------
 
 
@@ -192,16 +413,7 @@ class _Failed:
 
 def _measure_batch(measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[Pair]) -> list[Any]:
     """The body of a task: ``measure`` each pair in order, on the CPUs Ray assigned to the task."""
-    try:
-        import numba
-        import ray
-
-        context: Any = ray.get_runtime_context()
-        config: Any = numba.config
-        cpus = context.get_assigned_resources().get("CPU", 1.0)
-        numba.set_num_threads(max(1, min(int(cpus), config.NUMBA_NUM_THREADS)))
-    except (ImportError, ValueError, RuntimeError):
-        pass
+    _use_assigned_cpus()
     out: list[Any] = []
     for la, lb, rounding in pairs:
         try:
@@ -209,6 +421,22 @@ def _measure_batch(measure: Callable[[LogicalTensor, LogicalTensor, bool], Measu
         except (ValidatorError, OSError) as exc:
             return [_Failed(exc)]
     return out
+
+
+def _use_assigned_cpus() -> None:
+    """The engine's numba threads: as many as the CPUs Ray assigned to the task."""
+    try:
+        import numba
+        import ray
+
+        if not ray.is_initialized():  # not in a Ray worker (a test calling a task's body)
+            return
+        context: Any = ray.get_runtime_context()
+        config: Any = numba.config
+        cpus = context.get_assigned_resources().get("CPU", 1.0)
+        numba.set_num_threads(max(1, min(int(cpus), config.NUMBA_NUM_THREADS)))
+    except (ImportError, ValueError, RuntimeError, AssertionError):  # not in a task (Ray asserts it)
+        pass
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -333,6 +561,37 @@ def _lost(ray: Any, exc: BaseException) -> RayUnavailable:
     return RayUnavailable(f"the Ray cluster was lost during the comparison ({type(exc).__name__}: {exc}); nothing was stored")
 
 
+@dataclass
+class _Job:
+    """One task: a batch of pairs (``span`` None), or elements ``span`` of one pair (``last``: its last range)."""
+
+    pairs: list[int]
+    span: tuple[int, int] | None
+    last: bool
+    memory: int
+
+
+def _rounding_dtype(la: LogicalTensor, lb: LogicalTensor, rounding: bool) -> str | None:
+    """The dtype the reference is rounded to for its rounding floor, as ``compare._measure_batch`` decides it."""
+    from validator.numerics.floors import more_precise
+
+    return lb.dtype if rounding and more_precise(la.dtype, lb.dtype) else None
+
+
+def _checked(results: list[Any]) -> list[Any]:
+    """A task's results, or the error it met raised here."""
+    if results and isinstance(results[0], _Failed):
+        err = results[0].error
+        if isinstance(err, OSError):  # most likely a path the workers do not see as the driver does
+            where = f"{err.filename}: " if err.filename else ""
+            raise InputError(
+                f"a Ray worker cannot read {where}{err.strerror or err}; the workers must see bundles and "
+                "local blob stores at the same path as this machine (docs/ray.md)"
+            )
+        raise err
+    return results
+
+
 class RayExecutor:
     """A ``PairExecutor`` (validator.judging.compare) on a Ray cluster.
 
@@ -353,6 +612,7 @@ class RayExecutor:
         batch_pairs: int = BATCH_PAIRS,
         in_flight: int | None = None,
         fresh_workers: bool = False,
+        range_bytes: int | None = RANGE_BYTES,
     ) -> None:
         self.address = address
         self.blob_url = blob_url
@@ -362,7 +622,10 @@ class RayExecutor:
         self.batch_pairs = batch_pairs
         self.in_flight = in_flight
         self.fresh_workers = fresh_workers
+        self.range_bytes = range_bytes
         self.tasks_submitted = 0
+        self.range_tasks = 0  # tasks that measured a range of a split pair
+        self._lost_head = False
 
     def __call__(self, measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[Pair]) -> Iterator[Measured]:
         if not pairs:
@@ -370,6 +633,33 @@ class RayExecutor:
         shipped = [(portable(la, self.blob_url), portable(lb, self.blob_url), r) for la, lb, r in pairs]  # before connecting: bad input first
         ray = connect(self.address)
         return self._run(ray, measure, shipped)
+
+    def _plan(self, pairs: list[Pair], batch_bytes: int) -> list[_Job]:
+        """The tasks, in the pairs' order: batches of consecutive pairs (:func:`plan_batches`), and for each
+        pair above ``range_bytes`` that can be split, its ranges (:func:`plan_ranges`), a task each."""
+        jobs: list[_Job] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            for batch in plan_batches([pairs[i] for i in run], batch_bytes=batch_bytes, batch_pairs=self.batch_pairs):
+                idx = [run[k] for k in batch]
+                jobs.append(_Job(idx, None, False, max(pair_memory(*pairs[i]) for i in idx)))
+            run.clear()
+
+        for i, (la, lb, r) in enumerate(pairs):
+            spans: list[tuple[int, int]] = []
+            size = sum(x.nbytes for x in la.shards) + sum(x.nbytes for x in lb.shards)
+            if self.range_bytes is not None and size > self.range_bytes and splittable(la, lb):
+                per = _itemsize(la.dtype) + _itemsize(lb.dtype)
+                spans = plan_ranges(la.shape(), per, self.range_bytes)
+            if len(spans) <= 1:
+                run.append(i)
+                continue
+            flush()
+            for k, (lo, hi) in enumerate(spans):
+                jobs.append(_Job([i], (lo, hi), k == len(spans) - 1, range_memory(la, lb, r, lo, hi)))
+        flush()
+        return jobs
 
     def _run(self, ray: Any, measure: Callable[..., Measured], pairs: list[Pair]) -> Iterator[Measured]:
         from ray import exceptions as rex
@@ -386,35 +676,43 @@ class RayExecutor:
         total = sum(r.nbytes for la, lb, _ in pairs for r in (*la.shards, *lb.shards))
         slots = max(1, int(cpus / self.cpus_per_task))
         batch_bytes = max(1, min(self.batch_bytes, total // (4 * slots)))
-        batches = plan_batches(pairs, batch_bytes=batch_bytes, batch_pairs=self.batch_pairs)
-        memory = [max(pair_memory(*pairs[i]) for i in b) for b in batches]
-        worst = max(range(len(batches)), key=lambda j: memory[j])
-        if node_mem and memory[worst] > node_mem:
-            la = pairs[batches[worst][0]][0]
+        jobs = self._plan(pairs, batch_bytes)
+        worst = max(range(len(jobs)), key=lambda j: jobs[j].memory)
+        if node_mem and jobs[worst].memory > node_mem:
+            la = pairs[jobs[worst].pairs[0]][0]
             raise InputError(
-                f"tensor {la.label!r} needs about {memory[worst] / 2**30:.1f} GiB to compare, more than any Ray node "
+                f"tensor {la.label!r} needs about {jobs[worst].memory / 2**30:.1f} GiB to compare, more than any Ray node "
                 f"offers ({node_mem / 2**30:.1f} GiB of its memory resource)"
             )
-        task = ray.remote(max_calls=1)(_measure_batch) if self.fresh_workers else ray.remote(_measure_batch)
+        remote = ray.remote(max_calls=1) if self.fresh_workers else ray.remote
+        batch_task, range_task, refine_task = remote(_measure_batch), remote(_measure_range), remote(_refine_range)
         measure_ref = ray.put(measure)
         window = self.in_flight or max(2, int(2 * cpus / self.cpus_per_task))
         pending: dict[Any, int] = {}
         done: dict[int, list[Any]] = {}
+        ranges: dict[int, list[RangeResult]] = {}
         submitted = 0
         last_progress = last_check = time.monotonic()
+        self._lost_head = False
         lost = False
+
+        def options(name: str, memory: int) -> dict[str, Any]:
+            opts: dict[str, Any] = {"num_cpus": self.cpus_per_task, "max_retries": self.max_retries, "retry_exceptions": False, "name": name}
+            if node_mem:
+                opts["memory"] = min(memory, int(node_mem))
+            return opts
+
         try:
-            for j in range(len(batches)):
-                while submitted < len(batches) and len(pending) < window:
-                    opts: dict[str, Any] = {
-                        "num_cpus": self.cpus_per_task,
-                        "max_retries": self.max_retries,
-                        "retry_exceptions": False,
-                        "name": f"validator.measure[{submitted}]",
-                    }
-                    if node_mem:
-                        opts["memory"] = min(memory[submitted], int(node_mem))
-                    ref = task.options(**opts).remote(measure_ref, [pairs[i] for i in batches[submitted]])
+            for j in range(len(jobs)):
+                while submitted < len(jobs) and len(pending) < window:
+                    job = jobs[submitted]
+                    opts = options(f"validator.measure[{submitted}]", job.memory)
+                    if job.span is None:
+                        ref = batch_task.options(**opts).remote(measure_ref, [pairs[i] for i in job.pairs])
+                    else:
+                        la, lb, r = pairs[job.pairs[0]]
+                        ref = range_task.options(**opts).remote(la, lb, _rounding_dtype(la, lb, r), *job.span, self.blob_url)
+                        self.range_tasks += 1
                     pending[ref] = submitted
                     submitted += 1
                     self.tasks_submitted += 1
@@ -426,38 +724,77 @@ class RayExecutor:
                     now = time.monotonic()
                     if not ready and now - last_check > HEAD_CHECK_S:
                         last_check = now
-                        if not _head_answers():
-                            lost = True
-                            raise RayUnavailable(
-                                f"the Ray cluster was lost during the comparison: its head at {_GCS} no longer answers; "
-                                "nothing was stored"
-                            )
+                        self._check_head()
                     if not ready and now - last_progress > LOST_AFTER_S:
                         self._check_alive(ray)
                         last_progress = time.monotonic()
-                results = done.pop(j)
-                if results and isinstance(results[0], _Failed):
-                    err = results[0].error
-                    if isinstance(err, OSError):  # most likely a path the workers do not see as the driver does
-                        where = f"{err.filename}: " if err.filename else ""
-                        raise InputError(
-                            f"a Ray worker cannot read {where}{err.strerror or err}; the workers must see bundles and "
-                            "local blob stores at the same path as this machine (docs/ray.md)"
-                        )
-                    raise err
-                yield from results
+                results = _checked(done.pop(j))
+                job = jobs[j]
+                if job.span is None:
+                    yield from results
+                    continue
+                got = ranges.setdefault(job.pairs[0], [])
+                got.append(results[0])
+                if job.last:
+                    del ranges[job.pairs[0]]
+                    spans = [x.span for x in jobs if x.span is not None and x.pairs[0] == job.pairs[0]]
+                    yield self._merge(ray, refine_task, options, pairs[job.pairs[0]], spans, got)
         except rex.RayTaskError as exc:  # an error in our code on a worker: not a fault Ray retries
             raise ValidatorError(f"a comparison task failed on the Ray cluster: {exc.cause!r}") from None
         except (rex.RayError, ConnectionError) as exc:  # worker or node gone past its retries, object lost, GCS gone
             lost = True
             raise _lost(ray, exc) from None
         finally:
-            if lost:
+            if lost or self._lost_head:
                 _disconnect(ray)
             else:
                 for ref in pending:
                     with contextlib.suppress(Exception):
                         ray.cancel(ref, force=True)
+
+    def _check_head(self) -> None:
+        if not _head_answers():
+            self._lost_head = True
+            raise RayUnavailable(
+                f"the Ray cluster was lost during the comparison: its head at {_GCS} no longer answers; nothing was stored"
+            )
+
+    def _gather(self, ray: Any, refs: list[Any]) -> list[Any]:
+        """The results of ``refs`` in their order, watching the head as the main loop does."""
+        got: dict[Any, Any] = {}
+        last_check = last_progress = time.monotonic()
+        while len(got) < len(refs):
+            ready, _ = ray.wait([r for r in refs if r not in got], num_returns=1, timeout=1.0)
+            for ref in ready:
+                got[ref] = ray.get(ref)
+                last_progress = time.monotonic()
+            now = time.monotonic()
+            if not ready and now - last_check > HEAD_CHECK_S:
+                last_check = now
+                self._check_head()
+            if not ready and now - last_progress > LOST_AFTER_S:
+                self._check_alive(ray)
+                last_progress = time.monotonic()
+        return [got[r] for r in refs]
+
+    def _merge(
+        self, ray: Any, refine_task: Any, options: Callable[[str, int], dict[str, Any]], pair: Pair,
+        spans: list[tuple[int, int]], results: list[RangeResult],
+    ) -> Measured:  # fmt: skip
+        """:func:`merge_measured` of a split pair, its p99 refined by rounds of tasks over the ranges."""
+        la, lb, _ = pair
+
+        def refine(lo: int, shift: int, bins: int) -> list[int]:
+            refs = [
+                refine_task.options(**options(f"validator.measure[refine {k}]", range_memory(la, lb, False, s0, s1))).remote(
+                    la, lb, s0, s1, self.blob_url, lo, shift, bins
+                )
+                for k, (s0, s1) in enumerate(spans)
+            ]
+            self.tasks_submitted += len(refs)
+            return [sum(c) for c in zip(*(_checked(got)[0] for got in self._gather(ray, refs)))]
+
+        return merge_measured(pair, results, refine)
 
     def _check_alive(self, ray: Any) -> None:
         try:
@@ -478,7 +815,26 @@ def make_executor(spec: ExecutorSpec, *, blob_url: str | None = None) -> RayExec
 
     if importlib.util.find_spec("ray") is None:  # without importing it
         raise RayUnavailable(f"--executor ray needs Ray, which is not installed here: {RAY_INSTALL}")
+    range_bytes = range_bytes_setting()
     address = spec.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto":
         _check_reachable(address)  # before the comparison reads anything: no cluster is the first error
-    return RayExecutor(spec.address, blob_url=blob_url)
+    return RayExecutor(spec.address, blob_url=blob_url, range_bytes=range_bytes)
+
+
+RANGE_BYTES_ENV = "VALIDATOR_RAY_RANGE_BYTES"
+
+
+def range_bytes_setting() -> int | None:
+    """The bound above which a pair is measured in ranges: ``VALIDATOR_RAY_RANGE_BYTES`` (bytes of A's and
+    B's shards; ``0``: never split), else :data:`RANGE_BYTES`."""
+    text = os.environ.get(RANGE_BYTES_ENV, "").strip()
+    if not text:
+        return RANGE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InputError(f"{RANGE_BYTES_ENV}={text!r}: use a number of bytes (0: never split a pair)")
+    return value or None

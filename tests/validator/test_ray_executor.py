@@ -5,8 +5,10 @@ byte; a worker killed mid-task must not change it; no cluster, or a lost one, is
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -28,8 +31,9 @@ from tests.servers import VALIDATOR, free_port
 from validator.errors import InputError
 from validator.judging.compare import compare_runs
 from validator.ray_executor import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches, plan_ranges
-from validator.runs.reassembly import group_logical
+from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
+from validator.runs.tensorfile import ITEMSIZES
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 S3 = os.environ.get("VALIDATOR_TEST_S3_ENDPOINT")
@@ -286,11 +290,12 @@ def test_a_file_workers_cannot_read_is_exit_2(cluster: RayCluster, tmp_path: Pat
 
 @needs_ray
 def test_a_pair_larger_than_every_node_is_refused(cluster: RayCluster, tmp_path: Path) -> None:
-    """A pair whose tensors need more memory than any node's memory resource is refused before any task
-    runs, naming the tensor (the file is sparse: as large as this machine's memory, and nothing is read)."""
+    """A pair whose tensors need more memory than any node's memory resource, and that cannot be measured in
+    ranges (integers), is refused before any task runs, naming the tensor (the file is sparse: as large as
+    this machine's memory, and nothing is read)."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     numel = ram // 4
-    header = json.dumps({"huge": {"dtype": "F32", "shape": [numel], "data_offsets": [0, numel * 4]}}).encode()
+    header = json.dumps({"huge": {"dtype": "I32", "shape": [numel], "data_offsets": [0, numel * 4]}}).encode()
     header += b" " * (-len(header) % 8)
     path = tmp_path / "huge.safetensors"
     with open(path, "wb") as f:
@@ -350,6 +355,230 @@ def test_bad_executor_setting_fails_at_start(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="use local, ray or ray=ADDRESS"):
         Service(Settings(home=tmp_path / "home", compare_executor="ray="))
+
+
+# -- huge pairs in ranges: pairs above the executor's bound, measured by range tasks -------------------
+
+RANGE_BOUND = 64 << 10  # bytes of both tensors per range task in these tests
+
+
+def _nonfinite(t: torch.Tensor, at: list[int], values: list[float]) -> torch.Tensor:
+    t = t.clone()
+    flat = t.view(-1)
+    for i, v in zip(at, values):
+        flat[i] = v
+    return t
+
+
+def _write_huge(root: Path, name: str, side: str) -> Path:
+    """Pairs the tests' bound splits (with NaN/Inf, TP-split on dim 1 and dim 0 in other layouts than the
+    other side, a replicated tensor whose copies disagree, a PP-partial sum, mixed and equal dtypes, a wide
+    ULP spread whose p99 needs refining) and a small pair, measured in a batch."""
+    g = torch.Generator().manual_seed(50)
+    h, w = torch.randn(64, 20480, generator=g), torch.randn(64, 4096, generator=g)
+    r, p = torch.randn(128, 1024, generator=g), torch.randn(128, 1024, generator=g, dtype=torch.float64)
+    m, small = torch.randn(192, 700, generator=g), torch.randn(16, 64, generator=g)
+    noise = torch.Generator().manual_seed(51 if side == "a" else 52)
+
+    def jitter(t: torch.Tensor, scale: float = 0.01) -> torch.Tensor:
+        return t * (1 + scale * torch.randn(t.shape, generator=noise, dtype=t.dtype))
+
+    inf, nan = math.inf, math.nan
+    path = root / name
+    if side == "a":
+        h = _nonfinite(h, [5, 70_000, 900_001, 1_300_000], [nan, inf, -inf, nan])
+        m = _nonfinite(m, [3, 50_000, 100_000], [inf, nan, -inf])
+        for rank in range(2):
+            with BundleWriter(path, run_name=name, part=f"tp{rank}") as wr:
+                wr.add("h", h[:, rank * 10240 : (rank + 1) * 10240].to(torch.bfloat16), step=0, tp_rank=rank, tp_size=2,
+                       shard=ShardSpec.split(1, rank, 2))
+                wr.add("w", w[rank * 32 : (rank + 1) * 32].clone(), step=0, tp_rank=rank, tp_size=2, shard=ShardSpec.split(0, rank, 2))
+                copy = r if rank == 0 else _nonfinite(r, [7, 60_000, 99_999], [r.view(-1)[7].item() + 0.5, nan, 3.0])
+                wr.add("r", copy.to(torch.bfloat16), step=0, tp_rank=rank, tp_size=2, shard=ShardSpec.replicated(rank, 2))
+        for stage, weight in enumerate((0.3, 0.7)):
+            with BundleWriter(path, run_name=name, part=f"pp{stage}") as wr:
+                wr.add("p", (p * weight).to(torch.float32), step=0, pp_stage=stage, shard=ShardSpec.partial(stage, 2))
+        with BundleWriter(path, run_name=name, part="full") as wr:
+            wr.add("m", m, step=0)
+            wr.add("s", small, step=0)
+        return path
+    h = _nonfinite(jitter(h), [5, 70_000, 900_001, 1_300_001], [nan, inf, inf, 1.0])
+    m = _nonfinite(jitter(m), [3, 50_000, 100_001], [inf, 2.0, -inf])
+    spread = jitter(w, 0.05)
+    flat = spread.view(-1)
+    flat[:5000] = -flat[:5000]
+    flat[5000:10000] *= 37
+    for rank in range(4):
+        with BundleWriter(path, run_name=name, part=f"tp{rank}") as wr:
+            wr.add("h", h[:, rank * 5120 : (rank + 1) * 5120].to(torch.bfloat16), step=0, tp_rank=rank, tp_size=4,
+                   shard=ShardSpec.split(1, rank, 4))
+    with BundleWriter(path, run_name=name, part="full") as wr:
+        wr.add("w", spread, step=0)
+        wr.add("r", jitter(r).to(torch.bfloat16), step=0)
+        wr.add("p", jitter(p).to(torch.bfloat16), step=0)
+        wr.add("m", m.to(torch.bfloat16), step=0)
+        wr.add("s", jitter(small), step=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ray-huge")
+    return {"a": _write_huge(root, "a", "a"), "b": _write_huge(root, "b", "b")}
+
+
+def _fresh(t: LogicalTensor) -> LogicalTensor:
+    """A copy whose notes a materialize() may extend without touching ``t``."""
+    return LogicalTensor(t.name, t.coords, t.shards, list(t.notes))
+
+
+def _copies(t: LogicalTensor) -> int:
+    """Copies of each element a range task reads: every replica, every stage, the replicas of a split piece."""
+    return len(t.shards) if t.kind != "split" else len(t.shards) // len(t._split_pieces())
+
+
+def _record_file_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of every positioned read validator.store.blob_read makes from now on."""
+    import validator.store.blob_read as blob_read
+
+    reads: list[tuple[str, int, int]] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        got = real(fd, buffers, offset)
+        reads.append((os.readlink(f"/proc/self/fd/{fd}"), offset, got))
+        return got
+
+    monkeypatch.setattr(blob_read, "os", SimpleNamespace(preadv=preadv))
+    return reads
+
+
+def test_range_tasks_merge_to_the_whole_pair(huge: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a cluster: each range task's body run here on each range of each pair (ranges of whole row
+    blocks and, where a block exceeds the bound, of rows inside it), merged as the driver merges them, gives
+    the bits ``compare._measure`` gives for the whole pair: metrics, block sums, NaN counts, the rounding
+    floor, the p99 ULP refined over the ranges, the replica notes. Each task reads only its range's bytes
+    of each stored piece (a piece split on dim 1: the whole rows around the range)."""
+    from tests.validator.numerics.test_batched import bits
+    from validator.judging.compare import _measure
+    from validator.ray_executor import (
+        _measure_range,
+        _outer_row,
+        _refine_range,
+        _rounding_dtype,
+        merge_measured,
+        portable,
+        splittable,
+    )  # fmt: skip
+
+    ga, gb = group_logical(open_path(huge["a"]).tensors), group_logical(open_path(huge["b"]).tensors)
+    reads = _record_file_reads(monkeypatch)
+    refined = []
+    for key in sorted(ga.keys() & gb.keys(), key=repr):
+        la, lb = ga[key], gb[key]
+        assert splittable(la, lb)
+        pa, pb = portable(la, None), portable(lb, None)
+        per = int(torch.empty(0, dtype=getattr(torch, la.dtype)).element_size()) + int(torch.empty(0, dtype=getattr(torch, lb.dtype)).element_size())
+        spans = plan_ranges(la.shape(), per, 16 << 10)
+        for rounding in (False, True):
+            want = _measure(_fresh(la), _fresh(lb), rounding)
+            results = []
+            for lo, hi in spans:
+                reads.clear()
+                (got,) = _measure_range(pa, pb, _rounding_dtype(la, lb, rounding), lo, hi, None)
+                results.append(got)
+                read = sum(n for _, _, n in reads)
+                most = sum((hi - lo + 2 * _outer_row(t)) * ITEMSIZES[t.dtype] * _copies(t) for t in (la, lb))
+                assert (hi - lo) * per <= read <= most, (key, lo, hi, read, most)
+            calls: list[int] = []
+
+            def refine(lo: int, shift: int, bins: int, pa: LogicalTensor = pa, pb: LogicalTensor = pb, spans: list[tuple[int, int]] = spans) -> list[int]:
+                calls.append(lo)
+                return [sum(c) for c in zip(*(_refine_range(pa, pb, s0, s1, None, lo, shift, bins)[0] for s0, s1 in spans))]
+
+            assert bits(merge_measured((pa, pb, rounding), results, refine)) == bits(want), (key, rounding)
+            refined += calls
+        assert len(spans) > 1 or key[0] == "s"
+    assert refined  # the spread pair's p99 needed counting passes
+    (ra,), (rb,) = ([v for k, v in g.items() if k[0] == "r"] for g in (ga, gb))
+    notes = _measure(_fresh(ra), _fresh(rb), False).notes
+    assert any("replicas disagree" in n for n in notes), notes
+
+
+@needs_ray
+@pytest.mark.parametrize("floor", [False, True])
+def test_huge_pairs_in_ranges_bitwise_equal(cluster: RayCluster, huge: dict[str, Path], floor: bool) -> None:
+    """Pairs above the bound measured by range tasks on the cluster and merged by the driver: the document
+    equals the one a single process writes, byte for byte (with and without a floor pair, itself split;
+    with it, measured and rounding floors)."""
+    from validator.judging.report import comparison_doc
+
+    def views() -> tuple[Any, Any, Any]:
+        va, vb = open_path(huge["a"]), open_path(huge["b"])
+        return va, vb, ((open_path(huge["a"]), open_path(huge["b"])) if floor else None)
+
+    va, vb, fl = views()
+    local = json.dumps(comparison_doc(compare_runs(va, vb, floor=fl)), indent=1)
+    ex = RayExecutor(cluster.address, range_bytes=RANGE_BOUND)
+    va, vb, fl = views()
+    got = json.dumps(comparison_doc(compare_runs(va, vb, floor=fl, executor=ex)), indent=1)
+    assert got == local
+    doc = json.loads(local)
+    assert len(doc["pairs"]) == 6 and ex.range_tasks > 6 * (2 if floor else 1)
+    assert any("replicas disagree" in n for p in doc["pairs"] for n in p["notes"])
+    if floor:  # the floor pair's tensors with NaN are not used: those pairs measure the rounding floor, in ranges
+        assert {p["floor_kind"] for p in doc["pairs"]} >= {"measured", "rounding"}, [p["floor_kind"] for p in doc["pairs"]]
+
+
+@needs_ray
+@pytest.mark.parametrize("store", ["file", pytest.param("s3", marks=pytest.mark.skipif(not S3, reason="needs the SeaweedFS S3 server that scripts/services starts"))])
+def test_stored_huge_pairs_in_ranges_bitwise_equal(
+    cluster: RayCluster, huge: dict[str, Path], store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored runs, split by the setting (VALIDATOR_RAY_RANGE_BYTES): range tasks read their ranges of the
+    blobs from the store (positioned reads of a shared directory's files, or S3 range GETs); the document
+    equals the one this process computes, byte for byte."""
+    import validator.ray_executor as rx
+    from validator.judging.report import comparison_doc
+    from validator.service import Service
+    from validator.settings import Settings
+
+    for k, v in AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    svc = Service(Settings(home=tmp_path / "home", blob_url=_s3_url() if store == "s3" else None))
+    ranges: list[int] = []
+    real = rx.range_memory
+
+    def counted(*args: Any) -> int:
+        ranges.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(rx, "range_memory", counted)
+    try:
+        for name, path in huge.items():
+            svc.ingest(path, name=f"h{name}")
+        local = json.dumps(comparison_doc(svc.compare("ha", "hb", allow_paths=False)), indent=1)
+        monkeypatch.setenv(rx.RANGE_BYTES_ENV, str(RANGE_BOUND))
+        got = json.dumps(comparison_doc(svc.compare("ha", "hb", allow_paths=False, executor=f"ray={cluster.address}")), indent=1)
+    finally:
+        svc.close()
+    assert got == local
+    assert len(ranges) > 6
+
+
+def test_range_bytes_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from validator.ray_executor import RANGE_BYTES, RANGE_BYTES_ENV, range_bytes_setting
+
+    monkeypatch.delenv(RANGE_BYTES_ENV, raising=False)
+    assert range_bytes_setting() == RANGE_BYTES
+    monkeypatch.setenv(RANGE_BYTES_ENV, "0")
+    assert range_bytes_setting() is None
+    monkeypatch.setenv(RANGE_BYTES_ENV, "4096")
+    assert range_bytes_setting() == 4096
+    for bad in ("-1", "1G", "x"):
+        monkeypatch.setenv(RANGE_BYTES_ENV, bad)
+        with pytest.raises(InputError, match="use a number of bytes"):
+            range_bytes_setting()
 
 
 @needs_ray
@@ -413,24 +642,32 @@ def test_worker_reads_from_s3_in_ranges(tmp_path: Path, monkeypatch: pytest.Monk
 # -- ranges of huge tensors (planning and range reads; the executor does not split pairs yet) ------------
 
 
-@pytest.mark.parametrize("shape", [(4096, 1024), (1000, 3, 7), (100,), (63, 5), (1, 1), (0, 4)])
-@pytest.mark.parametrize("bound", [1, 64, 4096, 1 << 20, 1 << 40])
-def test_plan_ranges_cut_on_block_edges(shape: tuple[int, ...], bound: int) -> None:
-    """Ranges cover the tensor in order, every cut is a row-block edge, and each range holds at most
-    ``bound`` bytes of both tensors unless it is one block larger than that."""
+@pytest.mark.parametrize("shape", [(4096, 1024), (1000, 3, 7), (100,), (63, 5), (1, 1), (0, 4), (64, 20480), (3, 100_000)])
+@pytest.mark.parametrize("bound", [1, 64, 4096, 1 << 16, 1 << 20, 1 << 40])
+def test_plan_ranges_cut_where_ranges_merge(shape: tuple[int, ...], bound: int) -> None:
+    """Ranges cover the tensor in order, every cut is one where ranges merge exactly (a row-block edge, or
+    inside a block larger than the bound the first element of a row of partials), and each range holds
+    at most ``bound`` bytes of both tensors unless no cut lies inside it."""
+    from validator.numerics.backends.cpu import row_plan
     from validator.numerics.floors import block_edges
+    from validator.numerics.ranges import is_cut
 
     edges = block_edges(shape)
+    cuts = {int(c) for c in row_plan(edges, edges[-1])[0]}
     per = 2 + 4  # bf16 against float32
     got = plan_ranges(shape, per, bound)
     assert got[0][0] == 0 and got[-1][1] == edges[-1]
     assert all(x[1] == y[0] for x, y in zip(got, got[1:])) and all(lo < hi for lo, hi in got if edges[-1])
-    assert {c for r in got for c in r} <= set(edges)
+    assert all(is_cut(shape, c) for r in got for c in r)
     for lo, hi in got:
-        inside = [e for e in edges if lo < e < hi]
-        assert (hi - lo) * per <= bound or not inside, (lo, hi)
+        assert (hi - lo) * per <= bound or not any(lo < c < hi for c in cuts), (lo, hi)
+        if (hi - lo) * per > bound and any(lo < e < hi for e in edges):
+            raise AssertionError(f"{lo}..{hi} holds a block edge and more than the bound")
     if edges[-1] * per <= bound:
         assert got == [(0, edges[-1])]
+    for c in {c for r in got for c in r} - set(edges):  # inside a block only where the block exceeds the bound
+        j = bisect.bisect_right(edges, c) - 1
+        assert (edges[j + 1] - edges[j]) * per > bound, (c, edges[j], edges[j + 1])
 
 
 def _record_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:

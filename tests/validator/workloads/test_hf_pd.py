@@ -15,19 +15,7 @@ from validator.app.cli import main
 
 pytest.importorskip("transformers")
 
-NAMES = "target.hidden,target.logits,target.k,target.v,draft.k,draft.v,draft.logits"
-COMMON = ["--limit", "8", "--max-new-tokens", "32", "--threads", "1", "--names", NAMES]
 POLICY = ROOT / "examples" / "policies" / "hf-tiny-pd.toml"
-
-
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hf")
-    out = {}
-    for mode in ("d-only", "pd", "pd-broken"):
-        assert main(["probe", "transformers", "--mode", mode, "--out", str(root / mode), *COMMON]) == 0
-        out[mode] = root / mode
-    return out
 
 
 def _compare(tmp_path: Path, capsys: Any, a: Path, b: Path) -> tuple[int, dict[str, Any]]:

@@ -566,6 +566,46 @@ def test_stored_huge_pairs_in_ranges_bitwise_equal(
     assert len(ranges) > 6
 
 
+@needs_ray
+def test_killed_range_task_is_retried(cluster: RayCluster, huge: dict[str, Path]) -> None:
+    """SIGKILL the worker process running a range task: Ray runs that range again and the document is unchanged."""
+    script = (
+        "import sys, json\n"
+        "from validator.judging.compare import compare_runs\n"
+        "from validator.judging.report import comparison_doc\n"
+        "from validator.runs.sources import open_path\n"
+        "from validator.ray_executor import RayExecutor\n"
+        "a, b, address, bound = sys.argv[1:]\n"
+        "va, vb = open_path(a), open_path(b)\n"
+        "va.tensors = [t for t in va.tensors if t.name == 'h']\n"  # one pair (TP2 vs TP4 on dim 1): range tasks only
+        "vb.tensors = [t for t in vb.tensors if t.name == 'h']\n"
+        "ex = RayExecutor(address, fresh_workers=True, range_bytes=int(bound))\n"
+        "c = compare_runs(va, vb, executor=ex)\n"
+        "assert ex.range_tasks > 1, ex.range_tasks\n"
+        "print(json.dumps(comparison_doc(c), indent=1))\n"
+    )
+    args = [sys.executable, "-c", script, str(huge["a"]), str(huge["b"]), cluster.address, str(4 * RANGE_BOUND)]
+    driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[int] = []
+    deadline = time.monotonic() + 120
+    while not killed and driver.poll() is None and time.monotonic() < deadline:
+        for pid in cluster.task_workers():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            break
+        time.sleep(0.02)
+    out, err = driver.communicate(timeout=300)
+    assert killed, "no range task was seen running"
+    assert driver.returncode == 0, err[-3000:]
+    assert "will be retried" in err
+    from validator.judging.report import comparison_doc
+
+    va, vb = open_path(huge["a"]), open_path(huge["b"])
+    va.tensors = [t for t in va.tensors if t.name == "h"]
+    vb.tensors = [t for t in vb.tensors if t.name == "h"]
+    assert out.strip() == json.dumps(comparison_doc(compare_runs(va, vb)), indent=1)
+
+
 def test_range_bytes_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from validator.ray_executor import RANGE_BYTES, RANGE_BYTES_ENV, range_bytes_setting
 

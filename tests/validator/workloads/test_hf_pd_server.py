@@ -23,7 +23,7 @@ import pytest
 
 from tests.paths import ROOT
 from tests.servers import validator_serve
-from tests.validator.app.dashboard.browser import chromium, missing_browser
+from tests.validator.app.dashboard.browser import browser_for_tests
 from validator.app.cli import main
 
 pytest.importorskip("transformers")
@@ -181,15 +181,8 @@ def test_dashboard_broken_pd_page_shows_the_failing_layer(server: Server) -> Non
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium under Playwright, as in tests/validator/app/dashboard (skipped where missing,
-    a failure under VALIDATOR_REQUIRE_BROWSER=1)."""
-    why = missing_browser()
-    if why:
-        if os.environ.get("VALIDATOR_REQUIRE_BROWSER") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    with chromium() as b:
-        yield b
+    """Debian's Chromium under Playwright, as in tests/validator/app/dashboard."""
+    yield from browser_for_tests()
 
 
 def test_dashboard_in_chromium(server: Server, browser: Any) -> None:

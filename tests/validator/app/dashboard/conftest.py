@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ import httpx
 import pytest
 
 from tests.validator.app.dashboard import large
-from tests.validator.app.dashboard.browser import chromium, missing_browser, serve
+from tests.validator.app.dashboard.browser import browser_for_tests, serve
 from tests.validator.app.dashboard.sample import build_store
 from validator.app.api import create_app
 from validator.service import Service
@@ -66,16 +65,8 @@ async def dash_client(dash_service: Service) -> AsyncIterator[httpx.AsyncClient]
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium under Playwright. Skipped (with the reason) only where it is not installed;
-    VALIDATOR_REQUIRE_BROWSER=1 (set by .ci/run) turns that into a failure. Module-scoped: Playwright's
-    sync API holds an event loop on this thread, so it must be gone before async (anyio) tests run."""
-    why = missing_browser()
-    if why:
-        if os.environ.get("VALIDATOR_REQUIRE_BROWSER") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    with chromium() as b:
-        yield b
+    """Debian's Chromium under Playwright (``browser_for_tests``)."""
+    yield from browser_for_tests()
 
 
 @pytest.fixture(scope="module")

@@ -677,6 +677,10 @@ class RayExecutor:
         slots = max(1, int(cpus / self.cpus_per_task))
         batch_bytes = max(1, min(self.batch_bytes, total // (4 * slots)))
         jobs = self._plan(pairs, batch_bytes)
+        spans_of: dict[int, list[tuple[int, int]]] = {}  # a split pair's ranges, in order
+        for job in jobs:
+            if job.span is not None:
+                spans_of.setdefault(job.pairs[0], []).append(job.span)
         worst = max(range(len(jobs)), key=lambda j: jobs[j].memory)
         if node_mem and jobs[worst].memory > node_mem:
             la = pairs[jobs[worst].pairs[0]][0]
@@ -737,8 +741,7 @@ class RayExecutor:
                 got.append(results[0])
                 if job.last:
                     del ranges[job.pairs[0]]
-                    spans = [x.span for x in jobs if x.span is not None and x.pairs[0] == job.pairs[0]]
-                    yield self._merge(ray, refine_task, options, pairs[job.pairs[0]], spans, got)
+                    yield self._merge(ray, refine_task, options, pairs[job.pairs[0]], spans_of[job.pairs[0]], got)
         except rex.RayTaskError as exc:  # an error in our code on a worker: not a fault Ray retries
             raise ValidatorError(f"a comparison task failed on the Ray cluster: {exc.cause!r}") from None
         except (rex.RayError, ConnectionError) as exc:  # worker or node gone past its retries, object lost, GCS gone

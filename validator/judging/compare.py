@@ -218,7 +218,9 @@ def _measure_batch(pairs: list[Pair]) -> list[Measured]:
 Pair = tuple[LogicalTensor, LogicalTensor, bool]  # (A's tensor, B's tensor, whether to measure A's rounding floor)
 # Maps a measurement over pairs and yields the results in the pairs' order: the seam where a comparison's
 # measurements can run elsewhere (validator.ray_executor: on a Ray cluster). ``measure`` is a module-level
-# function, so it can be sent by reference; the executor must call it on each pair unchanged.
+# function, so it can be sent by reference. An executor either calls it on each pair unchanged, or (for a pair
+# too large for one task) builds the same ``Measured`` from validator.numerics.ranges' range partials, merged in
+# the engine's order: the bits must be those of ``measure``.
 PairExecutor = Callable[[Callable[[LogicalTensor, LogicalTensor, bool], Measured], list[Pair]], Iterable[Measured]]
 
 

@@ -45,11 +45,21 @@ def _progress(desc: str, enabled: bool) -> Iterator[Callable[[int, int], None] |
         bar.close()
 
 
+_open_services: list[Any] = []  # closed when the command returns: its connections (and SQLite's WAL files) go then
+
+
 def _service(args: argparse.Namespace) -> Any:
     from validator.service import Service
 
     settings = Settings.from_env(home=args.home)
-    return Service(replace(settings, database_url=args.db) if args.db else settings)
+    svc = Service(replace(settings, database_url=args.db) if args.db else settings)
+    _open_services.append(svc)
+    return svc
+
+
+def _close_services() -> None:
+    while _open_services:
+        _open_services.pop().close()
 
 
 def _print_json(obj: Any) -> None:
@@ -530,6 +540,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"validator: internal error: {type(exc).__name__}: {exc} (set VALIDATOR_DEBUG=1 for details)", file=sys.stderr)
         return 4
+    finally:
+        # deterministically, not when a traceback's reference cycle is collected: a failed command leaves
+        # nothing behind (tests/reliability/test_security.py checks the tree)
+        _close_services()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -592,6 +592,14 @@ def _checked(results: list[Any]) -> list[Any]:
     return results
 
 
+@dataclass
+class _Watch:
+    """When a wait for results last looked at the cluster's head, and last got a result."""
+
+    last_check: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+
+
 class RayExecutor:
     """A ``PairExecutor`` (validator.judging.compare) on a Ray cluster.
 
@@ -696,7 +704,7 @@ class RayExecutor:
         done: dict[int, list[Any]] = {}
         ranges: dict[int, list[RangeResult]] = {}
         submitted = 0
-        last_progress = last_check = time.monotonic()
+        watch = _Watch()
         self._lost_head = False
         lost = False
 
@@ -721,17 +729,8 @@ class RayExecutor:
                     submitted += 1
                     self.tasks_submitted += 1
                 while j not in done:
-                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-                    for ref in ready:
-                        done[pending.pop(ref)] = ray.get(ref)
-                        last_progress = time.monotonic()
-                    now = time.monotonic()
-                    if not ready and now - last_check > HEAD_CHECK_S:
-                        last_check = now
-                        self._check_head()
-                    if not ready and now - last_progress > LOST_AFTER_S:
-                        self._check_alive(ray)
-                        last_progress = time.monotonic()
+                    for ref, value in self._wait(ray, list(pending), watch):
+                        done[pending.pop(ref)] = value
                 results = _checked(done.pop(j))
                 job = jobs[j]
                 if job.span is None:
@@ -765,20 +764,27 @@ class RayExecutor:
     def _gather(self, ray: Any, refs: list[Any]) -> list[Any]:
         """The results of ``refs`` in their order, watching the head as the main loop does."""
         got: dict[Any, Any] = {}
-        last_check = last_progress = time.monotonic()
+        watch = _Watch()
         while len(got) < len(refs):
-            ready, _ = ray.wait([r for r in refs if r not in got], num_returns=1, timeout=1.0)
-            for ref in ready:
-                got[ref] = ray.get(ref)
-                last_progress = time.monotonic()
-            now = time.monotonic()
-            if not ready and now - last_check > HEAD_CHECK_S:
-                last_check = now
-                self._check_head()
-            if not ready and now - last_progress > LOST_AFTER_S:
-                self._check_alive(ray)
-                last_progress = time.monotonic()
+            got.update(self._wait(ray, [r for r in refs if r not in got], watch))
         return [got[r] for r in refs]
+
+    def _wait(self, ray: Any, refs: list[Any], watch: _Watch) -> list[tuple[Any, Any]]:
+        """Up to a second's wait for any of ``refs``: the results that came, as (ref, value). Without one, the
+        head is checked every HEAD_CHECK_S and the workers after LOST_AFTER_S without a result."""
+        ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+        got = [(ref, ray.get(ref)) for ref in ready]
+        now = time.monotonic()
+        if got:
+            watch.last_progress = now
+            return got
+        if now - watch.last_check > HEAD_CHECK_S:
+            watch.last_check = now
+            self._check_head()
+        if now - watch.last_progress > LOST_AFTER_S:
+            self._check_alive(ray)
+            watch.last_progress = time.monotonic()
+        return got
 
     def _merge(
         self, ray: Any, refine_task: Any, options: Callable[[str, int], dict[str, Any]], pair: Pair,

@@ -220,6 +220,19 @@ def test_stored_runs_bitwise_equal(
     assert got.stdout == local
 
 
+def _kill_a_task_worker(cluster: Any, driver: subprocess.Popen[str]) -> list[int]:
+    """SIGKILL the first worker process seen running a task while ``driver`` runs (within 2 minutes)."""
+    killed: list[int] = []
+    deadline = time.monotonic() + 120
+    while not killed and driver.poll() is None and time.monotonic() < deadline:
+        for pid in cluster.task_workers():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            break
+        time.sleep(0.02)
+    return killed
+
+
 @needs_ray
 def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) -> None:
     """SIGKILL the worker process running a measuring task: Ray runs the task again and the document is
@@ -242,14 +255,7 @@ def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) ->
     address = cluster.address
     args = [sys.executable, "-c", script, str(runs["a"]), str(runs["b"]), address]
     driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed: list[int] = []
-    deadline = time.monotonic() + 120
-    while not killed and driver.poll() is None and time.monotonic() < deadline:
-        for pid in cluster.task_workers():
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-            break
-        time.sleep(0.02)
+    killed = _kill_a_task_worker(cluster, driver)
     out, err = driver.communicate(timeout=240)
     assert killed, "no measuring task was seen running"
     assert driver.returncode == 0, err
@@ -586,14 +592,7 @@ def test_killed_range_task_is_retried(cluster: RayCluster, huge: dict[str, Path]
     )
     args = [sys.executable, "-c", script, str(huge["a"]), str(huge["b"]), cluster.address, str(4 * RANGE_BOUND)]
     driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed: list[int] = []
-    deadline = time.monotonic() + 120
-    while not killed and driver.poll() is None and time.monotonic() < deadline:
-        for pid in cluster.task_workers():
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-            break
-        time.sleep(0.02)
+    killed = _kill_a_task_worker(cluster, driver)
     out, err = driver.communicate(timeout=300)
     assert killed, "no range task was seen running"
     assert driver.returncode == 0, err[-3000:]

@@ -132,17 +132,23 @@ def measure_blocks_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> l
 
 def _block_sums(a: torch.Tensor, b: torch.Tensor, m: TensorMetrics, totals: Totals) -> BlockSums:
     """The pair's BlockSums from its pass, with the NaN and matched infinity counts the pass does not tell apart."""
-    nan_a = nan_b = inf_matched = 0
-    if m.nonfinite_a or m.nonfinite_b:  # rare: count what the pass does not tell apart
-        import torch
-
-        with torch.no_grad():
-            for ra, rb in chunk_pairs(a.detach(), b.detach(), _PIECE):
-                ca, cb = ra.to(torch.float64), rb.to(torch.float64)  # exact; float8 has no isinf
-                nan_a += int(torch.isnan(ca).sum())
-                nan_b += int(torch.isnan(cb).sum())
-                inf_matched += int((torch.isinf(ca) & (ca == cb)).sum())
+    nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if m.nonfinite_a or m.nonfinite_b else (0, 0, 0)
     return BlockSums(np.array(totals.block_d2), np.array(totals.block_a2), _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
+
+
+def nonfinite_counts(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """NaN in a, NaN in b, and positions holding the same infinity on both sides: what the engine's pass
+    counts only as non-finite (rare, so counted in a second pass, _PIECE elements at a time)."""
+    import torch
+
+    nan_a = nan_b = inf_matched = 0
+    with torch.no_grad():
+        for ra, rb in chunk_pairs(a.detach(), b.detach(), _PIECE):
+            ca, cb = ra.to(torch.float64), rb.to(torch.float64)  # exact; float8 has no isinf
+            nan_a += int(torch.isnan(ca).sum())
+            nan_b += int(torch.isnan(cb).sum())
+            inf_matched += int((torch.isinf(ca) & (ca == cb)).sum())
+    return nan_a, nan_b, inf_matched
 
 
 def block_sums(a: torch.Tensor, b: torch.Tensor) -> BlockSums:

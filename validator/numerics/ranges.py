@@ -35,7 +35,7 @@ from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Refine, Totals, p99_from_keys
 from validator.numerics.backends.cpu import BLOCK as ROW
 from validator.numerics.backends.cpu import REFINE_BINS, compare_cpu_range, merge_rows, refine_cpu, row_plan
-from validator.numerics.floors import BlockSums, _edges, _rows
+from validator.numerics.floors import BlockSums, _edges, _rows, nonfinite_counts
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 ATOL, RTOL = 1e-5, 1e-3  # the tolerances floors.measure_blocks measures with (metrics.measure's defaults)
-_PIECE = 1 << 20  # elements checked for NaN at once
 
 
 @dataclass(frozen=True)
@@ -102,13 +101,7 @@ def measure_range(a: torch.Tensor, b: torch.Tensor, shape: Sequence[int], start:
     with torch.no_grad():
         a, b = a.detach().reshape(-1), b.detach().reshape(-1)
         rows, counts, max_abs, max_ulp, keys = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
-        nan_a = nan_b = inf_matched = 0
-        if counts[2] or counts[3]:  # as floors._block_sums: what the pass does not tell apart
-            for lo in range(0, n, _PIECE):
-                ca, cb = a[lo : lo + _PIECE].to(torch.float64), b[lo : lo + _PIECE].to(torch.float64)
-                nan_a += int(torch.isnan(ca).sum())
-                nan_b += int(torch.isnan(cb).sum())
-                inf_matched += int((torch.isinf(ca) & (ca == cb)).sum())
+        nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if counts[2] or counts[3] else (0, 0, 0)
     return RangePartials(
         shape, start, stop, a.dtype, b.dtype, rows, tuple(int(c) for c in counts), max_abs, max_ulp, keys,  # type: ignore[arg-type]
         nan_a, nan_b, inf_matched,
@@ -152,18 +145,11 @@ def merge_totals(parts: Sequence[RangePartials], refine: Refine | None = None) -
     _, owner = row_plan(edges, numel)
     rows = np.concatenate([p.rows for p in parts]) if len(parts) > 1 else parts[0].rows
     sums, block_d2, block_a2 = merge_rows(rows, owner, len(edges) - 1)
-    counts = np.zeros(5, np.int64)
-    for p in parts:
-        counts += np.array(p.counts, np.int64)
-    max_abs = 0.0
-    for p in parts:
-        max_abs = max(max_abs, p.max_abs)
+    counts = np.array([p.counts for p in parts], np.int64).sum(0)
+    max_abs = max(0.0, *(p.max_abs for p in parts))
     ulp = None
     if parts[0].keys is not None:
-        keys = np.zeros_like(parts[0].keys)
-        for p in parts:
-            assert p.keys is not None
-            keys += p.keys
+        keys = np.array([p.keys for p in parts], np.int64).sum(0)
 
         def no_refine(lo: int, shift: int, bins: int) -> list[int]:
             raise ValueError("the p99 ULP needs counting passes over the pair: give merge a refine")

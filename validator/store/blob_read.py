@@ -84,18 +84,22 @@ def open_blob_range(
     _check_length(store, url, sha256, nbytes)
     lo, hi = start * size, stop * size
     buf = bytearray(hi - lo)
-    view = memoryview(buf)
-    step = range_bytes or RANGE_BYTES
-    edges = list(range(lo, hi, step)) + [hi]
+    _read_spans(store, url, sha256, memoryview(buf), lo, hi, range_bytes or RANGE_BYTES, whole=False)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(torch_dtype(dtype))
+
+
+def _read_spans(store: Any, url: str, sha256: str, view: memoryview, lo: int, hi: int, step: int, *, whole: bool) -> None:
+    """Bytes ``lo:hi`` of the object into ``view`` (``view[0]`` is byte ``lo``): one GET when they fit in
+    ``step`` (``whole``: without a Range header), else GETs of ``step`` bytes, RANGE_STREAMS side by side."""
+    edges = [*range(lo, hi, step), hi]
     spans = list(zip(edges, edges[1:]))
     if len(spans) == 1:
-        _read_range(store, url, sha256, view, lo, hi, whole=False, base=lo)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
+        _read_range(store, url, sha256, view, lo, hi, whole=whole, base=lo)
+        return
+    from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(RANGE_STREAMS, len(spans)), thread_name_prefix="blob-range") as ex:
-            list(ex.map(lambda se: _read_range(store, url, sha256, view, se[0], se[1], whole=False, base=lo), spans))
-    return torch.frombuffer(buf, dtype=torch.uint8).view(torch_dtype(dtype))
+    with ThreadPoolExecutor(max_workers=min(RANGE_STREAMS, len(spans)), thread_name_prefix="blob-range") as ex:
+        list(ex.map(lambda se: _read_range(store, url, sha256, view, se[0], se[1], whole=False, base=lo), spans))
 
 
 def _check_length(store: Any, url: str, sha256: str, nbytes: int) -> None:
@@ -174,17 +178,9 @@ def _s3_tensor(url: str, sha256: str, dtype: str, shape: tuple[int, ...], nbytes
     store = _s3_store(url)
     buf = bytearray(nbytes)
     view = memoryview(buf)
-    edges = list(range(0, nbytes, range_bytes)) + [nbytes]
-    if len(edges) == 2:
-        _read_range(store, url, sha256, view, 0, nbytes, whole=True)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(RANGE_STREAMS, len(edges) - 1), thread_name_prefix="blob-range") as ex:
-            list(ex.map(lambda se: _read_range(store, url, sha256, view, se[0], se[1], whole=False), zip(edges, edges[1:])))
-        head = store.client.head_object(Bucket=store.bucket, Key=store.key(sha256))
-        if int(head.get("ContentLength", nbytes)) != nbytes:
-            raise InputError(f"blob {sha256} in object storage is {head['ContentLength']} bytes, its record says {nbytes}")
+    _read_spans(store, url, sha256, view, 0, nbytes, range_bytes, whole=True)
+    if nbytes > range_bytes:  # ranged GETs stop at the record's length: a longer object shows only in a HEAD
+        _check_length(store, url, sha256, nbytes)
     if hashlib.sha256(view).hexdigest() != sha256:
         raise InputError(f"blob {sha256} in object storage does not match its digest")
     return torch.frombuffer(buf, dtype=torch.uint8).view(tdtype).reshape(shape)

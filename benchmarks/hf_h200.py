@@ -154,7 +154,24 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     "summary, all points, every 8th step": {"mode": "summary", "step_every": 8},
     "summary, layers + logits, every 8th step": {"mode": "summary", "step_every": 8, **LAYERS},
     "full, layers + logits, every 8th step": {"mode": "full", "step_every": 8, **LAYERS},
+    # the same captures, handed to a writer that drops them: the serving thread's own cost, without the
+    # bundle writer's thread (its Python shares the GIL with the serving thread)
+    "summary, all points, no bundle writer": {"mode": "summary", "discard": True},
+    "summary, layers + logits, no bundle writer": {"mode": "summary", "discard": True, **LAYERS},
 }
+
+
+class DiscardWriter:
+    """A bundle writer that keeps nothing."""
+
+    def add(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, extra: Any = None) -> None:
+        pass
 DEFAULT_CONFIGS = ";".join(list(CONFIGS)[:5])
 
 
@@ -166,7 +183,8 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
     ids = torch.tensor([tok.encode(text)], device=args.device)
     n = args.new_tokens
     n_layers = target.config.num_hidden_layers
-    configs = {k: v for k, v in CONFIGS.items() if k in args.configs}
+    wanted = {c.strip() for c in args.configs.split(";")}
+    configs = {k: v for k, v in CONFIGS.items() if k in wanted}
     points = {"all points": 3 * n_layers + 2, "layers + logits": n_layers + 1}
 
     def gen(tokens: int) -> float:
@@ -188,7 +206,9 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
             if c is not None:
                 bundle = work / "overhead" / f"c{list(configs).index(name)}-{rep}"
                 shutil.rmtree(bundle, ignore_errors=True)
-                session = ProbeSession(ProbeConfig(bundle=str(bundle), part="tp0", budget_bytes=None, **c))
+                kw = {k: v for k, v in c.items() if k != "discard"}
+                session = ProbeSession(ProbeConfig(bundle=str(bundle), part="tp0", budget_bytes=None, **kw),
+                                       writer=DiscardWriter() if c.get("discard") else None)
                 cap = ModelCapture(target, session, role="target").attach()
             per = []
             for tokens in (n + 1, 1):

@@ -124,6 +124,9 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
+_FULL = ShardSpec.full()
+
+
 class BundleWriter:
     """Writes one part of a run bundle.
 
@@ -162,6 +165,7 @@ class BundleWriter:
         self._files = 0
         self._count = 0
         self._seen: set[tuple[Any, ...]] = set()
+        self._names: set[str] = set()
         self.closed = False
 
     def add(
@@ -177,27 +181,30 @@ class BundleWriter:
 
         if self.closed:
             raise BundleError(f"{self.part_dir}: writer is closed")
-        check_tensor_name(name)
+        if name not in self._names:  # a probe adds the same few names over and over
+            self._names.add(check_tensor_name(name))
         if not isinstance(tensor, torch.Tensor):
             raise BundleError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
-        spec = shard if isinstance(shard, ShardSpec) else ShardSpec.from_dict(shard)
+        spec = shard if isinstance(shard, ShardSpec) else _FULL if shard is None else ShardSpec.from_dict(shard)
         c = Coords.make(**coords)
-        ident = (name, c.identity(), str(spec), c.pp_stage, c.tp_rank)
+        ident = (name, c.identity(), spec, c.pp_stage, c.tp_rank)
         if ident in self._seen:
             raise BundleError(f"tensor {name!r} ({c.label() or 'no coords'}, {spec}) was already added to this part")
         self._seen.add(ident)
-        host = tensor.detach().to("cpu", copy=True).contiguous()
+        t = tensor.detach()
+        host = t.clone(memory_format=torch.contiguous_format) if t.device.type == "cpu" else t.to("cpu").contiguous()
+        nbytes = host.numel() * host.element_size()
         key = f"t{self._count:06d}"
         self._count += 1
         record: dict[str, Any] = {
             "name": name,
             "key": key,
             "coords": c.to_dict(),
-            "shard": spec.to_dict(),
+            "shard": {"kind": "full"} if spec is _FULL else spec.to_dict(),
             "dtype": str(host.dtype).removeprefix("torch."),
             "shape": list(host.shape),
             "sha256": tensor_sha256(host),
-            "nbytes": host.numel() * host.element_size(),
+            "nbytes": nbytes,
         }
         self._pending[key] = host
         self._pending_records.append(record)

@@ -38,6 +38,14 @@ __all__ = [
     "set_session",
 ]
 
+# Eager CUDA summaries of at most this many bytes wait for the end of their step (the session holds the
+# tensors until then) and are computed together in a few kernel launches; larger ones, whose kernels take
+# longer than launching them, are summarised at once, and so are inference tensors (no version counter).
+# A name is deferred only after one step in which none of its tensors was written in place before the step
+# ended (it is watched through that step); a name whose tensor is, is summarised at once from then on. The
+# bits are the same either way.
+DEFER_MAX_BYTES = 4 << 20
+
 _STAT_KEYS = (
     "captured", "captured_bytes", "dropped_captures", "dropped_bytes", "filtered", "sampled_out",
     "graph_stale_reads", "graph_missed_replays", "graph_unread_replays",
@@ -163,17 +171,24 @@ class ProbeSession:
             if cfg.graph_slots and t.device not in self._graphs.arenas:
                 self._graphs.prepare(t.device)
             step = merged.get("step")
-            if step != self._batch_step:  # a new step: copy out what the last one staged
+            if step != self._batch_step:  # a new step: summarise and copy out what the last one staged
                 transfer.submit()
                 self._batch_step = step
+                if transfer.modified:
+                    self._report_modified()
 
             def make(host: torch.Tensor) -> Write:
                 return Write(stored, host, shard, merged)
 
             with torch.no_grad():
-                if self._summary:  # two kernels writing a row of this step's summaries
+                small = self._summary and t.numel() * t.element_size() <= DEFER_MAX_BYTES and not t.is_inference()
+                if small and name in transfer.steady_names:  # summarised with the step's others at its end
+                    transfer.defer_summary(t, name, make)
+                elif self._summary:  # two kernels writing a row of this step's summaries
                     summarize(t, out=transfer.summary_slot(t.device), chunk=cfg.summary_chunk)
                     transfer.stage_summary(t.device, make)
+                    if small and name not in transfer.modified_names:
+                        transfer.watch(t, name)  # written in place before the step ends? if not, defer later
                 elif cfg.snapshot:  # one copy on the serving stream; to the host with the step's batch
                     transfer.stage(t.clone(memory_format=torch.contiguous_format), make)
                 else:  # the live tensor: queued now, behind the work queued so far
@@ -185,12 +200,21 @@ class ProbeSession:
         self.stats["captured"] += 1
         self.stats["captured_bytes"] += nbytes
 
+    def _report_modified(self) -> None:
+        t = self._transfer
+        assert t is not None
+        self._warn("modified", f"{t.modified} summary(ies) not recorded: the tensor was written in place before "
+                   f"the step's summaries ran ({', '.join(sorted(t.modified_names))}); later captures of these "
+                   "names are summarised at once")
+
     def end_step(self) -> None:
         """Queue the copies of what this step captured now (non-blocking). Optional: a new ``step``
         coordinate, ``after_replay``, ``flush`` and ``close`` do it too."""
         if self.enabled and not self.closed and self._transfer is not None:
             self._transfer.submit()
             self._transfer.poll()
+            if self._transfer.modified:
+                self._report_modified()
 
     def _window(
         self, name: str, t: torch.Tensor, coords: dict[str, Any]
@@ -354,6 +378,8 @@ class ProbeSession:
             self._transfer.flush()
             if self._transfer.write_errors:
                 self._report_write_errors()
+            if self._transfer.modified:
+                self._report_modified()
 
     def close(self) -> None:
         """Flush, check the graph counters once more, and write the part (with ``extra["probe"]``)."""
@@ -367,6 +393,8 @@ class ProbeSession:
                        "never read out")
         if self._transfer.write_errors:
             self._report_write_errors()
+        if self._transfer.modified:
+            self._report_modified()
         self.closed = True
         self.writer.close(extra={"probe": self.report()})
 
@@ -384,6 +412,7 @@ class ProbeSession:
             "budget_exhausted": self.budget_exhausted,
             "graph_slots": self._graphs.count,
             "write_errors": t.write_errors if t else 0,
+            "summaries_modified_in_place": t.modified if t else 0,
             "first_write_error": t.first_error if t else None,
             "max_inflight_bytes": t.max_inflight_bytes if t else 0,
         }

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FUSED_DTYPES", "summarize_fused", "warm_up"]
+__all__ = ["FUSED_DTYPES", "summarize_fused", "summarize_many_fused", "warm_up"]
 
 _LO, _HI = tl.constexpr(2.0**-40), tl.constexpr(2.0**60)
 # BLOCK = TILE_BYTES // element size (2048 bf16, 1024 f32: 16 elements per thread at 4 warps); WPE * BLOCK
@@ -101,12 +101,12 @@ def _accumulate(x, v_sq, v_sum, v_max, v_ck, w0, lane, WPE: tl.constexpr, F8: tl
     return v_sq, v_sum, v_max, v_ck
 
 
-@triton.jit(do_not_specialize=["n", "tiles", "nchunks"])
-def _pass_kernel(
-    x_ptr, n, tiles, nchunks, part_ptr,
+@triton.jit
+def _pass_program(
+    x_ptr, n, tiles, nchunks, pid, nprog, row,
     BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
+    """Program ``pid`` of ``nprog``: chunks ``pid, pid + nprog, ...`` of ``x``; its 6 partials at ``row``."""
     lane = tl.arange(0, BLOCK)
     span = tiles * BLOCK
     sq = tl.cast(0.0, tl.float64)
@@ -115,7 +115,7 @@ def _pass_kernel(
     nans = tl.cast(0, tl.int64)
     bads = tl.cast(0, tl.int64)
     ck = tl.cast(0, tl.int64)
-    for c in range(pid, nchunks, tl.num_programs(0)):  # chunk c: tiles [c * tiles, (c + 1) * tiles)
+    for c in range(pid, nchunks, nprog):  # chunk c: tiles [c * tiles, (c + 1) * tiles)
         start = tl.cast(c, tl.int64) * span
         base = x_ptr + start
         left = tl.minimum(n - start, span).to(tl.int32)
@@ -165,7 +165,6 @@ def _pass_kernel(
         total += s
         top = tl.maximum(top, m)
         ck += tl.sum(v_ck.to(tl.int64))
-    row = part_ptr + pid.to(tl.int64) * 6
     tl.store(row + 0, sq)
     tl.store(row + 1, total)
     tl.store(row + 2, top)
@@ -174,8 +173,33 @@ def _pass_kernel(
     tl.store(row + 5, ck.to(tl.float64, bitcast=True))
 
 
-@triton.jit(do_not_specialize=["rows", "n", "out_ptr", "gen_ptr"])
-def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, CHUNK: tl.constexpr):
+@triton.jit(do_not_specialize=["n", "tiles", "nchunks"])
+def _pass_kernel(
+    x_ptr, n, tiles, nchunks, part_ptr,
+    BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr, WIDE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    _pass_program(x_ptr, n, tiles, nchunks, pid, tl.num_programs(0), part_ptr + pid.to(tl.int64) * 6,
+                  BLOCK, WPE, F8, ACC, WIDE)
+
+
+@triton.jit
+def _pass_many_kernel(
+    work_ptr, part_ptr,
+    DT: tl.constexpr, BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr,
+    WIDE: tl.constexpr,
+):  # fmt: skip
+    """One program per work item: (address, n, tiles, nchunks, program, programs, partial row), int64."""
+    item = work_ptr + tl.program_id(0).to(tl.int64) * 7
+    x_ptr = tl.load(item + 0).to(tl.pointer_type(DT))
+    _pass_program(x_ptr, tl.load(item + 1), tl.load(item + 2).to(tl.int32), tl.load(item + 3).to(tl.int32),
+                  tl.load(item + 4).to(tl.int32), tl.load(item + 5).to(tl.int32), part_ptr + tl.load(item + 6) * 6,
+                  BLOCK, WPE, F8, ACC, WIDE)
+
+
+@triton.jit
+def _finish_program(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, CHUNK: tl.constexpr):
+    """Add ``rows`` rows of partials at ``part_ptr`` in a fixed order; the five values into ``out_ptr``."""
     lane = tl.arange(0, CHUNK)
     sq = tl.zeros([CHUNK], dtype=tl.float64)
     total = tl.zeros([CHUNK], dtype=tl.float64)
@@ -203,6 +227,19 @@ def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, C
         tl.store(gen_ptr, tl.load(gen_ptr) + 1)
 
 
+@triton.jit(do_not_specialize=["rows", "n", "out_ptr", "gen_ptr"])
+def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, CHUNK: tl.constexpr):
+    _finish_program(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN, CHUNK)
+
+
+@triton.jit
+def _finish_many_kernel(tensors_ptr, part_ptr, out_ptr, CHUNK: tl.constexpr):
+    """One program per tensor: (first partial row, rows, n, row of ``out``), int64."""
+    entry = tensors_ptr + tl.program_id(0).to(tl.int64) * 4
+    _finish_program(part_ptr + tl.load(entry) * 6, tl.load(entry + 1), tl.load(entry + 2),
+                    out_ptr + tl.load(entry + 3) * 5, out_ptr, False, CHUNK)
+
+
 def _max_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return 8  # Triton's interpreter: a few programs, each with several chunks
@@ -213,27 +250,86 @@ def _max_programs(device: torch.device) -> int:
     return count
 
 
-def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | None = None) -> None:
-    """Write the summary of ``x`` (contiguous, a dtype of :data:`FUSED_DTYPES`) into ``out`` (float64 [5]);
-    add 1 to ``counter`` (int64 [1]) if given. Two kernel launches on the current stream; no host sync."""
-    wpe, f8 = FUSED_DTYPES[x.dtype]
+def _plan(x: torch.Tensor) -> tuple[int, int, int, int]:
+    """(elements per tile, tiles per chunk, chunks, programs) of ``x``'s pass; the same for one tensor alone
+    or among many, so both give the same bits."""
     n = x.numel()
     block = TILE_BYTES // x.element_size()
     most = _max_programs(x.device)
     ntiles = triton.cdiv(n, block)
     tiles = max(1, min(MAX_TILES, ntiles // (2 * most)))  # long chunks only where there are plenty
     nchunks = triton.cdiv(ntiles, tiles)
-    programs = min(nchunks, most)
+    return block, tiles, nchunks, min(nchunks, most)
+
+
+def _acc(dtype: torch.dtype) -> tl.dtype:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | None = None) -> None:
+    """Write the summary of ``x`` (contiguous, a dtype of :data:`FUSED_DTYPES`) into ``out`` (float64 [5]);
+    add 1 to ``counter`` (int64 [1]) if given. Two kernel launches on the current stream; no host sync."""
+    wpe, f8 = FUSED_DTYPES[x.dtype]
+    n = x.numel()
+    block, tiles, nchunks, programs = _plan(x)
     part = torch.empty(max(programs, 1), 6, dtype=torch.float64, device=x.device)
     if programs:
-        wide = x.dtype == torch.float64
         _pass_kernel[(programs,)](
-            x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=tl.float64 if wide else tl.float32,
-            WIDE=wide, num_warps=NUM_WARPS, enable_fp_fusion=True,
+            x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=_acc(x.dtype),
+            WIDE=x.dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
         )  # fmt: skip
     gen = counter if counter is not None else out
     _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,
                          enable_fp_fusion=True)
+
+
+_TL_DTYPES = {
+    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32, torch.float64: tl.float64,
+    torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5,
+}  # fmt: skip
+
+
+def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: list[int]) -> None:
+    """The summaries of ``xs`` (contiguous, dtypes of :data:`FUSED_DTYPES`, all on ``out``'s device) into rows
+    ``out_rows`` of ``out`` (float64 [rows, 5]), the same bits as :func:`summarize_fused` of each alone.
+
+    One table of work items goes to the device (one copy from pinned memory), then one pass kernel per dtype
+    present and one finishing kernel for all: a few launches for the whole list instead of two per tensor.
+    No host sync. The tensors must stay unchanged until the kernels have run on the current stream.
+    """
+    tensors: list[int] = []  # per tensor: first partial row, rows, n, row of out
+    work: dict[torch.dtype, list[int]] = {}  # per item: address, n, tiles, chunks, program, programs, row
+    rows = 0
+    for x, out_row in zip(xs, out_rows, strict=True):
+        n = x.numel()
+        _block, tiles, nchunks, programs = _plan(x)
+        items = work.setdefault(x.dtype, [])
+        address = x.data_ptr()
+        for p in range(programs):
+            items += (address, n, tiles, nchunks, p, programs, rows + p)
+        tensors += (rows, programs, n, out_row)
+        rows += programs
+    table = list(tensors)
+    for items in work.values():
+        table += items
+    device = out.device
+    host = torch.tensor(table, dtype=torch.int64)
+    if device.type == "cuda":
+        host = host.pin_memory()  # torch's caching host allocator: reused once the copy has run
+    dev = host.to(device, non_blocking=True)
+    part = torch.empty(max(rows, 1), 6, dtype=torch.float64, device=device)
+    offset = len(tensors)
+    for dtype, items in work.items():
+        count = len(items) // 7
+        if count:
+            wpe, f8 = FUSED_DTYPES[dtype]
+            _pass_many_kernel[(count,)](
+                dev[offset:], part, DT=_TL_DTYPES[dtype], BLOCK=TILE_BYTES // dtype.itemsize, WPE=wpe, F8=f8,
+                ACC=_acc(dtype), WIDE=dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
+            )  # fmt: skip
+        offset += len(items)
+    if xs:
+        _finish_many_kernel[(len(xs),)](dev, part, out, CHUNK=256, num_warps=4, enable_fp_fusion=True)
 
 
 def warm_up(device: torch.device) -> None:
@@ -244,3 +340,4 @@ def warm_up(device: torch.device) -> None:
         x = torch.zeros(64, dtype=dtype, device=device)
         summarize_fused(x, out)
         summarize_fused(x, out, gen)
+        summarize_many_fused([x], out.view(1, 5), [0])

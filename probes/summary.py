@@ -65,6 +65,7 @@ __all__ = [
     "fused",
     "prepare",
     "summarize",
+    "summarize_many",
 ]
 
 SUMMARY_FIELDS = ("norm", "absmax", "mean", "nonfinite", "checksum")
@@ -206,6 +207,41 @@ def summarize(
     _summarize_torch(flat, out, chunk)
     if counter is not None:
         counter.add_(1)
+    return out
+
+
+def summarize_many(tensors: list[torch.Tensor], *, out: torch.Tensor, rows: list[int] | None = None,
+                   chunk: int = 1 << 24, backend: Backend = "auto") -> torch.Tensor:
+    """The summaries of ``tensors`` (all on ``out``'s device) into rows ``rows`` (default 0, 1, ...) of ``out``
+    (float64 [k, 5]): the same bits as :func:`summarize` of each one alone.
+
+    On CUDA with Triton the fused ones take a few launches for the whole list (one pass kernel per dtype, one
+    finishing kernel), not two per tensor; the others go one by one. Reads the tensors only; never
+    synchronises with the host. The tensors must not change before the kernels run on the current stream.
+    """
+    if out.dtype != torch.float64 or out.dim() != 2 or out.shape[1] != len(SUMMARY_FIELDS):
+        raise ValueError(f"summary rows must be float64 [k, {len(SUMMARY_FIELDS)}]")
+    rows = list(range(len(tensors))) if rows is None else rows
+    mod = fused() if backend == "fused" or (backend == "auto" and out.is_cuda) else None
+    if backend == "fused" and mod is None:
+        raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
+    batch: list[torch.Tensor] = []
+    batch_rows: list[int] = []
+    for t, row in zip(tensors, rows, strict=True):
+        x = t.detach()
+        if x.is_complex():
+            x = torch.view_as_real(x)
+        if x.device != out.device:
+            raise ValueError(f"summary rows are on {out.device}, a tensor on {x.device}")
+        if mod is not None and x.dtype in mod.FUSED_DTYPES:
+            flat = x.reshape(-1)
+            batch.append(flat if flat.is_contiguous() else flat.contiguous())
+            batch_rows.append(row)
+        else:
+            summarize(x, out=out[row], chunk=chunk, backend="torch")
+    if batch:
+        assert mod is not None
+        mod.summarize_many_fused(batch, out, batch_rows)
     return out
 
 

@@ -60,12 +60,25 @@ class _Pending:
 
 
 @dataclass
+class _Deferred:
+    """A tensor whose summary goes into row ``row`` when the batch is submitted."""
+
+    tensor: torch.Tensor
+    version: int  # its version counter when captured: a change means it was written in place since
+    stream: Any  # the stream current when it was captured (None: only watched)
+    row: int  # its row in the batch; -1: only watched (already summarised)
+    name: str
+
+
+@dataclass
 class _Batch:
     """One device's staged captures: summary rows of one buffer, and full-capture snapshots."""
 
     rows: torch.Tensor | None = None  # [batch_rows, 5] float64
     used: int = 0
-    row_writes: list[Callable[[torch.Tensor], Write]] = field(default_factory=list)
+    row_writes: list[Callable[[torch.Tensor], Write] | None] = field(default_factory=list)
+    deferred: list[_Deferred] = field(default_factory=list)  # summaries not computed yet, and watched tensors
+    deferred_bytes: int = 0
     full: list[torch.Tensor] = field(default_factory=list)
     full_writes: list[Callable[[torch.Tensor], Write]] = field(default_factory=list)
     nbytes: int = 0
@@ -155,6 +168,9 @@ class Transfer:
         self.written = 0
         self.write_errors = 0
         self.first_error: str | None = None
+        self.modified = 0  # deferred summaries not written: the tensor changed in place before they ran
+        self.modified_names: set[str] = set()  # names whose tensors were written in place before the step ended
+        self.steady_names: set[str] = set()  # names watched through a step without being written in place
         self._queue: queue.Queue[Any] | None = None
         self._thread: threading.Thread | None = None
         if drain == "thread":
@@ -198,11 +214,8 @@ class Transfer:
     def summary_slot(self, device: torch.device) -> torch.Tensor:
         """The next free summary row (float64 [5]) of ``device``'s batch: write a summary into it, then
         call :meth:`stage_summary`."""
-        b = self._batches.get(device)
-        if b is None:
-            b = self._batches[device] = _Batch()
-        if b.rows is None:
-            b.rows = torch.empty(self.batch_rows, SUMMARY_WIDTH, dtype=torch.float64, device=device)
+        b = self._batch(device)
+        assert b.rows is not None
         return b.rows[b.used]
 
     def stage_summary(self, device: torch.device, make: Callable[[torch.Tensor], Write]) -> None:
@@ -212,6 +225,67 @@ class Transfer:
         b.row_writes.append(make)
         if b.used >= self.batch_rows:
             self._submit(device, b)
+
+    def defer_summary(self, t: torch.Tensor, name: str, make: Callable[[torch.Tensor], Write]) -> None:
+        """Reserve a row for the summary of ``t`` (a CUDA tensor, not an inference tensor), computed with the
+        batch's other deferred summaries at the next :meth:`submit`: a few kernel launches for all of them.
+        ``t`` is kept alive until then. If it is written in place before, its row is not written: counted in
+        :attr:`modified`, and its name moves to :attr:`modified_names`."""
+        b = self._batch(t.device)
+        b.deferred.append(_Deferred(t, t._version, torch.cuda.current_stream(t.device), b.used, name))
+        b.deferred_bytes += t.numel() * t.element_size()
+        b.used += 1
+        b.row_writes.append(make)
+        if b.used >= self.batch_rows or b.deferred_bytes >= self.batch_bytes:
+            self._submit(t.device, b)
+
+    def watch(self, t: torch.Tensor, name: str) -> None:
+        """Keep ``t`` (already summarised) until the next :meth:`submit` to see whether it is written in
+        place before its step ends: if no tensor of ``name`` is, ``name`` joins :attr:`steady_names` (its
+        later summaries may be deferred), else :attr:`modified_names`."""
+        b = self._batch(t.device)
+        b.deferred.append(_Deferred(t, t._version, None, -1, name))
+        b.deferred_bytes += t.numel() * t.element_size()
+        if b.deferred_bytes >= self.batch_bytes:
+            self._submit(t.device, b)
+
+    def _batch(self, device: torch.device) -> _Batch:
+        b = self._batches.get(device)
+        if b is None:
+            b = self._batches[device] = _Batch()
+        if b.rows is None:
+            b.rows = torch.empty(self.batch_rows, SUMMARY_WIDTH, dtype=torch.float64, device=device)
+        return b
+
+    def _summarize_deferred(self, b: _Batch) -> None:
+        """Run the batch's deferred summaries (on the current stream, after the streams they came from) and
+        sort the watched names into steady and modified."""
+        assert b.rows is not None
+        cur = torch.cuda.current_stream(b.rows.device)
+        tensors, rows = [], []
+        watched, changed = set(), set()
+        for d in b.deferred:
+            if d.tensor._version != d.version:
+                changed.add(d.name)
+                if d.row >= 0:  # too late: its summary is lost
+                    b.row_writes[d.row] = None
+                    self.modified += 1
+            elif d.row < 0:
+                watched.add(d.name)
+            else:
+                if d.stream != cur:
+                    cur.wait_stream(d.stream)
+                    d.tensor.record_stream(cur)
+                tensors.append(d.tensor)
+                rows.append(d.row)
+        self.modified_names |= changed
+        self.steady_names -= changed
+        self.steady_names |= watched - self.modified_names
+        if tensors:
+            from .summary import summarize_many  # Triton is imported once, and only when summaries are deferred
+
+            summarize_many(tensors, out=b.rows, rows=rows)
+        b.deferred, b.deferred_bytes = [], 0
 
     def stage(self, src: torch.Tensor, make: Callable[[torch.Tensor], Write]) -> None:
         """A device tensor nothing else will write (a snapshot), copied at the next :meth:`submit`."""
@@ -226,15 +300,19 @@ class Transfer:
 
     @property
     def staged(self) -> bool:
-        return any(b.used or b.full for b in self._batches.values())
+        return any(b.used or b.full or b.deferred for b in self._batches.values())
 
     def submit(self) -> None:
         """Queue the copies of everything staged (non-blocking)."""
-        for dev, b in self._batches.items():
-            if b.used or b.full:
+        for dev, b in list(self._batches.items()):
+            if b.used or b.full or b.deferred:
                 self._submit(dev, b)
 
     def _submit(self, device: torch.device, b: _Batch) -> None:
+        if b.deferred:
+            self._summarize_deferred(b)
+        if not (b.used or b.full):
+            return
         srcs = list(b.full)
         if b.used:
             assert b.rows is not None
@@ -245,7 +323,7 @@ class Transfer:
             writes = [make(h) for make, h in zip(full_writes, hosts, strict=False)]
             if row_writes:
                 rows = hosts[-1]
-                writes += [make(rows[i]) for i, make in enumerate(row_writes)]
+                writes += [make(rows[i]) for i, make in enumerate(row_writes) if make is not None]
             return writes
 
         self._batches[device] = _Batch()  # a fresh rows buffer: the old one is read by the side stream

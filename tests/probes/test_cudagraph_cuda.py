@@ -340,3 +340,105 @@ def test_graph_after_replay_is_one_gather_kernel(tmp_path: Path) -> None:
     names = _cuda_activity(lambda: s.after_replay(step=1))
     assert len(_kernels(names)) == 1 and len([n for n in names if "DtoH" in n]) == 1, names
     s.close()
+
+
+def _step_tensors(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=DEV).manual_seed(step)
+    base = torch.randn(16, 2048, device=DEV, generator=g)
+    return {
+        "hidden": base.to(torch.bfloat16),
+        "attn": (base * 3).to(torch.float16),
+        "logits": torch.randn(4, 32000, device=DEV, generator=g) * 20,
+        "kv": (base / 4).to(torch.float8_e4m3fn),
+        "view": base.to(torch.bfloat16)[1::3, ::2],
+        "empty": torch.empty(0, 8, device=DEV, dtype=torch.bfloat16),
+    }
+
+
+def test_deferred_summaries_are_the_one_by_one_bits(tmp_path: Path) -> None:
+    s = session(tmp_path, mode="summary", drain="inline")
+    kept: list[dict[str, torch.Tensor]] = []
+    for step in range(4):
+        ts = _step_tensors(step)
+        kept.append(ts)
+        if step == 3:  # deferred: no kernel while the step runs, a few at its end for all six points
+            during = _cuda_activity(lambda ts=ts, step=step: [s.capture(k, v, step=step) for k, v in ts.items()])
+            assert not _kernels(during), during
+            end = _cuda_activity(s.end_step)
+            assert len(_kernels(end)) <= 6, end  # a pass per dtype (4), one finishing kernel, the view's copy
+        else:
+            for k, v in ts.items():
+                s.capture(k, v, step=step)
+    assert s._transfer is not None and s._transfer.steady_names == set(kept[0])
+    s.close()
+    meta, items = read_part(tmp_path / "b")
+    assert meta["extra"]["probe"]["summaries_modified_in_place"] == 0
+    got = {(r["name"].removesuffix(".summary"), r["coords"]["step"]): t for r, t in items}
+    assert len(got) == 4 * 6
+    for step, ts in enumerate(kept):
+        for k, v in ts.items():
+            alone = summarize(v).cpu()
+            assert torch.equal(got[(k, step)].view(torch.int64), alone.view(torch.int64)), (k, step)
+            if v.numel():
+                assert_device_summary(got[(k, step)], v)
+
+
+def test_tensors_written_in_place_are_summarised_at_once(tmp_path: Path) -> None:
+    s = session(tmp_path, mode="summary", drain="inline")
+    refs = []
+    with pytest.warns(ProbeWarning, match="written in place"):
+        for step in range(4):
+            a = torch.randn(8, 512, device=DEV).to(torch.bfloat16)
+            b = torch.randn(8, 512, device=DEV).to(torch.bfloat16)
+            s.capture("a", a, step=step)
+            s.capture("b", b, step=step)
+            refs.append((a.clone(), b.clone()))
+            a.add_(1.0)  # "a" is always updated in place after its capture point: never deferred
+            if step == 2:
+                b.mul_(2.0)  # "b" once, after it was found steady: that summary is lost, and counted
+    s.close()
+    meta, items = read_part(tmp_path / "b")
+    assert meta["extra"]["probe"]["summaries_modified_in_place"] == 1
+    got = {(r["name"].removesuffix(".summary"), r["coords"]["step"]): t for r, t in items}
+    assert sorted(got) == sorted({(n, st) for st in range(4) for n in "ab"} - {("b", 2)})
+    for step, (a, b) in enumerate(refs):
+        assert_device_summary(got[("a", step)], a)
+        if step != 2:
+            assert_device_summary(got[("b", step)], b)
+
+
+def test_inference_tensors_are_summarised_at_once(tmp_path: Path) -> None:
+    s = session(tmp_path, mode="summary", drain="inline")
+    refs = []
+    with torch.inference_mode():
+        for step in range(3):
+            a = torch.randn(8, 512, device=DEV).to(torch.bfloat16)
+            s.capture("a", a, step=step)
+            refs.append(a.clone())
+            a.add_(1.0)
+    assert s._transfer is not None and not s._transfer.steady_names
+    s.close()
+    _, items = read_part(tmp_path / "b")
+    for (_, t), a in zip(items, refs, strict=True):
+        assert_device_summary(t, a)
+
+
+def test_deferred_summaries_do_not_synchronise(tmp_path: Path) -> None:
+    s = session(tmp_path, mode="summary")
+    for step in range(2):  # watched, then steady
+        for k, v in _step_tensors(step).items():
+            s.capture(k, v, step=step)
+    s.end_step()
+    s.flush()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(2, 5):
+            for k, v in _step_tensors(step).items():
+                s.capture(k, v, step=step)
+            s.end_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    s.close()
+    _, items = read_part(tmp_path / "b")
+    assert len(items) == 5 * 6

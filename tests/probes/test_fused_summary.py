@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from probes.summary import summarize
+from probes.summary import summarize, summarize_many
 from tests.paths import ROOT
 from tests.probes.test_capture import assert_summary
 
@@ -71,8 +71,13 @@ def _interpreter_main() -> None:
     import warnings
 
     warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf, 0 / 0
-    for name, t in cases().items():
-        print(json.dumps({"case": name, "summary": summarize(t, backend="fused").tolist()}))
+    all_cases = cases()
+    rows = torch.zeros(len(all_cases) + 1, 5, dtype=torch.float64)  # all at once, in rows 1.. backwards
+    summarize_many(list(all_cases.values()), out=rows, rows=list(range(len(all_cases), 0, -1)), backend="fused")
+    for i, (name, t) in enumerate(all_cases.items()):
+        alone = summarize(t, backend="fused")
+        print(json.dumps({"case": name, "summary": alone.tolist(), "bits": alone.view(torch.int64).tolist(),
+                          "many_bits": rows[len(all_cases) - i].view(torch.int64).tolist()}))
 
 
 def test_fused_summary_in_interpreter_matches_numpy() -> None:
@@ -81,9 +86,12 @@ def test_fused_summary_in_interpreter_matches_numpy() -> None:
     code = "from tests.probes.test_fused_summary import _interpreter_main; _interpreter_main()"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    got = {r["case"]: r["summary"] for r in map(json.loads, run.stdout.splitlines())}
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    got = {r["case"]: r["summary"] for r in lines}
     want = cases()
     assert set(got) == set(want)
+    for r in lines:  # summarize_many gives each tensor the bits it gets alone
+        assert r["many_bits"] == r["bits"], r["case"]
     for name, t in want.items():
         check(torch.tensor(got[name], dtype=torch.float64), t, name)
 
@@ -107,8 +115,12 @@ def test_torch_and_fused_agree_on_backend_choice() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_on_cuda() -> None:
     pytest.importorskip("triton")
-    for name, t in cases().items():
-        got = summarize(t.cuda())
-        check(got.cpu(), t, name)
-        again = summarize(t.cuda())
+    on_device = {name: t.cuda() for name, t in cases().items()}
+    rows = summarize_many(list(on_device.values()), out=torch.zeros(len(on_device), 5, dtype=torch.float64,
+                                                                      device="cuda"))
+    for i, (name, t) in enumerate(on_device.items()):
+        got = summarize(t)
+        check(got.cpu(), t.cpu(), name)
+        again = summarize(t)
         assert torch.equal(got.view(torch.int64), again.view(torch.int64)), name  # same bits every call
+        assert torch.equal(got.view(torch.int64), rows[i].view(torch.int64)), name  # alone or among many

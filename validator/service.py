@@ -375,11 +375,12 @@ class Service:
         for r in rows:
             shape = tuple(r.shape)
             check_dtype(r.dtype, where=f"run {run.name!r} tensor {r.name!r}: ")
+            coords, shard = _placement(r.slot)
             refs.append(
                 TensorRef(
                     name=r.name,
-                    coords=Coords.from_dict(r.coords),
-                    shard=ShardSpec.from_dict(r.shard),
+                    coords=coords,
+                    shard=shard,
                     dtype=r.dtype,
                     shape=shape,
                     sha256=r.sha256,
@@ -522,6 +523,14 @@ class Service:
             if rec is None:
                 raise NotFoundError(f"no comparison {id}")
             return _comparison_dict(rec)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _placement(slot: str) -> tuple[Coords, ShardSpec]:
+    """A stored record's coordinates and shard spec, decoded once per distinct ``slot`` text (both are
+    immutable): the records of one layer and step, and both runs of a comparison, share them."""
+    coords, shard = store.slot_parts(slot)
+    return Coords.from_dict(coords), ShardSpec.from_dict(shard)
 
 
 def compare_refs(

@@ -173,6 +173,8 @@ def group_logical(refs: Iterable[TensorRef]) -> dict[LogicalKey, LogicalTensor]:
     for key, rs in groups.items():
         rs.sort(key=lambda r: (r.shard.index, r.shard.replica))
         notes = _validate(rs[0].name, rs[0].coords, rs)
-        coords = replace(rs[0].coords, pp_stage=None, tp_rank=None, tp_size=None)
+        coords = rs[0].coords  # without its placement: no part of a logical tensor
+        if (coords.pp_stage, coords.tp_rank, coords.tp_size) != (None, None, None):
+            coords = replace(coords, pp_stage=None, tp_rank=None, tp_size=None)
         out[key] = LogicalTensor(rs[0].name, coords, rs, notes)
     return out

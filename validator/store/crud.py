@@ -43,6 +43,7 @@ __all__ = [
     "interrupt_comparisons",
     "add_blobs",
     "run_tensors",
+    "slot_parts",
     "unreferenced_blobs",
     "blob_gc_lock",
     "delete_blob_rows",
@@ -272,11 +273,18 @@ def complete_run(
 
 
 def run_tensors(session: Session, *, run_id: int) -> Sequence[Any]:
-    """A run's tensor records in capture order, as plain rows (``.name``, ``.coords``, ``.shard``, ``.dtype``,
-    ``.shape``, ``.sha256``, ``.nbytes``): no ORM objects, which a run of thousands of tensors would build
-    one by one on every comparison."""
-    cols = (Tensor.name, Tensor.coords, Tensor.shard, Tensor.dtype, Tensor.shape, Tensor.sha256, Tensor.nbytes)
+    """A run's tensor records in capture order, as plain rows (``.name``, ``.slot``, ``.dtype``, ``.shape``,
+    ``.sha256``, ``.nbytes``): no ORM objects, which a run of thousands of tensors would build one by one on
+    every comparison. ``.slot`` holds the coordinates and shard spec as one canonical JSON text
+    (:func:`slot_parts` reads it): records of one layer and step share it, so a caller decodes each once."""
+    cols = (Tensor.name, Tensor.slot, Tensor.dtype, Tensor.shape, Tensor.sha256, Tensor.nbytes)
     return session.execute(select(*cols).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()
+
+
+def slot_parts(slot: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(coords, shard) of a record's ``slot``: the dicts stored in its ``coords`` and ``shard`` columns."""
+    d = json.loads(slot)
+    return d["c"], d["s"]
 
 
 def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:

@@ -153,3 +153,29 @@ def test_blob_deleted_by_a_failed_ingest_is_restored_by_the_one_that_references_
     assert fired and service.blobs.exists(sha)
     c = service.compare("y", str(path))
     assert c.verdict == "pass" and c.pairs[0].metrics.rel_l2 == 0.0
+
+
+def test_stored_view_holds_the_records_coordinates_and_shards(service, tmp_path: Path) -> None:
+    """A stored run's tensors carry the coordinates and shard specs of the bundle's records (decoded from
+    each record's slot, once per distinct slot), whatever coordinates they use."""
+    from probes.shards import ShardSpec
+    from validator.runs.sources import open_path
+
+    path = tmp_path / "coords"
+    with BundleWriter(path, run_name="coords", part="rank0") as w:
+        for layer in range(3):
+            for name in ("q", "o"):  # two records per slot
+                w.add(name, torch.ones(2, 4) * layer, step=1, layer=layer)
+        w.add("t", torch.ones(4), request="r-é", tokens=(2, 6), engine="x", tp_rank=1, tp_size=2,
+              shard=ShardSpec.split(0, 1, 2))  # fmt: skip
+        w.add("t", torch.ones(4), request="r-é", tokens=(2, 6), engine="x", tp_rank=0, tp_size=2,
+              shard=ShardSpec.split(0, 0, 2))  # fmt: skip
+        w.add("p", torch.ones(3), pp_stage=1, shard=ShardSpec.partial(1, 2))
+    service.ingest(path)
+    stored = service.stored_view(service.get_run("coords")).tensors
+    read = open_path(path).tensors
+
+    def records(refs: list) -> list[tuple]:
+        return sorted((r.name, repr(r.coords), str(r.shard), r.dtype, r.shape) for r in refs)
+
+    assert records(stored) == records(read)

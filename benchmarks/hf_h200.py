@@ -183,7 +183,7 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
     ids = torch.tensor([tok.encode(text)], device=args.device)
     n = args.new_tokens
     n_layers = target.config.num_hidden_layers
-    wanted = {c.strip() for c in args.configs.split(";")}
+    wanted = set(args.configs)
     configs = {k: v for k, v in CONFIGS.items() if k in wanted}
     points = {"all points": 3 * n_layers + 2, "layers + logits": n_layers + 1}
 

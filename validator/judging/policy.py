@@ -24,6 +24,7 @@ interval is beyond it, and is ``inconclusive (borderline)`` otherwise. The defau
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -127,6 +128,12 @@ class Rule:
         return cls(**kw)
 
 
+@functools.lru_cache(maxsize=64)
+def _default_rule(dtypes: tuple[str, str], have_floor: bool) -> Rule:
+    """The rule of a tensor no rule matches (one immutable Rule per case, shared by every such pair)."""
+    return Rule(floor_multiple=FLOOR_MULTIPLE) if have_floor else Rule(rel_l2_max=default_rel_l2(*dtypes))
+
+
 @dataclass(frozen=True)
 class Decision:
     """How one pair was judged. ``threshold``: the rel_l2 bound applied; ``judged``: what the interval is
@@ -201,9 +208,7 @@ class Policy:
     def effective_rule(self, name: str, dtypes: tuple[str, str], *, have_floor: bool) -> Rule:
         """The matching rule, or the default one for these (captured) dtypes."""
         rule = self.rule_for(name)
-        if rule is not None:
-            return rule
-        return Rule(floor_multiple=FLOOR_MULTIPLE) if have_floor else Rule(rel_l2_max=default_rel_l2(*dtypes))
+        return rule if rule is not None else _default_rule(dtypes, have_floor)
 
     def decide(
         self,

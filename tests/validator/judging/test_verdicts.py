@@ -199,3 +199,14 @@ def test_floor_pair_with_nan_is_not_used_as_a_floor(tmp_path: Path, capsys) -> N
     code, out, _ = _cli(capsys, tmp_path, "compare", a, c, "--floor", a, fl, "--json")
     pair = json.loads(out)["pairs"][0]
     assert code == 3 and pair["floor_kind"] == "none" and "floor pair has NaN" in " ".join(pair["reasons"])
+
+
+def test_effective_rule_is_the_matching_rule_else_the_default_for_the_dtypes() -> None:
+    from validator.judging.policy import FLOOR_MULTIPLE, Policy, Rule, default_rel_l2
+
+    pol = Policy.from_dict({"rule": [{"match": "draft.*", "rel_l2_max": 0.5}]})
+    assert pol.effective_rule("draft.k", ("float32", "bfloat16"), have_floor=True) == Rule(match="draft.*", rel_l2_max=0.5)
+    for dtypes in (("float32", "bfloat16"), ("float32", "float32"), ("int64", "int64")):
+        assert pol.effective_rule("hidden", dtypes, have_floor=False) == Rule(rel_l2_max=default_rel_l2(*dtypes))
+        assert Policy().effective_rule("hidden", dtypes, have_floor=True) == Rule(floor_multiple=FLOOR_MULTIPLE)
+    assert Policy().effective_rule("hidden", ("float32", "bfloat16"), have_floor=False).rel_l2_max == 3e-2

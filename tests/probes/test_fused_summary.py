@@ -96,6 +96,14 @@ def test_fused_summary_in_interpreter_matches_numpy() -> None:
         check(torch.tensor(got[name], dtype=torch.float64), t, name)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same float64 bits, a NaN matching any NaN (its sign and payload depend on which NaN an
+    addition met first, which is not part of the summary's definition)."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0).view(torch.int64),
+                                                       b.masked_fill(nan, 0).view(torch.int64))
+
+
 def check(got: torch.Tensor, t: torch.Tensor, name: str) -> None:
     if t.numel() == 0:
         assert got[[0, 1, 3, 4]].tolist() == [0, 0, 0, 0] and math.isnan(got[2].item()), name
@@ -123,4 +131,4 @@ def test_fused_on_cuda() -> None:
         check(got.cpu(), t.cpu(), name)
         again = summarize(t)
         assert torch.equal(got.view(torch.int64), again.view(torch.int64)), name  # same bits every call
-        assert torch.equal(got.view(torch.int64), rows[i].view(torch.int64)), name  # alone or among many
+        assert same_bits(got, rows[i]), name  # alone or among many

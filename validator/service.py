@@ -372,21 +372,21 @@ class Service:
         with self.session() as s:
             rows = store.run_tensors(s, run_id=run.id)
         refs = []
-        for r in rows:
-            shape = tuple(r.shape)
-            check_dtype(r.dtype, where=f"run {run.name!r} tensor {r.name!r}: ")
-            coords, shard = _placement(r.slot)
+        for name, slot, dtype, shape_list, sha256, nbytes in rows:  # the columns of run_tensors, in order
+            shape = tuple(shape_list)
+            check_dtype(dtype, where=f"run {run.name!r} tensor {name!r}: ")
+            coords, shard = _placement(slot)
             refs.append(
                 TensorRef(
-                    name=r.name,
+                    name=name,
                     coords=coords,
                     shard=shard,
-                    dtype=r.dtype,
+                    dtype=dtype,
                     shape=shape,
-                    sha256=r.sha256,
-                    nbytes=r.nbytes,
-                    origin=f"run {run.name!r} blob {r.sha256[:12]}",
-                    loader=functools.partial(self._open_blob, r.sha256, r.dtype, shape, r.nbytes),
+                    sha256=sha256,
+                    nbytes=nbytes,
+                    origin=f"run {run.name!r} blob {sha256[:12]}",
+                    loader=functools.partial(self._open_blob, sha256, dtype, shape, nbytes),
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)

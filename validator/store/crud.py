@@ -273,9 +273,9 @@ def complete_run(
 
 
 def run_tensors(session: Session, *, run_id: int) -> Sequence[Any]:
-    """A run's tensor records in capture order, as plain rows (``.name``, ``.slot``, ``.dtype``, ``.shape``,
-    ``.sha256``, ``.nbytes``): no ORM objects, which a run of thousands of tensors would build one by one on
-    every comparison. ``.slot`` holds the coordinates and shard spec as one canonical JSON text
+    """A run's tensor records in capture order, as plain rows ``(name, slot, dtype, shape, sha256, nbytes)``
+    (also by attribute): no ORM objects, which a run of thousands of tensors would build one by one on
+    every comparison. ``slot`` holds the coordinates and shard spec as one canonical JSON text
     (:func:`slot_parts` reads it): records of one layer and step share it, so a caller decodes each once."""
     cols = (Tensor.name, Tensor.slot, Tensor.dtype, Tensor.shape, Tensor.sha256, Tensor.nbytes)
     return session.execute(select(*cols).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()

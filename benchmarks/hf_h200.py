@@ -187,17 +187,19 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
     configs = {k: v for k, v in CONFIGS.items() if k in wanted}
     points = {"all points": 3 * n_layers + 2, "layers + logits": n_layers + 1}
 
-    def gen(tokens: int) -> float:
+    def gen(tokens: int) -> tuple[float, float]:
+        """Wall time and the process's CPU time (all threads: the writer's too) of one generate."""
         sync(args.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.no_grad():
             target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
                             min_new_tokens=tokens, do_sample=False, pad_token_id=EOS)
         sync(args.device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     gen(n + 1)  # warm-up: kernels, allocator
     times: dict[str, list[float]] = {k: [] for k in configs}
+    cpu: dict[str, list[float]] = {k: [] for k in configs}
     flush: dict[str, list[float]] = {k: [] for k in configs}
     stats: dict[str, Any] = {}
     for rep in range(args.reps):
@@ -215,7 +217,8 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
                 if cap is not None:
                     cap.begin_request(f"r{tokens}")
                 per.append(gen(tokens))
-            times[name].append((per[0] - per[1]) / n)
+            times[name].append((per[0][0] - per[1][0]) / n)
+            cpu[name].append((per[0][1] - per[1][1]) / n)
             if cap is not None and session is not None:
                 cap.detach()
                 t0 = time.perf_counter()
@@ -225,6 +228,7 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
                 shutil.rmtree(work / "overhead", ignore_errors=True)
         log(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in times.items()))
     base = statistics.median(times["detached"])
+    cpu_base = statistics.median(cpu["detached"])
     rows = []
     for name, ts in times.items():
         med = statistics.median(ts)
@@ -234,10 +238,14 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
         rows.append({"config": name, "points_per_step": pts, "ms_per_step_median": round(med * 1e3, 3),
                      "ms_per_step_all": [round(t * 1e3, 3) for t in ts],
                      "overhead_pct": round((med / base - 1) * 100, 2),
+                     "cpu_ms_per_step_median": round(statistics.median(cpu[name]) * 1e3, 3),
+                     "cpu_ms_per_step_all": [round(t * 1e3, 3) for t in cpu[name]],
+                     "cpu_overhead_pct": round((statistics.median(cpu[name]) / cpu_base - 1) * 100, 2),
                      "us_per_point": round((med - base) / pts * 1e6, 1) if pts else None,
                      "close_s_median": round(statistics.median(flush[name]), 3) if flush[name] else None,
                      "session_stats": stats.get(name)})
-        log(f"{name}: {med * 1e3:.2f} ms per decode step, {rows[-1]['overhead_pct']:+.2f}%")
+        log(f"{name}: {med * 1e3:.2f} ms per decode step, {rows[-1]['overhead_pct']:+.2f}%; CPU "
+            f"{rows[-1]['cpu_ms_per_step_median']:.2f} ms, {rows[-1]['cpu_overhead_pct']:+.2f}%")
     res["overhead"] = {"new_tokens": n, "reps": args.reps, "prompt_tokens": int(ids.shape[1]), "rows": rows}
 
 

@@ -16,7 +16,7 @@ asynchronously (see :mod:`probes.transfer`); capture points inside CUDA graphs u
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -180,25 +180,34 @@ class ProbeSession:
             def make(host: torch.Tensor) -> Write:
                 return Write(stored, host, shard, merged)
 
-            with torch.no_grad():
-                small = self._summary and t.numel() * t.element_size() <= DEFER_MAX_BYTES and not t.is_inference()
-                if small and name in transfer.steady_names:  # summarised with the step's others at its end
-                    transfer.defer_summary(t, name, make)
-                elif self._summary:  # two kernels writing a row of this step's summaries
-                    summarize(t, out=transfer.summary_slot(t.device), chunk=cfg.summary_chunk)
-                    transfer.stage_summary(t.device, make)
-                    if small and name not in transfer.modified_names:
-                        transfer.watch(t, name)  # written in place before the step ends? if not, defer later
-                elif cfg.snapshot:  # one copy on the serving stream; to the host with the step's batch
-                    transfer.stage(t.clone(memory_format=torch.contiguous_format), make)
-                else:  # the live tensor: queued now, behind the work queued so far
-                    transfer.to_host([t], lambda hosts: [make(hosts[0])])
+            small = self._summary and t.numel() * t.element_size() <= DEFER_MAX_BYTES and not t.is_inference()
+            if small and name in transfer.steady_names:  # summarised with the step's others at its end
+                transfer.defer_summary(t, name, make)
+            else:
+                self._capture_now(t, name, small, make)
         else:
             with torch.no_grad():
                 host = summarize(t, chunk=cfg.summary_chunk) if self._summary else t.to("cpu", copy=True)
             transfer.host([Write(stored, host.contiguous(), shard, merged)])
         self.stats["captured"] += 1
         self.stats["captured_bytes"] += nbytes
+
+    def _capture_now(self, t: torch.Tensor, name: str, small: bool, make: Callable[[torch.Tensor], Write]) -> None:
+        """A CUDA capture whose device work is queued now: a summary (two kernels; ``small`` ones are watched
+        through the step), a snapshot, or the live tensor's copy."""
+        cfg = self.config
+        transfer = self._transfer
+        assert transfer is not None
+        with torch.no_grad():
+            if self._summary:  # two kernels writing a row of this step's summaries
+                summarize(t, out=transfer.summary_slot(t.device), chunk=cfg.summary_chunk)
+                transfer.stage_summary(t.device, make)
+                if small and name not in transfer.modified_names:
+                    transfer.watch(t, name)  # written in place before the step ends? if not, defer later
+            elif cfg.snapshot:  # one copy on the serving stream; to the host with the step's batch
+                transfer.stage(t.clone(memory_format=torch.contiguous_format), make)
+            else:  # the live tensor: queued now, behind the work queued so far
+                transfer.to_host([t], lambda hosts: [make(hosts[0])])
 
     def _report_modified(self) -> None:
         t = self._transfer

@@ -22,6 +22,8 @@ call, writes the five float64 values into ``out`` (a slot) and, if given, adds 1
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -187,11 +189,15 @@ def _pass_kernel(
 def _pass_many_kernel(
     work_ptr, part_ptr,
     DT: tl.constexpr, BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
-    """One program per work item: (address, n, tiles, nchunks, program, programs, partial row), int64."""
+    """One program per work item: (address, n, tiles, nchunks, program, programs, partial row), int64.
+    ``ALIGNED``: every address is a multiple of 16 bytes, which ``_pass_kernel`` learns from its argument;
+    told so, the compiler lays out the loads (and so orders the sums) as it does there."""
     item = work_ptr + tl.program_id(0).to(tl.int64) * 7
     x_ptr = tl.load(item + 0).to(tl.pointer_type(DT))
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
     _pass_program(x_ptr, tl.load(item + 1), tl.load(item + 2).to(tl.int32), tl.load(item + 3).to(tl.int32),
                   tl.load(item + 4).to(tl.int32), tl.load(item + 5).to(tl.int32), part_ptr + tl.load(item + 6) * 6,
                   BLOCK, WPE, F8, ACC, WIDE)
@@ -253,9 +259,12 @@ def _max_programs(device: torch.device) -> int:
 def _plan(x: torch.Tensor) -> tuple[int, int, int, int]:
     """(elements per tile, tiles per chunk, chunks, programs) of ``x``'s pass; the same for one tensor alone
     or among many, so both give the same bits."""
-    n = x.numel()
-    block = TILE_BYTES // x.element_size()
-    most = _max_programs(x.device)
+    return _plan_of(x.numel(), x.element_size(), _max_programs(x.device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_of(n: int, itemsize: int, most: int) -> tuple[int, int, int, int]:
+    block = TILE_BYTES // itemsize
     ntiles = triton.cdiv(n, block)
     tiles = max(1, min(MAX_TILES, ntiles // (2 * most)))  # long chunks only where there are plenty
     nchunks = triton.cdiv(ntiles, tiles)
@@ -294,17 +303,18 @@ def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: li
     ``out_rows`` of ``out`` (float64 [rows, 5]), the same bits as :func:`summarize_fused` of each alone.
 
     One table of work items goes to the device (one copy from pinned memory), then one pass kernel per dtype
-    present and one finishing kernel for all: a few launches for the whole list instead of two per tensor.
+    present (and alignment) and one finishing kernel for all: a few launches for the whole list instead of two
+    per tensor.
     No host sync. The tensors must stay unchanged until the kernels have run on the current stream.
     """
     tensors: list[int] = []  # per tensor: first partial row, rows, n, row of out
-    work: dict[torch.dtype, list[int]] = {}  # per item: address, n, tiles, chunks, program, programs, row
+    work: dict[tuple[torch.dtype, bool], list[int]] = {}  # per item: address, n, tiles, chunks, program, programs, row
     rows = 0
     for x, out_row in zip(xs, out_rows, strict=True):
         n = x.numel()
         _block, tiles, nchunks, programs = _plan(x)
-        items = work.setdefault(x.dtype, [])
         address = x.data_ptr()
+        items = work.setdefault((x.dtype, address % 16 == 0), [])
         for p in range(programs):
             items += (address, n, tiles, nchunks, p, programs, rows + p)
         tensors += (rows, programs, n, out_row)
@@ -319,13 +329,14 @@ def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: li
     dev = host.to(device, non_blocking=True)
     part = torch.empty(max(rows, 1), 6, dtype=torch.float64, device=device)
     offset = len(tensors)
-    for dtype, items in work.items():
+    for (dtype, aligned), items in work.items():
         count = len(items) // 7
         if count:
             wpe, f8 = FUSED_DTYPES[dtype]
             _pass_many_kernel[(count,)](
                 dev[offset:], part, DT=_TL_DTYPES[dtype], BLOCK=TILE_BYTES // dtype.itemsize, WPE=wpe, F8=f8,
-                ACC=_acc(dtype), WIDE=dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
+                ACC=_acc(dtype), WIDE=dtype == torch.float64, ALIGNED=aligned, num_warps=NUM_WARPS,
+                enable_fp_fusion=True,
             )  # fmt: skip
         offset += len(items)
     if xs:

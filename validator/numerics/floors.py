@@ -190,7 +190,9 @@ def bootstrap_interval(
         fa2 = fdraws @ floor.a2 if m else np.zeros(resamples)
         values = _ratio(draws @ cand.d2, draws @ cand.a2, fd2, fa2)
     ranks = _ranks(level, resamples)
-    lo, hi = np.partition(values, ranks)[ranks].tolist()
+    # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples are
+    # +inf; no -0.0); NumPy's vectorised sort of 1,000 values takes a third of the time of a partition
+    lo, hi = np.sort(values)[ranks].tolist()
     return lo, hi
 
 

@@ -88,6 +88,22 @@ def test_interval_brackets_the_ratio_and_is_deterministic() -> None:
     assert bootstrap_interval(cand, cand) == (1.0, 1.0)  # paired: the same errors give exactly 1
 
 
+@pytest.mark.parametrize(("blocks", "zero_reference_blocks"), [(64, 0), (64, 40), (3, 0), (3, 2)])
+def test_interval_ends_are_the_nearest_ranks_of_the_resampled_values(blocks: int, zero_reference_blocks: int) -> None:
+    """The 2.5% and 97.5% nearest ranks (25th and 975th of 1,000) of the resampled rel_l2 values, undefined
+    resamples (every drawn reference block zero) counted as +inf."""
+    from validator.numerics.floors import RESAMPLES, BlockSums, _draws, _rel_l2s
+
+    rng = np.random.default_rng(7)
+    d2, a2 = rng.random(blocks) * 1e-4, rng.random(blocks) + 0.5
+    a2[:zero_reference_blocks] = 0.0
+    draws, _ = _draws(blocks, None, RESAMPLES)
+    values = sorted(_rel_l2s(draws @ d2, draws @ a2).tolist())
+    lo, hi = bootstrap_interval(BlockSums(d2, a2, blocks))
+    assert (lo, hi) == (values[24], values[974])
+    assert math.isinf(hi) == (blocks == 3 and zero_reference_blocks == 2)  # (2/3)^3 of the resamples undefined
+
+
 # -- the bugs of issue 16 --------------------------------------------------------------------------
 
 

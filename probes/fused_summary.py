@@ -23,6 +23,7 @@ call, writes the five float64 values into ``out`` (a slot) and, if given, adds 1
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton
@@ -298,7 +299,10 @@ _TL_DTYPES = {
 }  # fmt: skip
 
 
-def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: list[int]) -> None:
+def summarize_many_fused(
+    xs: list[torch.Tensor], out: torch.Tensor, out_rows: list[int],
+    host_buffer: Callable[[int], torch.Tensor] | None = None,
+) -> None:  # fmt: skip
     """The summaries of ``xs`` (contiguous, dtypes of :data:`FUSED_DTYPES`, all on ``out``'s device) into rows
     ``out_rows`` of ``out`` (float64 [rows, 5]), the same bits as :func:`summarize_fused` of each alone.
 
@@ -306,6 +310,8 @@ def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: li
     present (and alignment) and one finishing kernel for all: a few launches for the whole list instead of two
     per tensor.
     No host sync. The tensors must stay unchanged until the kernels have run on the current stream.
+    ``host_buffer(nbytes)``: a pinned uint8 buffer of at least ``nbytes`` for the table, which the caller
+    keeps until the copy has run (default: a new pinned tensor from torch's caching host allocator).
     """
     tensors: list[int] = []  # per tensor: first partial row, rows, n, row of out
     work: dict[tuple[torch.dtype, bool], list[int]] = {}  # per item: address, n, tiles, chunks, program, programs, row
@@ -323,9 +329,13 @@ def summarize_many_fused(xs: list[torch.Tensor], out: torch.Tensor, out_rows: li
     for items in work.values():
         table += items
     device = out.device
-    host = torch.tensor(table, dtype=torch.int64)
-    if device.type == "cuda":
-        host = host.pin_memory()  # torch's caching host allocator: reused once the copy has run
+    if host_buffer is not None:
+        host = host_buffer(8 * len(table))[: 8 * len(table)].view(torch.int64)
+        host.numpy()[:] = table
+    else:
+        host = torch.tensor(table, dtype=torch.int64)
+        if device.type == "cuda":
+            host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
     part = torch.empty(max(rows, 1), 6, dtype=torch.float64, device=device)
     offset = len(tensors)

@@ -51,6 +51,7 @@ non-contiguous input is first copied to a contiguous temporary (one more kernel)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
 
@@ -211,13 +212,16 @@ def summarize(
 
 
 def summarize_many(tensors: list[torch.Tensor], *, out: torch.Tensor, rows: list[int] | None = None,
-                   chunk: int = 1 << 24, backend: Backend = "auto") -> torch.Tensor:
+                   chunk: int = 1 << 24, backend: Backend = "auto",
+                   host_buffer: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """The summaries of ``tensors`` (all on ``out``'s device) into rows ``rows`` (default 0, 1, ...) of ``out``
     (float64 [k, 5]): the same bits as :func:`summarize` of each one alone.
 
     On CUDA with Triton the fused ones take a few launches for the whole list (one pass kernel per dtype, one
     finishing kernel), not two per tensor; the others go one by one. Reads the tensors only; never
     synchronises with the host. The tensors must not change before the kernels run on the current stream.
+    ``host_buffer(nbytes)``: pinned memory for the fused path's table of work, kept by the caller until the
+    kernels have run (default: torch's caching host allocator).
     """
     if out.dtype != torch.float64 or out.dim() != 2 or out.shape[1] != len(SUMMARY_FIELDS):
         raise ValueError(f"summary rows must be float64 [k, {len(SUMMARY_FIELDS)}]")
@@ -241,7 +245,7 @@ def summarize_many(tensors: list[torch.Tensor], *, out: torch.Tensor, rows: list
             summarize(x, out=out[row], chunk=chunk, backend="torch")
     if batch:
         assert mod is not None
-        mod.summarize_many_fused(batch, out, batch_rows)
+        mod.summarize_many_fused(batch, out, batch_rows, host_buffer)
     return out
 
 

@@ -79,6 +79,7 @@ class _Batch:
     row_writes: list[Callable[[torch.Tensor], Write] | None] = field(default_factory=list)
     deferred: list[_Deferred] = field(default_factory=list)  # summaries not computed yet, and watched tensors
     deferred_bytes: int = 0
+    held: list[torch.Tensor] = field(default_factory=list)  # pinned buffers read by queued copies
     full: list[torch.Tensor] = field(default_factory=list)
     full_writes: list[Callable[[torch.Tensor], Write]] = field(default_factory=list)
     nbytes: int = 0
@@ -185,12 +186,16 @@ class Transfer:
             s = self._side[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
         return s
 
-    def to_host(self, srcs: list[torch.Tensor], on_ready: Callable[[list[torch.Tensor]], list[Write]]) -> None:
+    def to_host(
+        self, srcs: list[torch.Tensor], on_ready: Callable[[list[torch.Tensor]], list[Write]],
+        held: list[torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
         """Queue async copies of ``srcs`` (all on one CUDA device) to pinned host buffers.
 
         ``srcs`` are read on the side stream after the work queued so far on the current stream; the
         caller must make sure nothing overwrites them later (pass a snapshot) or accept the race.
         ``on_ready(hosts)`` runs on this thread once the copies are complete and returns the writes.
+        ``held``: pool buffers read by work queued before (on the current stream), back to the pool with these.
         """
         dev = srcs[0].device
         cur = torch.cuda.current_stream(dev)
@@ -206,7 +211,7 @@ class Transfer:
         for s in srcs:
             s.record_stream(side)
         nbytes = sum(h.numel() * h.element_size() for h in hosts)
-        self._pending.append(_Pending(event, hosts, on_ready, nbytes, bufs))
+        self._pending.append(_Pending(event, hosts, on_ready, nbytes, bufs + (held or [])))
         self.inflight_bytes += nbytes
         self.max_inflight_bytes = max(self.max_inflight_bytes, self.inflight_bytes)
 
@@ -284,7 +289,12 @@ class Transfer:
         if tensors:
             from .summary import summarize_many  # Triton is imported once, and only when summaries are deferred
 
-            summarize_many(tensors, out=b.rows, rows=rows)
+            def host_buffer(nbytes: int) -> torch.Tensor:  # back to the pool with the rows' copy
+                buf = self.pool.get(nbytes)
+                b.held.append(buf)
+                return buf
+
+            summarize_many(tensors, out=b.rows, rows=rows, host_buffer=host_buffer)
         b.deferred, b.deferred_bytes = [], 0
 
     def stage(self, src: torch.Tensor, make: Callable[[torch.Tensor], Write]) -> None:
@@ -327,7 +337,7 @@ class Transfer:
             return writes
 
         self._batches[device] = _Batch()  # a fresh rows buffer: the old one is read by the side stream
-        self.to_host(srcs, on_ready)
+        self.to_host(srcs, on_ready, b.held)
 
     def host(self, writes: list[Write]) -> None:
         """Writes whose tensors are already private host copies (CPU captures), in submission order."""

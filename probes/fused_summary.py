@@ -186,21 +186,27 @@ def _pass_kernel(
                   BLOCK, WPE, F8, ACC, WIDE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ntensors", "row0"])
 def _pass_many_kernel(
-    work_ptr, part_ptr,
+    group_ptr, ntensors, row0, part_ptr,
     DT: tl.constexpr, BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr,
     WIDE: tl.constexpr, ALIGNED: tl.constexpr,
 ):  # fmt: skip
-    """One program per work item: (address, n, tiles, nchunks, program, programs, partial row), int64.
-    ``ALIGNED``: every address is a multiple of 16 bytes, which ``_pass_kernel`` learns from its argument;
-    told so, the compiler lays out the loads (and so orders the sums) as it does there."""
-    item = work_ptr + tl.program_id(0).to(tl.int64) * 7
-    x_ptr = tl.load(item + 0).to(tl.pointer_type(DT))
+    """Partial row ``row0 + program_id`` of ``ntensors`` tensors of one dtype whose programs own consecutive
+    partial rows. Per tensor, int64: (address, n, tiles, nchunks, programs, its first partial row), in
+    ascending row order. ``ALIGNED``: every address is a multiple of 16 bytes, which ``_pass_kernel``
+    learns from its argument; told so, the compiler lays out the loads (and so orders the sums) as there."""
+    row = row0 + tl.program_id(0).to(tl.int64)
+    owner = tl.cast(0, tl.int64)
+    for j in range(ntensors):  # the last tensor whose first row is <= row
+        owner = tl.where(tl.load(group_ptr + j * 6 + 5) <= row, j, owner)
+    entry = group_ptr + owner * 6
+    first = tl.load(entry + 5)
+    x_ptr = tl.load(entry + 0).to(tl.pointer_type(DT))
     if ALIGNED:
         x_ptr = tl.multiple_of(x_ptr, 16)
-    _pass_program(x_ptr, tl.load(item + 1), tl.load(item + 2).to(tl.int32), tl.load(item + 3).to(tl.int32),
-                  tl.load(item + 4).to(tl.int32), tl.load(item + 5).to(tl.int32), part_ptr + tl.load(item + 6) * 6,
+    _pass_program(x_ptr, tl.load(entry + 1), tl.load(entry + 2).to(tl.int32), tl.load(entry + 3).to(tl.int32),
+                  (row - first).to(tl.int32), tl.load(entry + 4).to(tl.int32), part_ptr + row * 6,
                   BLOCK, WPE, F8, ACC, WIDE)
 
 
@@ -306,28 +312,31 @@ def summarize_many_fused(
     """The summaries of ``xs`` (contiguous, dtypes of :data:`FUSED_DTYPES`, all on ``out``'s device) into rows
     ``out_rows`` of ``out`` (float64 [rows, 5]), the same bits as :func:`summarize_fused` of each alone.
 
-    One table of work items goes to the device (one copy from pinned memory), then one pass kernel per dtype
-    present (and alignment) and one finishing kernel for all: a few launches for the whole list instead of two
-    per tensor.
+    One small table (a few integers per tensor) goes to the device, one copy from pinned memory; then one
+    pass kernel per dtype present (and alignment), whose programs find their tensor in the table, and one
+    finishing kernel for all: a few launches for the whole list instead of two per tensor.
     No host sync. The tensors must stay unchanged until the kernels have run on the current stream.
     ``host_buffer(nbytes)``: a pinned uint8 buffer of at least ``nbytes`` for the table, which the caller
     keeps until the copy has run (default: a new pinned tensor from torch's caching host allocator).
     """
-    tensors: list[int] = []  # per tensor: first partial row, rows, n, row of out
-    work: dict[tuple[torch.dtype, bool], list[int]] = {}  # per item: address, n, tiles, chunks, program, programs, row
-    rows = 0
+    groups: dict[tuple[torch.dtype, bool], list[tuple[int, int, int, int, int, int]]] = {}
     for x, out_row in zip(xs, out_rows, strict=True):
-        n = x.numel()
         _block, tiles, nchunks, programs = _plan(x)
         address = x.data_ptr()
-        items = work.setdefault((x.dtype, address % 16 == 0), [])
-        for p in range(programs):
-            items += (address, n, tiles, nchunks, p, programs, rows + p)
-        tensors += (rows, programs, n, out_row)
-        rows += programs
-    table = list(tensors)
-    for items in work.values():
-        table += items
+        groups.setdefault((x.dtype, address % 16 == 0), []).append(
+            (address, x.numel(), tiles, nchunks, programs, out_row))
+    # the table: per tensor (first partial row, rows, n, row of out), then per group its tensors' entries
+    finish: list[int] = []
+    entries: list[int] = []
+    launches = []
+    rows = 0
+    for (dtype, aligned), members in groups.items():
+        launches.append((dtype, aligned, len(members), rows, 4 * len(xs) + len(entries)))
+        for address, n, tiles, nchunks, programs, out_row in members:
+            entries += (address, n, tiles, nchunks, programs, rows)
+            finish += (rows, programs, n, out_row)
+            rows += programs
+    table = finish + entries
     device = out.device
     if host_buffer is not None:
         host = host_buffer(8 * len(table))[: 8 * len(table)].view(torch.int64)
@@ -338,17 +347,15 @@ def summarize_many_fused(
             host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
     part = torch.empty(max(rows, 1), 6, dtype=torch.float64, device=device)
-    offset = len(tensors)
-    for (dtype, aligned), items in work.items():
-        count = len(items) // 7
-        if count:
+    for i, (dtype, aligned, count, row0, offset) in enumerate(launches):
+        programs = (launches[i + 1][3] if i + 1 < len(launches) else rows) - row0
+        if programs:
             wpe, f8 = FUSED_DTYPES[dtype]
-            _pass_many_kernel[(count,)](
-                dev[offset:], part, DT=_TL_DTYPES[dtype], BLOCK=TILE_BYTES // dtype.itemsize, WPE=wpe, F8=f8,
-                ACC=_acc(dtype), WIDE=dtype == torch.float64, ALIGNED=aligned, num_warps=NUM_WARPS,
+            _pass_many_kernel[(programs,)](
+                dev[offset:], count, row0, part, DT=_TL_DTYPES[dtype], BLOCK=TILE_BYTES // dtype.itemsize, WPE=wpe,
+                F8=f8, ACC=_acc(dtype), WIDE=dtype == torch.float64, ALIGNED=aligned, num_warps=NUM_WARPS,
                 enable_fp_fusion=True,
             )  # fmt: skip
-        offset += len(items)
     if xs:
         _finish_many_kernel[(len(xs),)](dev, part, out, CHUNK=256, num_warps=4, enable_fp_fusion=True)
 

@@ -62,6 +62,8 @@ def cases() -> dict[str, torch.Tensor]:
     out["all-nan-float16"] = torch.full((3000,), math.nan, dtype=torch.float16)
     out["plus-minus-inf-float32"] = torch.tensor([math.inf, -math.inf, 1.0])
     out["scalar-float32"] = torch.tensor(2.5)
+    out["offset-bfloat16"] = (torch.randn(5001, generator=g) * 3).to(torch.bfloat16)[1:]  # not 16-byte aligned
+    out["offset-float32"] = torch.randn(30_001, generator=g)[1:]
     out["whole-chunks-bfloat16"] = (torch.randn(24 * 1024, generator=g) * 5).to(torch.bfloat16)  # no partial chunk
     return out
 

@@ -224,7 +224,9 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
                 t0 = time.perf_counter()
                 session.close()
                 flush[name].append(time.perf_counter() - t0)
-                stats[name] = dict(session.stats)
+                report = session.report()
+                stats[name] = {**session.stats, **{k: report[k] for k in (
+                    "summaries_modified_in_place", "summaries_deferred_names", "summaries_at_once_names")}}
                 shutil.rmtree(work / "overhead", ignore_errors=True)
         log(f"rep {rep}: " + ", ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in times.items()))
     base = statistics.median(times["detached"])

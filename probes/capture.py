@@ -422,6 +422,8 @@ class ProbeSession:
             "graph_slots": self._graphs.count,
             "write_errors": t.write_errors if t else 0,
             "summaries_modified_in_place": t.modified if t else 0,
+            "summaries_deferred_names": sorted(t.steady_names) if t else [],
+            "summaries_at_once_names": sorted(t.modified_names) if t else [],
             "first_write_error": t.first_error if t else None,
             "max_inflight_bytes": t.max_inflight_bytes if t else 0,
         }

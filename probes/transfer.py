@@ -6,7 +6,8 @@ an event. ``record_stream`` tells the caching allocator that the source is in us
 its memory is not reused before the copy ends. Nothing here synchronises the serving stream with the host.
 
 Captures of one step are *staged* and copied together (:meth:`Transfer.submit`): a device's summaries are
-rows of one float64 buffer (one copy for all of them), its full-capture snapshots are copied one after the
+rows of one float64 buffer (one copy for all of them; rows of deferred summaries are computed together just
+before, see :meth:`Transfer.defer_summary`), its full-capture snapshots are copied one after the
 other behind a single wait and a single event. The session submits when the step changes, when a batch
 holds ``batch_rows`` summaries or ``batch_bytes`` of snapshots, and at ``after_replay``, ``end_step``,
 ``flush`` and ``close``.

@@ -203,7 +203,7 @@ class BundleWriter:
             "shard": {"kind": "full"} if spec is _FULL else spec.to_dict(),
             "dtype": str(host.dtype).removeprefix("torch."),
             "shape": list(host.shape),
-            "sha256": tensor_sha256(host),
+            "sha256": hashlib.sha256(host.reshape(-1).view(torch.uint8).numpy().data if nbytes else b"").hexdigest(),
             "nbytes": nbytes,
         }
         self._pending[key] = host

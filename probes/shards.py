@@ -170,9 +170,9 @@ class Coords:
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for name in ("step", "layer", "pp_stage", "tp_rank", "tp_size"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        ints = (self.step, self.layer, self.pp_stage, self.tp_rank, self.tp_size)
+        for name, v in zip(("step", "layer", "pp_stage", "tp_rank", "tp_size"), ints, strict=True):
+            if v is not None and type(v) is not int and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ShardSpecError(f"coordinate {name} must be an integer, got {v!r}")
         if self.request is not None and not isinstance(self.request, str):
             raise ShardSpecError(f"coordinate request must be a string, got {self.request!r}")
@@ -215,11 +215,10 @@ class Coords:
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
-        for k in _COORD_FIELDS:
-            v = getattr(self, k)
-            if v is not None:
-                d[k] = list(v) if k == "tokens" else v
+        values = (self.step, self.request, self.tokens, self.layer, self.pp_stage, self.tp_rank, self.tp_size)
+        d: dict[str, Any] = {k: v for k, v in zip(_COORD_FIELDS, values, strict=True) if v is not None}
+        if self.tokens is not None:
+            d["tokens"] = list(self.tokens)
         if self.extra:
             d["extra"] = dict(self.extra)
         return d

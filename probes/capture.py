@@ -83,6 +83,7 @@ class ProbeSession:
         self._transfer: Transfer | None = None
         self._graphs = GraphSlots(cfg.max_graph_slots)
         self._batch_step: Any = None  # the step whose captures are staged (copied together)
+        self._lost = 0  # deferred summaries lost to in-place writes, already taken off the stats
         if self.enabled:
             self.writer = writer if writer is not None else BundleWriter(
                 cfg.bundle, run_name=cfg.run_name, labels=dict(cfg.labels), part=cfg.part,  # type: ignore[arg-type]
@@ -210,8 +211,14 @@ class ProbeSession:
                 transfer.to_host([t], lambda hosts: [make(hosts[0])])
 
     def _report_modified(self) -> None:
+        """Summaries lost to in-place writes since the last call: no longer counted as captured; warn once."""
         t = self._transfer
         assert t is not None
+        lost, self._lost = t.modified - self._lost, t.modified
+        self.stats["captured"] -= lost
+        self.stats["captured_bytes"] -= lost * SUMMARY_NBYTES
+        if not lost:
+            return
         self._warn("modified", f"{t.modified} summary(ies) not recorded: the tensor was written in place before "
                    f"the step's summaries ran ({', '.join(sorted(t.modified_names))}); later captures of these "
                    "names are summarised at once")

@@ -400,6 +400,8 @@ def test_tensors_written_in_place_are_summarised_at_once(tmp_path: Path) -> None
     s.close()
     meta, items = read_part(tmp_path / "b")
     assert meta["extra"]["probe"]["summaries_modified_in_place"] == 1
+    assert meta["extra"]["probe"]["captured"] == 7  # the lost summary is not counted as captured
+    assert meta["extra"]["probe"]["summaries_at_once_names"] == ["a", "b"]
     got = {(r["name"].removesuffix(".summary"), r["coords"]["step"]): t for r, t in items}
     assert sorted(got) == sorted({(n, st) for st in range(4) for n in "ab"} - {("b", 2)})
     for step, (a, b) in enumerate(refs):

@@ -121,7 +121,7 @@ def make_session(mode: str, graph: bool = False) -> Any:
     # "summary-unread": the graph's kernels run at every replay, after_replay samples every step out
     every = 10**9 if mode.endswith("-unread") else 1
     cfg = ProbeConfig(bundle="unused", mode=mode.removesuffix("-unread"), budget_bytes=None,  # type: ignore[arg-type]
-                      graph_slots=graph, step_every=every)
+                      graph_slots=graph, step_every=every, defer_summaries=True)
     return ProbeSession(cfg, writer=DiscardWriter())
 
 

@@ -147,17 +147,17 @@ def part_models(args: argparse.Namespace, res: dict[str, Any]) -> None:
 LAYERS = {"names": ("target.hidden", "target.logits")}
 CONFIGS: dict[str, dict[str, Any] | None] = {
     "detached": None,
-    "summary, all points": {"mode": "summary"},
+    "summary, all points": {"mode": "summary", "defer_summaries": True},
     "full, all points": {"mode": "full"},
-    "summary, layers + logits": {"mode": "summary", **LAYERS},
+    "summary, layers + logits": {"mode": "summary", "defer_summaries": True, **LAYERS},
     "full, layers + logits": {"mode": "full", **LAYERS},
-    "summary, all points, every 8th step": {"mode": "summary", "step_every": 8},
-    "summary, layers + logits, every 8th step": {"mode": "summary", "step_every": 8, **LAYERS},
+    "summary, all points, every 8th step": {"mode": "summary", "defer_summaries": True, "step_every": 8},
+    "summary, layers + logits, every 8th step": {"mode": "summary", "defer_summaries": True, "step_every": 8, **LAYERS},
     "full, layers + logits, every 8th step": {"mode": "full", "step_every": 8, **LAYERS},
     # the same captures, handed to a writer that drops them: the serving thread's own cost, without the
     # bundle writer's thread (its Python shares the GIL with the serving thread)
-    "summary, all points, no bundle writer": {"mode": "summary", "discard": True},
-    "summary, layers + logits, no bundle writer": {"mode": "summary", "discard": True, **LAYERS},
+    "summary, all points, no bundle writer": {"mode": "summary", "defer_summaries": True, "discard": True},
+    "summary, layers + logits, no bundle writer": {"mode": "summary", "defer_summaries": True, "discard": True, **LAYERS},
 }
 
 

@@ -38,12 +38,12 @@ __all__ = [
     "set_session",
 ]
 
-# Eager CUDA summaries of at most this many bytes wait for the end of their step (the session holds the
-# tensors until then) and are computed together in a few kernel launches; larger ones, whose kernels take
-# longer than launching them, are summarised at once, and so are inference tensors (no version counter).
-# A name is deferred only after one step in which none of its tensors was written in place before the step
-# ended (it is watched through that step); a name whose tensor is, is summarised at once from then on. The
-# bits are the same either way.
+# With ``defer_summaries``, eager CUDA summaries of tensors whose storage holds at most this many bytes wait
+# for the end of their step (the session holds the tensors until then) and are computed together in a few
+# kernel launches; larger ones, whose kernels take longer than launching them, are summarised at once, and so
+# are inference tensors (no version counter). A name is deferred only after one step in which none of its
+# tensors was written in place before the step ended (it is watched through that step); a name whose tensor
+# is, is summarised at once from then on. The bits are the same either way.
 DEFER_MAX_BYTES = 4 << 20
 
 _STAT_KEYS = (
@@ -89,7 +89,7 @@ class ProbeSession:
                 cfg.bundle, run_name=cfg.run_name, labels=dict(cfg.labels), part=cfg.part,  # type: ignore[arg-type]
                 manifest={"probe": cfg.sampling()},
             )
-            self._transfer = Transfer(self.writer, drain=cfg.drain)
+            self._transfer = Transfer(self.writer, drain=cfg.drain, summary_chunk=cfg.summary_chunk)
 
     @classmethod
     def from_env(cls, prefix: str = "VALIDATOR_PROBE_", environ: Mapping[str, str] | None = None) -> ProbeSession:
@@ -181,7 +181,8 @@ class ProbeSession:
             def make(host: torch.Tensor) -> Write:
                 return Write(stored, host, shard, merged)
 
-            small = self._summary and t.numel() * t.element_size() <= DEFER_MAX_BYTES and not t.is_inference()
+            small = cfg.defer_summaries and self._summary and not t.is_inference() and (
+                t.untyped_storage().nbytes() <= DEFER_MAX_BYTES)  # what holding t keeps alive
             if small and name in transfer.steady_names:  # summarised with the step's others at its end
                 transfer.defer_summary(t, name, make)
             else:
@@ -296,11 +297,13 @@ class ProbeSession:
             return
         if self.closed:
             raise ProbeError("after_replay on a closed probe session")
+        transfer = self._transfer
+        assert transfer is not None
+        if transfer.staged:  # a replay ends a step: what the eager code around it staged goes now
+            transfer.submit()
         groups = self._graphs.groups(str(graph))
         if not groups:
             return
-        transfer = self._transfer
-        assert transfer is not None
         transfer.poll()
         if transfer.write_errors:
             self._report_write_errors()
@@ -317,8 +320,6 @@ class ProbeSession:
                     s.skipped += 1
                 self.stats["filtered" if not passes else "sampled_out"] += len(slots)
             return
-        if transfer.staged:
-            transfer.submit()
         for arena, lo, hi, slots in groups:
             wanted: list[GraphSlot] = []
             for s in slots:

@@ -173,6 +173,7 @@ class ProbeConfig:
     graph_slots: bool = False  # allow capture points inside CUDA graph capture
     max_graph_slots: int = 1024  # per device
     summary_chunk: int = 1 << 24  # elements per reduction chunk (bounds summary temporaries, ~9 B each)
+    defer_summaries: bool = False  # eager CUDA summaries at the end of the step, all together (docs/probes.md)
     step_every: int = 1  # sampling: only steps with step % step_every == 0
     request_every: int = 1  # sampling: only requests with crc32(id) % request_every == 0
 
@@ -246,7 +247,7 @@ class ProbeConfig:
                 kw[key] = str(value)
             elif key in ("mode", "drain"):
                 kw[key] = str(value).strip().lower()
-            elif key in ("enabled", "snapshot", "graph_slots"):
+            elif key in ("enabled", "snapshot", "graph_slots", "defer_summaries"):
                 kw[key] = _parse_bool(value, key)
             elif key in ("token_dim", "max_graph_slots", "summary_chunk", "step_every", "request_every"):
                 kw[key] = _parse_int(value, key)

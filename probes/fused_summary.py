@@ -22,6 +22,7 @@ call, writes the five float64 values into ``out`` (a slot) and, if given, adds 1
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 
@@ -282,6 +283,13 @@ def _acc(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """``device`` made current while Triton launches (it launches on the current device), if it is not."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | None = None) -> None:
     """Write the summary of ``x`` (contiguous, a dtype of :data:`FUSED_DTYPES`) into ``out`` (float64 [5]);
     add 1 to ``counter`` (int64 [1]) if given. Two kernel launches on the current stream; no host sync."""
@@ -289,14 +297,15 @@ def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | 
     n = x.numel()
     block, tiles, nchunks, programs = _plan(x)
     part = torch.empty(max(programs, 1), 6, dtype=torch.float64, device=x.device)
-    if programs:
-        _pass_kernel[(programs,)](
-            x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=_acc(x.dtype),
-            WIDE=x.dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
-        )  # fmt: skip
     gen = counter if counter is not None else out
-    _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,
-                         enable_fp_fusion=True)
+    with _on(x.device):
+        if programs:
+            _pass_kernel[(programs,)](
+                x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=_acc(x.dtype),
+                WIDE=x.dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
+            )  # fmt: skip
+        _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,
+                             enable_fp_fusion=True)
 
 
 _TL_DTYPES = {
@@ -347,6 +356,12 @@ def summarize_many_fused(
             host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
     part = torch.empty(max(rows, 1), 6, dtype=torch.float64, device=device)
+    with _on(device):
+        _launch_many(launches, rows, dev, part, out, len(xs))
+
+
+def _launch_many(launches: list[tuple[torch.dtype, bool, int, int, int]], rows: int, dev: torch.Tensor,
+                 part: torch.Tensor, out: torch.Tensor, count_all: int) -> None:
     for i, (dtype, aligned, count, row0, offset) in enumerate(launches):
         programs = (launches[i + 1][3] if i + 1 < len(launches) else rows) - row0
         if programs:
@@ -356,8 +371,8 @@ def summarize_many_fused(
                 F8=f8, ACC=_acc(dtype), WIDE=dtype == torch.float64, ALIGNED=aligned, num_warps=NUM_WARPS,
                 enable_fp_fusion=True,
             )  # fmt: skip
-    if xs:
-        _finish_many_kernel[(len(xs),)](dev, part, out, CHUNK=256, num_warps=4, enable_fp_fusion=True)
+    if count_all:
+        _finish_many_kernel[(count_all,)](dev, part, out, CHUNK=256, num_warps=4, enable_fp_fusion=True)
 
 
 def warm_up(device: torch.device) -> None:
@@ -369,3 +384,4 @@ def warm_up(device: torch.device) -> None:
         summarize_fused(x, out)
         summarize_fused(x, out, gen)
         summarize_many_fused([x], out.view(1, 5), [0])
+        summarize_many_fused([x[1:]], out.view(1, 5), [0])  # not 16-byte aligned: the other variant

@@ -154,11 +154,13 @@ class Transfer:
         batch_rows: int = 256,
         batch_bytes: int = 64 << 20,
         keep_bytes: int = 256 << 20,
+        summary_chunk: int = 1 << 24,
     ) -> None:
         self.writer = writer
         self.drain = drain
         self.batch_rows = batch_rows
         self.batch_bytes = batch_bytes
+        self.summary_chunk = summary_chunk
         self.pool = PinnedPool(keep_bytes)
         self._batches: dict[torch.device, _Batch] = {}
         self._pending: deque[_Pending] = deque()
@@ -239,7 +241,7 @@ class Transfer:
         :attr:`modified`, and its name moves to :attr:`modified_names`."""
         b = self._batch(t.device)
         b.deferred.append(_Deferred(t, t._version, torch.cuda.current_stream(t.device), b.used, name))
-        b.deferred_bytes += t.numel() * t.element_size()
+        b.deferred_bytes += t.untyped_storage().nbytes()  # a view keeps its whole base alive
         b.used += 1
         b.row_writes.append(make)
         if b.used >= self.batch_rows or b.deferred_bytes >= self.batch_bytes:
@@ -251,7 +253,7 @@ class Transfer:
         later summaries may be deferred), else :attr:`modified_names`."""
         b = self._batch(t.device)
         b.deferred.append(_Deferred(t, t._version, None, -1, name))
-        b.deferred_bytes += t.numel() * t.element_size()
+        b.deferred_bytes += t.untyped_storage().nbytes()
         if b.deferred_bytes >= self.batch_bytes:
             self._submit(t.device, b)
 
@@ -267,7 +269,8 @@ class Transfer:
         """Run the batch's deferred summaries (on the current stream, after the streams they came from) and
         sort the watched names into steady and modified."""
         assert b.rows is not None
-        cur = torch.cuda.current_stream(b.rows.device)
+        device = b.rows.device
+        cur = torch.cuda.current_stream(device)
         tensors, rows = [], []
         watched, changed = set(), set()
         for d in b.deferred:
@@ -281,7 +284,7 @@ class Transfer:
             else:
                 if d.stream != cur:
                     cur.wait_stream(d.stream)
-                    d.tensor.record_stream(cur)
+                d.tensor.record_stream(cur)  # its memory is not reused before the kernels below have read it
                 tensors.append(d.tensor)
                 rows.append(d.row)
         self.modified_names |= changed
@@ -295,7 +298,15 @@ class Transfer:
                 b.held.append(buf)
                 return buf
 
-            summarize_many(tensors, out=b.rows, rows=rows, host_buffer=host_buffer)
+            try:
+                summarize_many(tensors, out=b.rows, rows=rows, chunk=self.summary_chunk, host_buffer=host_buffer)
+            except Exception as exc:  # out of memory, say: these rows are lost, counted; the serving code goes on
+                for row in rows:
+                    b.row_writes[row] = None
+                with self._lock:
+                    self.write_errors += len(rows)
+                    if self.first_error is None:
+                        self.first_error = f"deferred summaries: {type(exc).__name__}: {exc}"
         b.deferred, b.deferred_bytes = [], 0
 
     def stage(self, src: torch.Tensor, make: Callable[[torch.Tensor], Write]) -> None:

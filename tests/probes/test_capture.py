@@ -300,12 +300,14 @@ def test_config_from_env_and_dict() -> None:
         "VALIDATOR_PROBE_TOKENS": "0:64",
         "VALIDATOR_PROBE_BUDGET": "512MiB",
         "VALIDATOR_PROBE_GRAPH_SLOTS": "1",
+        "VALIDATOR_PROBE_DEFER_SUMMARIES": "yes",
         "VALIDATOR_PROBE_LABELS": "model=kimi-k3,side=P",
         "OTHER": "x",
     }
     c = ProbeConfig.from_env(environ=env)
     assert (c.bundle, c.mode, c.names, c.steps) == ("/data/run1", "summary", ("ctx.*", "layers.*.mlp"), ((0, 3), (10, 10)))
     assert (c.requests, c.tokens, c.budget_bytes, c.graph_slots) == (frozenset({"a", "b"}), (0, 64), 512 << 20, True)
+    assert c.defer_summaries and not ProbeConfig().defer_summaries
     assert dict(c.labels) == {"model": "kimi-k3", "side": "P"} and c.active
     assert c.wants_step(2) and c.wants_step(10) and not c.wants_step(4) and not c.wants_step(None)
     json.dumps(c.to_dict())

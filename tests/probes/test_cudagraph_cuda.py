@@ -357,7 +357,7 @@ def _step_tensors(step: int) -> dict[str, torch.Tensor]:
 
 
 def test_deferred_summaries_are_the_one_by_one_bits(tmp_path: Path) -> None:
-    s = session(tmp_path, mode="summary", drain="inline")
+    s = session(tmp_path, mode="summary", drain="inline", defer_summaries=True)
     kept: list[dict[str, torch.Tensor]] = []
     for step in range(4):
         ts = _step_tensors(step)
@@ -385,7 +385,7 @@ def test_deferred_summaries_are_the_one_by_one_bits(tmp_path: Path) -> None:
 
 
 def test_tensors_written_in_place_are_summarised_at_once(tmp_path: Path) -> None:
-    s = session(tmp_path, mode="summary", drain="inline")
+    s = session(tmp_path, mode="summary", drain="inline", defer_summaries=True)
     refs = []
     with pytest.warns(ProbeWarning, match="written in place"):
         for step in range(4):
@@ -411,7 +411,7 @@ def test_tensors_written_in_place_are_summarised_at_once(tmp_path: Path) -> None
 
 
 def test_inference_tensors_are_summarised_at_once(tmp_path: Path) -> None:
-    s = session(tmp_path, mode="summary", drain="inline")
+    s = session(tmp_path, mode="summary", drain="inline", defer_summaries=True)
     refs = []
     with torch.inference_mode():
         for step in range(3):
@@ -427,7 +427,7 @@ def test_inference_tensors_are_summarised_at_once(tmp_path: Path) -> None:
 
 
 def test_deferred_summaries_do_not_synchronise(tmp_path: Path) -> None:
-    s = session(tmp_path, mode="summary")
+    s = session(tmp_path, mode="summary", defer_summaries=True)
     for step in range(2):  # watched, then steady
         for k, v in _step_tensors(step).items():
             s.capture(k, v, step=step)

@@ -146,7 +146,8 @@ def _session(cfg: PDConfig, part: str) -> Any:
     labels = {"engine": "transformers", "mode": cfg.mode, **cfg.labels}
     pc = ProbeConfig(bundle=cfg.out, run_name=cfg.run_name or f"hf-{cfg.mode}", part=part,
                      mode="summary" if cfg.capture == "summary" else "full",
-                     labels=labels, names=tuple(cfg.names) or None, budget_bytes=budget)
+                     labels=labels, names=tuple(cfg.names) or None, budget_bytes=budget,
+                     defer_summaries=True)  # module outputs: torch sees any in-place write to them
     return ProbeSession(pc)
 
 

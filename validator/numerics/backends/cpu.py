@@ -305,11 +305,12 @@ def _block(ra, rb, kinds, ta, tb, lo, m, tol, spec, f, c, hist, ua, ub, ya, yb, 
 
 @njit(cache=True)
 def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop):
-    """The exact largest |d| over blocks first .. stop: among the positions whose float32 |d| is the
-    largest float32 |d| (float32 rounding is monotonic), read again in float64."""
+    """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
+    largest (float32 rounding is monotonic), read again in float64."""
     best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
     if top32 > 0:
         ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
+        top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):
             if part_f[blk, 6] == top32:
                 lo = starts[blk]
@@ -318,8 +319,8 @@ def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop):
                 _widen(rb, kinds[1], tb, lo, m, ub)
                 xa, xb = ua.view(np.float32), ub.view(np.float32)
                 for j in range(m):
-                    if abs(xb[j] - xa[j]) == top32:
-                        best = max(best, abs(np.float64(xb[j]) - np.float64(xa[j])))
+                    top = max(top, int(np.float64(abs(np.float64(xb[j]) - np.float64(xa[j]))).view(np.int64)))
+        best = max(best, np.int64(top).view(np.float64))
     return best
 
 

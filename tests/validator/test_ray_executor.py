@@ -233,39 +233,49 @@ def _kill_a_task_worker(cluster: Any, driver: subprocess.Popen[str]) -> list[int
     return killed
 
 
-@needs_ray
-def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) -> None:
-    """SIGKILL the worker process running a measuring task: Ray runs the task again and the document is
-    unchanged. The task gets a fresh worker process here, so there is a task to kill while it starts.
-    The comparison is of one pair (the TP-split `k`), so it is one task."""
+def _compare_killing_a_worker(
+    cluster: RayCluster, a: Path, b: Path, name: str, *, range_bytes: int = 0, timeout: float
+) -> tuple[list[int], int, str, str, str]:
+    """Compare pair ``name`` of runs ``a`` and ``b`` on the cluster, in a driver process, with fresh workers
+    (``range_bytes``: that range size, and range tasks required), while SIGKILLing the worker of one of its
+    tasks. Returns the killed pids, the driver's exit code, stdout (the document), stderr, and the document a
+    local comparison of the same pair gives."""
     script = (
         "import sys, json\n"
         "from validator.judging.compare import compare_runs\n"
         "from validator.judging.report import comparison_doc\n"
         "from validator.runs.sources import open_path\n"
         "from validator.ray_executor import RayExecutor\n"
-        "a, b, address = sys.argv[1:]\n"
+        "a, b, address, name, bound = sys.argv[1:]\n"
         "va, vb = open_path(a), open_path(b)\n"
-        "va.tensors = [t for t in va.tensors if t.name == 'k']\n"  # one pair (TP4 vs TP2 split): one task
-        "vb.tensors = [t for t in vb.tensors if t.name == 'k']\n"
-        "ex = RayExecutor(address, fresh_workers=True)\n"
+        "va.tensors = [t for t in va.tensors if t.name == name]\n"  # one pair
+        "vb.tensors = [t for t in vb.tensors if t.name == name]\n"
+        "ex = RayExecutor(address, fresh_workers=True, **({'range_bytes': int(bound)} if int(bound) else {}))\n"
         "c = compare_runs(va, vb, executor=ex)\n"
+        "assert not int(bound) or ex.range_tasks > 1, ex.range_tasks\n"
         "print(json.dumps(comparison_doc(c), indent=1))\n"
     )
-    address = cluster.address
-    args = [sys.executable, "-c", script, str(runs["a"]), str(runs["b"]), address]
+    args = [sys.executable, "-c", script, str(a), str(b), cluster.address, name, str(range_bytes)]
     driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = _kill_a_task_worker(cluster, driver)
-    out, err = driver.communicate(timeout=240)
-    assert killed, "no measuring task was seen running"
-    assert driver.returncode == 0, err
-    assert "will be retried" in err  # Ray's note, on stderr (stdout holds only the document)
+    out, err = driver.communicate(timeout=timeout)
     from validator.judging.report import comparison_doc
 
-    va, vb = open_path(runs["a"]), open_path(runs["b"])
-    va.tensors = [t for t in va.tensors if t.name == "k"]
-    vb.tensors = [t for t in vb.tensors if t.name == "k"]
-    expected = json.dumps(comparison_doc(compare_runs(va, vb)), indent=1)
+    va, vb = open_path(a), open_path(b)
+    va.tensors = [t for t in va.tensors if t.name == name]
+    vb.tensors = [t for t in vb.tensors if t.name == name]
+    return killed, driver.returncode, out, err, json.dumps(comparison_doc(compare_runs(va, vb)), indent=1)
+
+
+@needs_ray
+def test_killed_worker_is_retried(cluster: RayCluster, runs: dict[str, Path]) -> None:
+    """SIGKILL the worker process running a measuring task: Ray runs the task again and the document is
+    unchanged. The task gets a fresh worker process here, so there is a task to kill while it starts.
+    The comparison is of one pair (the TP-split `k`), so it is one task."""
+    killed, code, out, err, expected = _compare_killing_a_worker(cluster, runs["a"], runs["b"], "k", timeout=240)
+    assert killed, "no measuring task was seen running"
+    assert code == 0, err
+    assert "will be retried" in err  # Ray's note, on stderr (stdout holds only the document)
     assert out.strip() == expected
 
 
@@ -575,34 +585,12 @@ def test_stored_huge_pairs_in_ranges_bitwise_equal(
 @needs_ray
 def test_killed_range_task_is_retried(cluster: RayCluster, huge: dict[str, Path]) -> None:
     """SIGKILL the worker process running a range task: Ray runs that range again and the document is unchanged."""
-    script = (
-        "import sys, json\n"
-        "from validator.judging.compare import compare_runs\n"
-        "from validator.judging.report import comparison_doc\n"
-        "from validator.runs.sources import open_path\n"
-        "from validator.ray_executor import RayExecutor\n"
-        "a, b, address, bound = sys.argv[1:]\n"
-        "va, vb = open_path(a), open_path(b)\n"
-        "va.tensors = [t for t in va.tensors if t.name == 'h']\n"  # one pair (TP2 vs TP4 on dim 1): range tasks only
-        "vb.tensors = [t for t in vb.tensors if t.name == 'h']\n"
-        "ex = RayExecutor(address, fresh_workers=True, range_bytes=int(bound))\n"
-        "c = compare_runs(va, vb, executor=ex)\n"
-        "assert ex.range_tasks > 1, ex.range_tasks\n"
-        "print(json.dumps(comparison_doc(c), indent=1))\n"
-    )
-    args = [sys.executable, "-c", script, str(huge["a"]), str(huge["b"]), cluster.address, str(4 * RANGE_BOUND)]
-    driver = subprocess.Popen(args, env={**os.environ, **AWS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = _kill_a_task_worker(cluster, driver)
-    out, err = driver.communicate(timeout=300)
+    killed, code, out, err, expected = _compare_killing_a_worker(
+        cluster, huge["a"], huge["b"], "h", range_bytes=4 * RANGE_BOUND, timeout=300)
     assert killed, "no range task was seen running"
-    assert driver.returncode == 0, err[-3000:]
+    assert code == 0, err[-3000:]
     assert "will be retried" in err
-    from validator.judging.report import comparison_doc
-
-    va, vb = open_path(huge["a"]), open_path(huge["b"])
-    va.tensors = [t for t in va.tensors if t.name == "h"]
-    vb.tensors = [t for t in vb.tensors if t.name == "h"]
-    assert out.strip() == json.dumps(comparison_doc(compare_runs(va, vb)), indent=1)
+    assert out.strip() == expected
 
 
 def test_range_bytes_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,6 +171,23 @@ def _chunk_stats(c: torch.Tensor, acc: torch.dtype, mean: bool) -> list[torch.Te
     return [norm, amax, centre, nonfinite]
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, complex as its real view, flattened and contiguous (a copy when it is not)."""
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    flat = x.reshape(-1)
+    return flat if flat.is_contiguous() else flat.contiguous()
+
+
+def _fused_for(backend: Backend, on_cuda: bool) -> ModuleType | None:
+    """The fused module if ``backend`` asks for it (``"auto"``: on CUDA only); Triton is imported only then."""
+    mod = fused() if backend == "fused" or (backend == "auto" and on_cuda) else None
+    if backend == "fused" and mod is None:
+        raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
+    return mod
+
+
 def summarize(
     t: torch.Tensor,
     *,
@@ -187,22 +204,13 @@ def summarize(
     (also on the CPU under ``TRITON_INTERPRET=1``; raises where Triton is missing) or ``"torch"``.
     Reads ``t`` only; never synchronises with the host.
     """
-    x = t.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x)
+    flat = _flat(t)
     if out is None:
-        out = torch.empty(len(SUMMARY_FIELDS), dtype=torch.float64, device=x.device)
-    elif out.dtype != torch.float64 or out.shape != (len(SUMMARY_FIELDS),) or out.device != x.device:
-        raise ValueError(f"summary out must be float64 [{len(SUMMARY_FIELDS)}] on {x.device}")
-    mod = fused() if backend == "fused" or (backend == "auto" and x.is_cuda) else None  # Triton only if used
-    if backend == "fused" and mod is None:
-        raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
-    use_fused = mod is not None and x.dtype in mod.FUSED_DTYPES
-    flat = x.reshape(-1)  # a contiguous copy when x is not contiguous
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    if use_fused:
-        assert mod is not None
+        out = torch.empty(len(SUMMARY_FIELDS), dtype=torch.float64, device=flat.device)
+    elif out.dtype != torch.float64 or out.shape != (len(SUMMARY_FIELDS),) or out.device != flat.device:
+        raise ValueError(f"summary out must be float64 [{len(SUMMARY_FIELDS)}] on {flat.device}")
+    mod = _fused_for(backend, flat.is_cuda)
+    if mod is not None and flat.dtype in mod.FUSED_DTYPES:
         mod.summarize_fused(flat, out, counter)
         return out
     _summarize_torch(flat, out, chunk)
@@ -226,23 +234,18 @@ def summarize_many(tensors: list[torch.Tensor], *, out: torch.Tensor, rows: list
     if out.dtype != torch.float64 or out.dim() != 2 or out.shape[1] != len(SUMMARY_FIELDS):
         raise ValueError(f"summary rows must be float64 [k, {len(SUMMARY_FIELDS)}]")
     rows = list(range(len(tensors))) if rows is None else rows
-    mod = fused() if backend == "fused" or (backend == "auto" and out.is_cuda) else None
-    if backend == "fused" and mod is None:
-        raise RuntimeError("the fused summary needs Triton, which cannot be imported here")
+    mod = _fused_for(backend, out.is_cuda)
     batch: list[torch.Tensor] = []
     batch_rows: list[int] = []
     for t, row in zip(tensors, rows, strict=True):
-        x = t.detach()
-        if x.is_complex():
-            x = torch.view_as_real(x)
-        if x.device != out.device:
-            raise ValueError(f"summary rows are on {out.device}, a tensor on {x.device}")
-        if mod is not None and x.dtype in mod.FUSED_DTYPES:
-            flat = x.reshape(-1)
-            batch.append(flat if flat.is_contiguous() else flat.contiguous())
+        flat = _flat(t)
+        if flat.device != out.device:
+            raise ValueError(f"summary rows are on {out.device}, a tensor on {flat.device}")
+        if mod is not None and flat.dtype in mod.FUSED_DTYPES:
+            batch.append(flat)
             batch_rows.append(row)
         else:
-            summarize(x, out=out[row], chunk=chunk, backend="torch")
+            summarize(flat, out=out[row], chunk=chunk, backend="torch")
     if batch:
         assert mod is not None
         mod.summarize_many_fused(batch, out, batch_rows, host_buffer)

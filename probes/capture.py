@@ -175,8 +175,7 @@ class ProbeSession:
             if step != self._batch_step:  # a new step: summarise and copy out what the last one staged
                 transfer.submit()
                 self._batch_step = step
-                if transfer.modified:
-                    self._report_modified()
+                self._report_modified()
 
             def make(host: torch.Tensor) -> Write:
                 return Write(stored, host, shard, merged)
@@ -216,10 +215,10 @@ class ProbeSession:
         t = self._transfer
         assert t is not None
         lost, self._lost = t.modified - self._lost, t.modified
-        self.stats["captured"] -= lost
-        self.stats["captured_bytes"] -= lost * SUMMARY_NBYTES
         if not lost:
             return
+        self.stats["captured"] -= lost
+        self.stats["captured_bytes"] -= lost * SUMMARY_NBYTES
         self._warn("modified", f"{t.modified} summary(ies) not recorded: the tensor was written in place before "
                    f"the step's summaries ran ({', '.join(sorted(t.modified_names))}); later captures of these "
                    "names are summarised at once")
@@ -230,8 +229,7 @@ class ProbeSession:
         if self.enabled and not self.closed and self._transfer is not None:
             self._transfer.submit()
             self._transfer.poll()
-            if self._transfer.modified:
-                self._report_modified()
+            self._report_modified()
 
     def _window(
         self, name: str, t: torch.Tensor, coords: dict[str, Any]
@@ -395,8 +393,7 @@ class ProbeSession:
             self._transfer.flush()
             if self._transfer.write_errors:
                 self._report_write_errors()
-            if self._transfer.modified:
-                self._report_modified()
+            self._report_modified()
 
     def close(self) -> None:
         """Flush, check the graph counters once more, and write the part (with ``extra["probe"]``)."""
@@ -410,8 +407,7 @@ class ProbeSession:
                        "never read out")
         if self._transfer.write_errors:
             self._report_write_errors()
-        if self._transfer.modified:
-            self._report_modified()
+        self._report_modified()
         self.closed = True
         self.writer.close(extra={"probe": self.report()})
 

@@ -253,7 +253,7 @@ def part_overhead(args: argparse.Namespace, res: dict[str, Any]) -> None:
 
 def part_syncs(args: argparse.Namespace, res: dict[str, Any]) -> None:
     """Where the host time of a captured decode step goes: CUDA synchronisations (torch's sync debug mode)
-    and the serving thread's Python profile, for 8 decode steps detached and with capture."""
+    and the process's Python profile, for 16 decode steps detached and with capture (``--sync-configs``)."""
     import cProfile
     import io
     import pstats
@@ -264,18 +264,20 @@ def part_syncs(args: argparse.Namespace, res: dict[str, Any]) -> None:
     target = load_model(work / "target", dtype=args.dtype, device=args.device)
     ids = torch.tensor([ByteTokenizer().encode(load_prompts(PROMPTS, 1)[0][1])], device=args.device)
     res["syncs"] = {}
-    for name in ("detached", "summary, layers + logits", "full, layers + logits"):
+    for i, name in enumerate(args.sync_configs):
         c = CONFIGS[name]
         session = cap = None
         if c is not None:
-            session = ProbeSession(ProbeConfig(bundle=str(work / "syncs" / name.split(",")[0]), part="tp0", **c))
+            kw = {k: v for k, v in c.items() if k != "discard"}
+            session = ProbeSession(ProbeConfig(bundle=str(work / "syncs" / f"c{i}"), part="tp0", **kw),
+                                   writer=DiscardWriter() if c.get("discard") else None)
             cap = ModelCapture(target, session, role="target").attach()
 
         def gen() -> None:
             if cap is not None:
                 cap.begin_request("r")
             with torch.no_grad():
-                target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=9, min_new_tokens=9,
+                target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=17, min_new_tokens=17,
                                 do_sample=False, pad_token_id=EOS)
 
         gen()  # warm
@@ -292,11 +294,14 @@ def part_syncs(args: argparse.Namespace, res: dict[str, Any]) -> None:
         gen()
         prof.disable()
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(prof, stream=buf)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        stats.sort_stats("tottime").print_stats(30)
         if cap is not None and session is not None:
             cap.detach()
             session.close()
-        res["syncs"][name] = {"sync_sites": dict(where.most_common(20)), "profile": buf.getvalue()[-6000:]}
+        res["syncs"][name] = {"sync_sites": dict(where.most_common(20)), "profiled_s": round(total, 4),
+                              "profile": buf.getvalue()[-7000:]}
         log(f"{name}: syncs {dict(where.most_common(8))}")
         log(buf.getvalue()[-3500:])
     shutil.rmtree(work / "syncs", ignore_errors=True)
@@ -410,12 +415,15 @@ def main() -> int:
     p.add_argument("--sigma", type=float, help="the draft's noise; given, no sweep")
     p.add_argument("--block", type=int, default=4)
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"overhead configurations (;-separated), of: {'; '.join(CONFIGS)}")
+    p.add_argument("--sync-configs", default="detached;summary, layers + logits;full, layers + logits",
+                   help="syncs: the configurations profiled (;-separated)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--limit", type=int, default=16, help="prompts for precision and pd")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt in pd")
     args = p.parse_args()
     args.sigmas = [float(x) for x in args.sigmas.split(",")]
+    args.sync_configs = [c.strip() for c in args.sync_configs.split(";")]
     args.configs = ["detached"] + [c.strip() for c in args.configs.split(";") if c.strip() != "detached"]
     Path(args.work).mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,15 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 _FULL = ShardSpec.full()
+_FULL_KEY = ("full", 0, 1, None, 0, 1)  # _FULL's fields
+
+
+def _record(r: tuple[Any, ...], file: str) -> dict[str, Any]:
+    """A tensor's entry in part.json, from what :meth:`BundleWriter.add` kept."""
+    name, key, (step, request, tokens, layer, extra), pp_stage, tp_rank, tp_size, shard, dtype, shape, sha, nbytes = r
+    coords = Coords(step, request, tokens, layer, pp_stage, tp_rank, tp_size, extra)
+    return {"name": name, "key": key, "coords": coords.to_dict(), "shard": ShardSpec(*shard).to_dict(),
+            "dtype": dtype, "shape": list(shape), "sha256": sha, "nbytes": nbytes, "file": file}
 
 
 class BundleWriter:
@@ -159,7 +168,7 @@ class BundleWriter:
         ensure_manifest(self.root, run_name or self.root.name, labels or {}, manifest or {})
         self.max_file_bytes = max_file_bytes
         self._pending: dict[str, torch.Tensor] = {}
-        self._pending_records: list[dict[str, Any]] = []
+        self._pending_records: list[tuple[Any, ...]] = []
         self._pending_bytes = 0
         self._records: list[dict[str, Any]] = []
         self._files = 0
@@ -175,7 +184,7 @@ class BundleWriter:
         *,
         shard: ShardSpec | str | None = None,
         **coords: Any,
-    ) -> dict[str, Any]:
+    ) -> None:
         """Add one tensor. ``coords``: step, request, tokens, layer, pp_stage, tp_rank, tp_size, or extra keys."""
         import torch
 
@@ -187,7 +196,9 @@ class BundleWriter:
             raise BundleError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
         spec = shard if isinstance(shard, ShardSpec) else _FULL if shard is None else ShardSpec.from_dict(shard)
         c = Coords.make(**coords)
-        ident = (name, c.identity(), spec, c.pp_stage, c.tp_rank)
+        shard_key = _FULL_KEY if spec is _FULL else (spec.kind, spec.index, spec.count, spec.dim, spec.replica,
+                                                             spec.replicas)
+        ident = (name, c.identity(), shard_key, c.pp_stage, c.tp_rank)
         if ident in self._seen:
             raise BundleError(f"tensor {name!r} ({c.label() or 'no coords'}, {spec}) was already added to this part")
         self._seen.add(ident)
@@ -196,22 +207,14 @@ class BundleWriter:
         nbytes = host.numel() * host.element_size()
         key = f"t{self._count:06d}"
         self._count += 1
-        record: dict[str, Any] = {
-            "name": name,
-            "key": key,
-            "coords": c.to_dict(),
-            "shard": {"kind": "full"} if spec is _FULL else spec.to_dict(),
-            "dtype": str(host.dtype).removeprefix("torch."),
-            "shape": list(host.shape),
-            "sha256": hashlib.sha256(host.reshape(-1).view(torch.uint8).numpy().data if nbytes else b"").hexdigest(),
-            "nbytes": nbytes,
-        }
+        sha = hashlib.sha256(host.reshape(-1).view(torch.uint8).numpy().data if nbytes else b"").hexdigest()
+        # kept as a tuple of plain values until flush (the cycle collector skips those: a long run holds many)
+        self._pending_records.append((name, key, ident[1], c.pp_stage, c.tp_rank, c.tp_size, shard_key,
+                                      str(host.dtype).removeprefix("torch."), tuple(host.shape), sha, nbytes))
         self._pending[key] = host
-        self._pending_records.append(record)
-        self._pending_bytes += record["nbytes"]
+        self._pending_bytes += nbytes
         if self._pending_bytes >= self.max_file_bytes:
             self.flush()
-        return record
 
     def flush(self) -> None:
         if not self._pending:
@@ -223,9 +226,7 @@ class BundleWriter:
         save_file(self._pending, str(tmp))
         os.replace(tmp, self.part_dir / fname)
         self._files += 1
-        for r in self._pending_records:
-            r["file"] = fname
-        self._records.extend(self._pending_records)
+        self._records.extend(_record(r, fname) for r in self._pending_records)
         self._pending, self._pending_records, self._pending_bytes = {}, [], 0
 
     def close(self, extra: dict[str, Any] | None = None) -> None:

@@ -148,7 +148,12 @@ def _as_int(v: Any, what: str) -> int:
     raise ShardSpecError(f"{what} must be an integer, got {v!r}")
 
 
+def _plain_int(x: Any) -> bool:
+    return type(x) is int or (isinstance(x, int) and not isinstance(x, bool))
+
+
 _COORD_FIELDS = ("step", "request", "tokens", "layer", "pp_stage", "tp_rank", "tp_size")
+_COORD_SET = frozenset(_COORD_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -178,23 +183,18 @@ class Coords:
             raise ShardSpecError(f"coordinate request must be a string, got {self.request!r}")
         if self.tokens is not None:
             t = self.tokens
-            if (
-                not isinstance(t, tuple)
-                or len(t) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in t)
-                or not 0 <= t[0] <= t[1]
-            ):
+            if not (isinstance(t, tuple) and len(t) == 2 and _plain_int(t[0]) and _plain_int(t[1]) and 0 <= t[0] <= t[1]):
                 raise ShardSpecError(f"coordinate tokens must be a [start, end) pair, got {t!r}")
 
     @classmethod
     def make(cls, **kw: Any) -> Coords:
-        known = {k: kw.pop(k) for k in list(kw) if k in _COORD_FIELDS}
-        if known.get("tokens") is not None:
-            known["tokens"] = tuple(known["tokens"])
-        if known.get("request") is not None:
-            known["request"] = str(known["request"])
-        extra = tuple(sorted((str(k), str(v)) for k, v in kw.items() if v is not None))
-        return cls(**known, extra=extra)
+        """Coordinates from keywords: the known fields, and any other key (not None) as an ``extra`` string."""
+        tokens, request = kw.get("tokens"), kw.get("request")
+        extra: tuple[tuple[str, str], ...] = ()
+        if not _COORD_SET.issuperset(kw):
+            extra = tuple(sorted((str(k), str(v)) for k, v in kw.items() if k not in _COORD_SET and v is not None))
+        return cls(kw.get("step"), None if request is None else str(request), None if tokens is None else tuple(tokens),
+                   kw.get("layer"), kw.get("pp_stage"), kw.get("tp_rank"), kw.get("tp_size"), extra)
 
     def identity(self) -> tuple[Any, ...]:
         """The part of the coordinates that names the logical tensor (placement excluded)."""

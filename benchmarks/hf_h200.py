@@ -147,6 +147,9 @@ def part_models(args: argparse.Namespace, res: dict[str, Any]) -> None:
 LAYERS = {"names": ("target.hidden", "target.logits")}
 CONFIGS: dict[str, dict[str, Any] | None] = {
     "detached": None,
+    # every hook attached, each returning at once (a disabled session): torch's module-call path with hooks
+    # plus one Python call per point, the floor of any capture through module hooks
+    "hooks only, all points": {"enabled": False},
     "summary, all points": {"mode": "summary", "defer_summaries": True},
     "full, all points": {"mode": "full"},
     "summary, layers + logits": {"mode": "summary", "defer_summaries": True, **LAYERS},

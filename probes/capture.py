@@ -79,6 +79,10 @@ class ProbeSession:
         self._names: dict[str, bool] = {}
         self._warned: set[str] = set()
         self._summary = cfg.mode == "summary"
+        self._defer = cfg.defer_summaries and self._summary
+        # step, request or sampling rules to check on every capture (none: nothing to check)
+        self._selects = any(x is not None for x in (cfg.steps, cfg.requests)) or cfg.step_every > 1 or (
+            cfg.request_every > 1)
         self.writer: Any = None
         self._transfer: Transfer | None = None
         self._graphs = GraphSlots(cfg.max_graph_slots)
@@ -136,7 +140,7 @@ class ProbeSession:
         merged = {**self._coords, **coords} if self._coords else coords
         t = tensor.detach()
         in_graph = t.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not in_graph:
+        if not in_graph and self._selects:
             step, request = merged.get("step"), merged.get("request")
             if not (cfg.wants_step(step) and cfg.wants_request(request)):
                 self.stats["filtered"] += 1
@@ -144,11 +148,12 @@ class ProbeSession:
             if not cfg.sampled(step, request):
                 self.stats["sampled_out"] += 1
                 return
-        windowed = self._window(name, t, merged)
-        if windowed is None:
-            self.stats["filtered"] += 1
-            return
-        t, merged = windowed
+        if cfg.tokens is not None:
+            windowed = self._window(name, t, merged)
+            if windowed is None:
+                self.stats["filtered"] += 1
+                return
+            t, merged = windowed
         if in_graph:
             if not cfg.graph_slots:
                 raise GraphCaptureError(
@@ -159,7 +164,7 @@ class ProbeSession:
             self._graphs.add(name, t, coords=merged, shard=shard, mode=cfg.mode, chunk=cfg.summary_chunk)
             return
         nbytes = SUMMARY_NBYTES if self._summary else t.numel() * t.element_size()
-        if not self._admit(nbytes):
+        if (self.budget_exhausted or cfg.budget_bytes is not None) and not self._admit(nbytes):
             return
         transfer = self._transfer
         assert transfer is not None
@@ -180,10 +185,10 @@ class ProbeSession:
             def make(host: torch.Tensor) -> Write:
                 return Write(stored, host, shard, merged)
 
-            small = cfg.defer_summaries and self._summary and not t.is_inference() and (
-                t.untyped_storage().nbytes() <= DEFER_MAX_BYTES)  # what holding t keeps alive
+            held = t.untyped_storage().nbytes() if self._defer and not t.is_inference() else -1
+            small = 0 <= held <= DEFER_MAX_BYTES  # held: what keeping t alive keeps
             if small and name in transfer.steady_names:  # summarised with the step's others at its end
-                transfer.defer_summary(t, name, make)
+                transfer.defer_summary(t, name, make, held)
             else:
                 self._capture_now(t, name, small, make)
         else:

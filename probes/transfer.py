@@ -234,18 +234,20 @@ class Transfer:
         if b.used >= self.batch_rows:
             self._submit(device, b)
 
-    def defer_summary(self, t: torch.Tensor, name: str, make: Callable[[torch.Tensor], Write]) -> None:
+    def defer_summary(self, t: torch.Tensor, name: str, make: Callable[[torch.Tensor], Write], held: int) -> None:
         """Reserve a row for the summary of ``t`` (a CUDA tensor, not an inference tensor), computed with the
         batch's other deferred summaries at the next :meth:`submit`: a few kernel launches for all of them.
         ``t`` is kept alive until then. If it is written in place before, its row is not written: counted in
-        :attr:`modified`, and its name moves to :attr:`modified_names`."""
-        b = self._batch(t.device)
-        b.deferred.append(_Deferred(t, t._version, torch.cuda.current_stream(t.device), b.used, name))
-        b.deferred_bytes += t.untyped_storage().nbytes()  # a view keeps its whole base alive
+        :attr:`modified`, and its name moves to :attr:`modified_names`. ``held``: the bytes of ``t``'s storage
+        (a view keeps its whole base alive)."""
+        device = t.device
+        b = self._batch(device)
+        b.deferred.append(_Deferred(t, t._version, torch.cuda.current_stream(device), b.used, name))
+        b.deferred_bytes += held
         b.used += 1
         b.row_writes.append(make)
         if b.used >= self.batch_rows or b.deferred_bytes >= self.batch_bytes:
-            self._submit(t.device, b)
+            self._submit(device, b)
 
     def watch(self, t: torch.Tensor, name: str) -> None:
         """Keep ``t`` (already summarised) until the next :meth:`submit` to see whether it is written in

@@ -254,6 +254,7 @@ class ModelCapture:
 
     def _hook(self, point: str, layer: int | None) -> Callable[..., None]:
         name = self.names[point]
+        extra = {} if layer is None else {"layer": layer}  # never changed: unpacked into each capture's coordinates
 
         def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
             if not self.session.enabled or self._span is None:
@@ -263,7 +264,6 @@ class ModelCapture:
                 return
             step, _, end = self._span
             rows = int(t.shape[1])
-            extra = {} if layer is None else {"layer": layer}
             for b, rid in enumerate(self.requests[: t.shape[0]]):
                 self.session.capture(name, t[b], step=step, request=rid, tokens=(end - rows, end), **extra)
 

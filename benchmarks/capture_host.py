@@ -5,7 +5,8 @@ adds. This times, on one 1 x 2048 bf16 CUDA tensor (a decode step's layer output
 
 - ``session.capture`` in summary mode with deferred summaries (the end-of-step summaries included, spread over
   the captures of a step), the writer dropping what it gets: what the serving thread pays per point;
-- the same with the bundle writer (its thread's Python shares the GIL with the serving thread);
+- the same with the bundle writer, on its own thread (whose Python shares the GIL with the serving thread) and
+  on the serving thread;
 - the torch calls a capture makes, one by one.
 
 Usage (a CUDA machine): ``python3 benchmarks/capture_host.py [--points 56] [--steps 400]``
@@ -52,28 +53,30 @@ def per_call(fn: Any, n: int = 20000) -> float:
     return sorted(rounds)[2]
 
 
-def per_capture(points: int, steps: int, writer: str) -> float:
-    """Microseconds per capture from the first capture to the closed session, end-of-step work and the writer's
-    thread included (median of 3 runs)."""
+def per_capture(points: int, steps: int, writer: str) -> tuple[float, float]:
+    """Microseconds per capture from the first capture to the last step's end (its summaries queued, the
+    completed writes handed on), and from there to the closed session (median of 3 runs).
+    ``writer``: ``discard`` (a writer that keeps nothing), ``thread`` or ``inline`` (the bundle writer, on
+    its own thread or on the serving thread: ``ProbeConfig.drain``)."""
     xs = [torch.randn(1, 1, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(points)]
     runs = []
     for _ in range(3):
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = ProbeConfig(bundle=tmp, part="tp0", mode="summary", defer_summaries=True, budget_bytes=None)
+            cfg = ProbeConfig(bundle=tmp, part="tp0", mode="summary", defer_summaries=True, budget_bytes=None,
+                              drain="inline" if writer == "inline" else "thread")
             session = ProbeSession(cfg, writer=DiscardWriter() if writer == "discard" else None)
             for step in range(3):  # warm-up: kernels compiled, names steady
                 for i, x in enumerate(xs):
                     session.capture("target.hidden", x[0], step=step, request="r", tokens=(0, 1), layer=i)
-            session.end_step()
-            torch.cuda.synchronize()
+            session.flush()
             t0 = time.perf_counter()
             for step in range(3, 3 + steps):
                 for i, x in enumerate(xs):
                     session.capture("target.hidden", x[0], step=step, request="r", tokens=(0, 1), layer=i)
                 session.end_step()
-            session.close()  # the writer's last records written: its whole work is inside the time
-            elapsed = time.perf_counter() - t0
-            runs.append(elapsed / (steps * points) * 1e6)
+            t1 = time.perf_counter()
+            session.close()  # the last copies and writes, the part's files
+            runs.append(((t1 - t0) / (steps * points) * 1e6, (time.perf_counter() - t1) / (steps * points) * 1e6))
     return sorted(runs)[1]
 
 
@@ -99,9 +102,10 @@ def main() -> int:
     for name, fn in rows.items():
         print(f"| {name} | {per_call(fn):.2f} |")
     print(f"\n{args.points} points per step, {args.steps} steps, summary mode, deferred summaries:\n")
-    print("| writer | us per capture (end-of-step work and the writer's thread included) |\n| --- | ---: |")
-    for writer in ("discard", "bundle"):
-        print(f"| {writer} | {per_capture(args.points, args.steps, writer):.1f} |", flush=True)
+    print("| writer | us per capture, in the steps | us per capture, closing |\n| --- | ---: | ---: |")
+    for writer in ("discard", "thread", "inline"):
+        steps_us, close_us = per_capture(args.points, args.steps, writer)
+        print(f"| {writer} | {steps_us:.1f} | {close_us:.1f} |", flush=True)
     return 0
 
 

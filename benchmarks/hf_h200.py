@@ -160,6 +160,8 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     # the same captures, handed to a writer that drops them: the serving thread's own cost, without the
     # bundle writer's thread (its Python shares the GIL with the serving thread)
     "summary, all points, no bundle writer": {"mode": "summary", "defer_summaries": True, "discard": True},
+    "summary, layers + logits, inline writer": {"mode": "summary", "defer_summaries": True, "drain": "inline", **LAYERS},
+    "summary, all points, inline writer": {"mode": "summary", "defer_summaries": True, "drain": "inline"},
     "summary, layers + logits, no bundle writer": {"mode": "summary", "defer_summaries": True, "discard": True, **LAYERS},
 }
 

@@ -110,12 +110,15 @@ def ensure_manifest(
     write_json_atomic(mpath, manifest)
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, *, compact: bool = False) -> None:
+    """``obj`` as JSON at ``path``, all or nothing. ``compact``: no indentation (Python's C encoder: a part's
+    records, tens of thousands in a long run, encode about ten times faster)."""
     path = Path(path)
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=1, sort_keys=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -236,6 +239,7 @@ class BundleWriter:
         write_json_atomic(
             self.part_dir / PART_FILE,
             {"part": self.part, "tensors": self._records, **({"extra": extra} if extra else {})},
+            compact=True,
         )
         self.closed = True
 

@@ -23,6 +23,7 @@ from validator.judging.text import (
     pair_status,
 )
 from validator.numerics.metrics import _json_safe
+from validator.store.bulk import cycle_collector_paused
 
 __all__ = [
     "comparison_doc",
@@ -64,7 +65,11 @@ def comparison_doc(c: Comparison) -> dict[str, Any]:
 
 
 def comparison_json(c: Comparison) -> str:
-    return json.dumps(comparison_doc(c), default=str, allow_nan=False)
+    # the report's tens of thousands of dicts and lists are freed by reference counting when it is encoded: the
+    # cycle collector's passes over them, and the full collections their promotion brings on, cost more than
+    # building them (many_pairs_bench.md)
+    with cycle_collector_paused():
+        return json.dumps(comparison_doc(c), default=str, allow_nan=False)
 
 
 

@@ -372,9 +372,10 @@ class Service:
         with self.session() as s:
             rows = store.run_tensors(s, run_id=run.id)
         refs = []
-        for name, slot, dtype, shape_list, sha256, nbytes in rows:  # the columns of run_tensors, in order
-            shape = tuple(shape_list)
-            check_dtype(dtype, where=f"run {run.name!r} tensor {name!r}: ")
+        run_name, open_blob = run.name, self._open_blob  # once, not per record
+        for name, slot, dtype, shape_text, sha256, nbytes in rows:  # the columns of run_tensors, in order
+            shape = _shape(shape_text)
+            check_dtype(dtype, where=f"run {run_name!r} tensor {name!r}: ")
             coords, shard = _placement(slot)
             refs.append(
                 TensorRef(
@@ -385,8 +386,8 @@ class Service:
                     shape=shape,
                     sha256=sha256,
                     nbytes=nbytes,
-                    origin=f"run {run.name!r} blob {sha256[:12]}",
-                    loader=functools.partial(self._open_blob, sha256, dtype, shape, nbytes),
+                    origin=f"run {run_name!r} blob {sha256[:12]}",
+                    loader=functools.partial(open_blob, sha256, dtype, shape, nbytes),
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)
@@ -523,6 +524,12 @@ class Service:
             if rec is None:
                 raise NotFoundError(f"no comparison {id}")
             return _comparison_dict(rec)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _shape(text: str) -> tuple[int, ...]:
+    """A stored record's shape, decoded once per distinct JSON text: most records of a run share a few."""
+    return store.shape_of(text)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import Engine, String, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -44,6 +44,7 @@ __all__ = [
     "add_blobs",
     "run_tensors",
     "slot_parts",
+    "shape_of",
     "unreferenced_blobs",
     "blob_gc_lock",
     "delete_blob_rows",
@@ -276,8 +277,10 @@ def run_tensors(session: Session, *, run_id: int) -> Sequence[Any]:
     """A run's tensor records in capture order, as plain rows ``(name, slot, dtype, shape, sha256, nbytes)``
     (also by attribute): no ORM objects, which a run of thousands of tensors would build one by one on
     every comparison. ``slot`` holds the coordinates and shard spec as one canonical JSON text
-    (:func:`slot_parts` reads it): records of one layer and step share it, so a caller decodes each once."""
-    cols = (Tensor.name, Tensor.slot, Tensor.dtype, Tensor.shape, Tensor.sha256, Tensor.nbytes)
+    (:func:`slot_parts` reads it): records of one layer and step share it, so a caller decodes each once.
+    ``shape`` is the JSON text of the shape (:func:`shape_of` reads it), for the same reason: most records
+    of a run share a few shapes."""
+    cols = (Tensor.name, Tensor.slot, Tensor.dtype, cast(Tensor.shape, String).label("shape"), Tensor.sha256, Tensor.nbytes)
     return session.execute(select(*cols).where(Tensor.run_id == run_id).order_by(Tensor.id)).all()
 
 
@@ -285,6 +288,11 @@ def slot_parts(slot: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(coords, shard) of a record's ``slot``: the dicts stored in its ``coords`` and ``shard`` columns."""
     d = json.loads(slot)
     return d["c"], d["s"]
+
+
+def shape_of(shape: str) -> tuple[int, ...]:
+    """The shape of a record, from the JSON text :func:`run_tensors` gives."""
+    return tuple(json.loads(shape))
 
 
 def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:

@@ -18,7 +18,8 @@ steps; the pool keeps at most ``keep_bytes`` of free buffers.
 
 Completed copies are found by :meth:`Transfer.poll` (non-blocking event queries, called on the serving
 thread at each capture) or waited for by :meth:`Transfer.flush`. Their bundle writes (a host copy, a
-sha256, safetensors files) then run either on a background writer thread (``drain="thread"``) or inline.
+sha256, safetensors files) then run either on a background writer thread (``drain="thread"``) or inline;
+with the thread, small completed copies (``INLINE_BYTES``) are still written inline while the thread is idle.
 The writer thread makes no CUDA call at all, not even freeing a pinned buffer: a CUDA call from another
 thread during CUDA graph capture (global capture mode) breaks the capture. Buffers it is done with go back
 to the serving thread, which returns them to the pool at its next poll. The bundle writer must copy what
@@ -37,6 +38,12 @@ from typing import Any
 import torch
 
 __all__ = ["PinnedPool", "Transfer", "Write"]
+
+# Completed copies of at most this many bytes (a step's summary rows, a decode step's small tensors) are written
+# on the serving thread when the writer's thread is idle: their Python costs less there than handing the GIL
+# back and forth with the thread (on an H200 host, 56 summary rows a step: ~33 us per row inline, ~80 us through
+# the thread; benchmarks/capture_host.py). Larger ones, whose sha256 and copies release the GIL, go to the thread.
+INLINE_BYTES = 256 << 10
 
 SUMMARY_WIDTH = 5  # float64 values per summary row (probes.summary.SUMMARY_FIELDS)
 
@@ -176,6 +183,7 @@ class Transfer:
         self.modified_names: set[str] = set()  # names whose tensors were written in place before the step ended
         self.steady_names: set[str] = set()  # names watched through a step without being written in place
         self._queue: queue.Queue[Any] | None = None
+        self._queued = 0  # items put on the queue and not yet written by the thread
         self._thread: threading.Thread | None = None
         if drain == "thread":
             self._queue = queue.Queue()
@@ -400,10 +408,15 @@ class Transfer:
 
     def _complete(self, p: _Pending) -> None:
         self.inflight_bytes -= p.nbytes
-        self._emit(p.on_ready(p.hosts), p.bufs)
+        self._emit(p.on_ready(p.hosts), p.bufs, p.nbytes)
 
-    def _emit(self, writes: list[Write], bufs: list[torch.Tensor] | None = None) -> None:
-        if self._queue is not None:
+    def _emit(self, writes: list[Write], bufs: list[torch.Tensor] | None = None, nbytes: int | None = None) -> None:
+        """Hand ``writes`` to the writer: on its thread, or here when there is no thread, or when they hold at
+        most ``INLINE_BYTES`` and the thread is idle (so the bundle keeps the capture order and the writer is
+        never used by two threads at once). ``nbytes``: their bytes, if known."""
+        if self._queue is not None and (nbytes is None or nbytes > INLINE_BYTES or self._queued):
+            with self._lock:
+                self._queued += 1
             self._queue.put((writes, bufs or []))
             return
         for w in writes:
@@ -432,9 +445,10 @@ class Transfer:
         assert self._queue is not None
         while True:
             item = self._queue.get()
+            if item is _STOP:
+                self._queue.task_done()
+                return
             try:
-                if item is _STOP:
-                    return
                 writes, bufs = item
                 item = None
                 for w in writes:
@@ -443,4 +457,6 @@ class Transfer:
                 self._done.append(bufs)  # back to the pool on the serving thread: no CUDA call here
                 bufs = None
             finally:
+                with self._lock:
+                    self._queued -= 1
                 self._queue.task_done()

@@ -211,7 +211,8 @@ def _measure_batch(pairs: list[Pair]) -> list[Measured]:
     loaded = [(la.materialize(), lb.materialize(), lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for la, lb, r in pairs]
     got = measure_tensors_many(loaded)
     for m, (la, lb, _) in zip(got, pairs):
-        m.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+        if la.notes or lb.notes:
+            m.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
     return got
 
 

@@ -6,7 +6,9 @@ runs, measure every pair, judge, encode the JSON report).
     python benchmarks/many_pairs_bench.py --home /tmp/many-pairs --reps 3
 
 The runs are written and ingested into the embedded store at ``--home`` once (not timed). Prints each
-time, the medians and (many - one) / 4,464: the overhead per pair.
+time, the medians and (many - one) / 4,464: the overhead per pair. ``--save-json DIR`` writes the JSON report
+of each comparison (``DIR/many.json``, ``DIR/one.json``, from the last repetition): a change that must keep
+the results bit for bit compares them byte for byte (``cmp``) with the ones saved before it.
 """
 
 from __future__ import annotations
@@ -55,17 +57,18 @@ def ensure_runs(home: Path) -> Service:
     return svc
 
 
-def timed(svc: Service, a: str, b: str) -> tuple[float, int]:
+def timed(svc: Service, a: str, b: str) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     c = svc.compare(a, b, allow_paths=False)
-    comparison_json(c)
-    return time.perf_counter() - t0, len(c.pairs)
+    report = comparison_json(c)
+    return time.perf_counter() - t0, len(c.pairs), report
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", type=Path, required=True, help="the embedded store the four runs are ingested into (once)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--save-json", type=Path, metavar="DIR", help="write each comparison's JSON report to DIR/{many,one}.json")
     args = ap.parse_args()
     svc = ensure_runs(args.home)
     times: dict[str, list[float]] = {"many": [], "one": []}
@@ -73,9 +76,12 @@ def main() -> None:
         timed(svc, "one-a", "one-b")  # warm: imports, the engine's first call
         for _ in range(args.reps):
             for kind in ("many", "one"):
-                sec, pairs = timed(svc, f"{kind}-a", f"{kind}-b")
+                sec, pairs, report = timed(svc, f"{kind}-a", f"{kind}-b")
                 times[kind].append(sec)
                 print(f"{kind}: {pairs} pair(s) in {sec:.2f} s", flush=True)
+                if args.save_json:
+                    args.save_json.mkdir(parents=True, exist_ok=True)
+                    (args.save_json / f"{kind}.json").write_text(report)
     finally:
         svc.close()
     many, one = statistics.median(times["many"]), statistics.median(times["one"])

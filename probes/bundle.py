@@ -219,6 +219,10 @@ class BundleWriter:
         if self._pending_bytes >= self.max_file_bytes:
             self.flush()
 
+    def room_for(self, nbytes: int) -> bool:
+        """Would adding ``nbytes`` more leave the pending tensors under ``max_file_bytes`` (no file written)?"""
+        return self._pending_bytes + nbytes < self.max_file_bytes
+
     def flush(self) -> None:
         if not self._pending:
             return

@@ -412,9 +412,12 @@ class Transfer:
 
     def _emit(self, writes: list[Write], bufs: list[torch.Tensor] | None = None, nbytes: int | None = None) -> None:
         """Hand ``writes`` to the writer: on its thread, or here when there is no thread, or when they hold at
-        most ``INLINE_BYTES`` and the thread is idle (so the bundle keeps the capture order and the writer is
-        never used by two threads at once). ``nbytes``: their bytes, if known."""
-        if self._queue is not None and (nbytes is None or nbytes > INLINE_BYTES or self._queued):
+        most ``INLINE_BYTES``, the thread is idle (so the bundle keeps the capture order and the writer is never
+        used by two threads at once) and the writer will not write a file for them (``room_for``: files are
+        written on the thread). ``nbytes``: their bytes, if known."""
+        room_for = getattr(self.writer, "room_for", None)
+        if self._queue is not None and (nbytes is None or nbytes > INLINE_BYTES or self._queued or (
+                room_for is not None and not room_for(nbytes))):
             with self._lock:
                 self._queued += 1
             self._queue.put((writes, bufs or []))

@@ -49,6 +49,28 @@ def test_small_writes_inline_while_the_thread_is_idle_and_order_kept() -> None:
     assert {th for _, th in rec.added[2:]} == {"probe-bundle-writer"}
 
 
+def test_a_small_write_that_would_fill_a_file_goes_to_the_thread(tmp_path: Any) -> None:
+    from probes.bundle import BundleWriter
+
+    writer = BundleWriter(tmp_path / "b", max_file_bytes=100)
+    t = Transfer(writer, drain="thread")
+    t._emit(_writes("a"), None, 8)  # 8 of 100 bytes: written here, no file yet
+    assert writer.room_for(8) and not list((tmp_path / "b" / "parts" / "part0").glob("*.safetensors"))
+    assert not writer.room_for(100)
+    seen: list[str] = []
+    real_flush = writer.flush
+
+    def flush() -> None:  # the real flush, noting the thread that ran it
+        seen.append(threading.current_thread().name)
+        real_flush()
+
+    writer.flush = flush  # type: ignore[method-assign]
+    t._emit([Write("big", torch.zeros(25))], None, 100)  # 100 bytes more reach the limit: the file, on the thread
+    t.close()
+    assert seen[0] == "probe-bundle-writer"
+    assert len(list((tmp_path / "b" / "parts" / "part0").glob("*.safetensors"))) == 1
+
+
 def test_inline_drain_writes_everything_here() -> None:
     rec = Recorder()
     t = Transfer(rec, drain="inline")

@@ -129,6 +129,7 @@ def write_json_atomic(path: Path, obj: Any, *, compact: bool = False) -> None:
 
 _FULL = ShardSpec.full()
 _FULL_KEY = ("full", 0, 1, None, 0, 1)  # _FULL's fields
+_DTYPE_NAMES: dict[Any, str] = {}  # torch dtype -> its name in part.json ("bfloat16")
 
 
 def _record(r: tuple[Any, ...], file: str) -> dict[str, Any]:
@@ -206,14 +207,16 @@ class BundleWriter:
             raise BundleError(f"tensor {name!r} ({c.label() or 'no coords'}, {spec}) was already added to this part")
         self._seen.add(ident)
         t = tensor.detach()
-        host = t.clone(memory_format=torch.contiguous_format) if t.device.type == "cpu" else t.to("cpu").contiguous()
-        nbytes = host.numel() * host.element_size()
+        host = t.clone(memory_format=torch.contiguous_format) if t.is_cpu else t.to("cpu").contiguous()
+        nbytes = host.nbytes
         key = f"t{self._count:06d}"
         self._count += 1
-        sha = hashlib.sha256(host.reshape(-1).view(torch.uint8).numpy().data if nbytes else b"").hexdigest()
+        raw = (host.view(torch.uint8) if host.dim() else host.reshape(1).view(torch.uint8)) if nbytes else None
+        sha = hashlib.sha256(raw.numpy().data if raw is not None else b"").hexdigest()
         # kept as a tuple of plain values until flush (the cycle collector skips those: a long run holds many)
-        self._pending_records.append((name, key, ident[1], c.pp_stage, c.tp_rank, c.tp_size, shard_key,
-                                      str(host.dtype).removeprefix("torch."), tuple(host.shape), sha, nbytes))
+        dtype = _DTYPE_NAMES.get(host.dtype) or _DTYPE_NAMES.setdefault(host.dtype, str(host.dtype).removeprefix("torch."))
+        self._pending_records.append((name, key, ident[1], c.pp_stage, c.tp_rank, c.tp_size, shard_key, dtype,
+                                      tuple(host.shape), sha, nbytes))
         self._pending[key] = host
         self._pending_bytes += nbytes
         if self._pending_bytes >= self.max_file_bytes:

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from validator.numerics.backends import backend_for
-from validator.numerics.backends.common import FLOAT_DTYPES, Refine, Totals, p99_from_keys
+from validator.numerics.backends.common import FLOAT_DTYPES, Refine, Totals
 from validator.numerics.backends.cpu import BLOCK as ROW
-from validator.numerics.backends.cpu import REFINE_BINS, compare_cpu_range, merge_rows, refine_cpu, row_plan
+from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, refine_cpu, row_plan, totals
 from validator.numerics.floors import BlockSums, _edges, _rows, nonfinite_counts
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 
@@ -143,23 +143,15 @@ def merge_totals(parts: Sequence[RangePartials], refine: Refine | None = None) -
     shape, numel = _check_cover(parts)
     edges = _edges(shape)
     _, owner = row_plan(edges, numel)
-    rows = np.concatenate([p.rows for p in parts]) if len(parts) > 1 else parts[0].rows
-    sums, block_d2, block_a2 = merge_rows(rows, owner, len(edges) - 1)
+    sums, blocks = merge_rows(np.concatenate([p.rows for p in parts]), owner, len(edges) - 1)
     counts = np.array([p.counts for p in parts], np.int64).sum(0)
-    max_abs = max(0.0, *(p.max_abs for p in parts))
-    ulp = None
-    if parts[0].keys is not None:
-        keys = np.array([p.keys for p in parts], np.int64).sum(0)
+    keys = None if parts[0].keys is None else np.array([p.keys for p in parts], np.int64).sum(0).tolist()
 
-        def no_refine(lo: int, shift: int, bins: int) -> list[int]:
-            raise ValueError("the p99 ULP needs counting passes over the pair: give merge a refine")
+    def no_refine(lo: int, shift: int, bins: int) -> list[int]:
+        raise ValueError("the p99 ULP needs counting passes over the pair: give merge a refine")
 
-        p99 = p99_from_keys(keys.tolist(), int(counts[0]), refine or no_refine, REFINE_BINS)
-        ulp = (max(p.max_ulp for p in parts), p99)
-    return Totals(
-        numel, tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp,  # type: ignore[arg-type]
-        tuple(block_d2.tolist()), tuple(block_a2.tolist()),
-    )  # fmt: skip
+    max_abs, max_ulp = max(p.max_abs for p in parts), max(p.max_ulp for p in parts)
+    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, keys, refine or no_refine, *blocks.tolist())
 
 
 def merge(parts: Sequence[RangePartials], refine: Refine | None = None) -> tuple[TensorMetrics, BlockSums]:

@@ -1,31 +1,29 @@
 """CPU backend: one fused numba pass per pair, float32 per element, float64 across blocks.
 
-Both tensors are read as raw bytes in blocks of :data:`BLOCK` elements; ``prange`` hands groups of
-:data:`GROUP` blocks to numba's threads. Each block is read from memory once, into two float32
-scratch buffers (bf16: its bits shifted up by 16; fp16 and fp8: a table of every bit pattern built
-once from torch's own conversion; float32 as is: all exact), and everything else reads the scratch:
+Both tensors are read as raw bytes in blocks of at most :data:`BLOCK` elements (none across an edge of
+``edges``); ``prange`` hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair
+(:func:`compare_cpu`), or a whole small pair (:func:`compare_cpu_many`). Each block is read from memory
+once, into two float32 scratch buffers (bf16: its bits shifted up by 16; fp16 and fp8: a table of every bit
+pattern built once from torch's own conversion; float32 as is: all exact), and everything else reads the
+scratch:
 
 - sums of a², b², d², |d|, a·d in :data:`LANES` float32 lanes, added in float64 per block;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
 - the ULP distances from the raw bits: their maximum, and either the counts of distances 1 and 2 (all
-  distances <= 2) or each distance's key (``common.ulp_key``) added to the group's histogram.
+  distances <= 2) or each distance's key (``common.ulp_key``) added to the unit's histogram.
 
 A block whose float32 sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. Pairs with a float64 side take that path for every block. ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
-the blocks that hold it are read again in float64. The p99 bin is refined by further parallel passes.
+each unit reads the blocks that hold its largest again in float64. The p99 bin is refined by further
+parallel passes.
 
-Each block writes one row of partials and the rows are added in block order, so the result does not
-depend on the thread count or on which thread ran which block. Integer and boolean pairs take the
-reference (``backends.backend_for``).
-
-Many small pairs (:func:`compare_cpu_many`) run in one call, :func:`_pass_many`: ``prange`` hands a pair at
-a time to numba's threads, each block of a pair goes through the same :func:`_block` as in :func:`_pass`,
-and each pair's rows are added in block order as :func:`compare_cpu` adds them, so a pair's totals are the
-same bits whichever way it was measured. For pairs of a few thousand elements the calls, not the elements,
-cost (benchmarks/many_pairs_bench.md).
+Each block writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
+the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
+the thread count, on which thread ran which block, or on how pairs were grouped. Integer and boolean
+pairs take the reference (``backends.backend_for``).
 """
 
 # mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False
@@ -34,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -312,12 +311,11 @@ def _block(ra, rb, kinds, ta, tb, lo, m, tol, spec, f, c, hist, ua, ub, ya, yb, 
 
 
 @njit(cache=True)
-def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop):
+def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop, ua, ub):
     """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
-    largest (float32 rounding is monotonic), read again in float64."""
+    largest (float32 rounding is monotonic), read again (into ua, ub) in float64."""
     best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
     if top32 > 0:
-        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):
             if part_f[blk, 6] == top32:
@@ -333,46 +331,34 @@ def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, keys):
-    """Rows of partials per block (block i: elements starts[i] .. starts[i+1], see _block) and a ULP key
-    histogram per group of blocks. Returns the exact largest |d|."""
-    blocks = part_f.shape[0]
-    for g in prange(keys.shape[0]):
+def _pass(ra, rb, kinds, ta, tb, starts, units, tol, spec, part_f, part_i, keys, tops):
+    """The rows of partials of every block (block i: elements starts[i] .. starts[i+1], see _block), a
+    prange iteration per unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u], its exact
+    largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in a block
+    that holds the pair's largest float32 |d|, whose unit reads it again)."""
+    for u in prange(len(units) - 1):
         ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
         ya, yb = np.empty(BLOCK), np.empty(BLOCK)
         lanes = np.empty((6, LANES), np.float32)
-        for blk in range(g * GROUP, min(blocks, (g + 1) * GROUP)):
+        for blk in range(units[u], units[u + 1]):
             lo = starts[blk]
-            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[g], ua, ub, ya, yb, lanes)
-    return _exact_max(ra, rb, kinds, ta, tb, starts, part_f, 0, blocks)
+            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[u], ua, ub, ya, yb, lanes)
+        tops[u] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, units[u], units[u + 1], ua, ub)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _pass_many(ra, rb, kinds, ta, tb, starts, first, owner, tol, spec, part_f, part_i, keys, sums, counts, tops, out_blocks):
-    """:func:`_pass` and the reductions of :func:`compare_cpu` for many pairs in one call, a pair per
-    iteration: pair p is blocks first[p] .. first[p+1] (elements of the concatenated ``ra``, ``rb``).
-    Per pair: sums[p] (a², b², d², |d|, a·d; added in block order, as numpy's ``sum(0)`` of the rows),
-    counts[p], tops[p] (exact max |d|, max ULP), keys[p] (ULP key histogram), and the d² and a² of each
-    edge block (``owner``: global edge block of each row) into out_blocks[0], [1], in row order."""
-    for p in prange(sums.shape[0]):
-        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
-        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
-        lanes = np.empty((6, LANES), np.float32)
-        b0, b1 = first[p], first[p + 1]
-        for blk in range(b0, b1):
-            lo = starts[blk]
-            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[p], ua, ub, ya, yb, lanes)
-        tops[p, 0] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, b0, b1)
-        tops[p, 1] = part_i[b0:b1, 5].max()
+@njit(cache=True)
+def _add_rows(rows, owner, first, sums, blocks):
+    """The rows of partials of each pair p (rows first[p] .. first[p+1]) added one after another in float64:
+    a², b², d², |d|, a·d into sums[p], and the d² and a² of row r into blocks[0, owner[r]], blocks[1, owner[r]]."""
+    for p in range(len(first) - 1):
         for i in range(5):
             s = 0.0
-            for blk in range(b0, b1):
-                s += part_f[blk, i]
+            for r in range(first[p], first[p + 1]):
+                s += rows[r, i]
             sums[p, i] = s
-            counts[p, i] = part_i[b0:b1, i].sum()
-        for blk in range(b0, b1):
-            out_blocks[0, owner[blk]] += part_f[blk, 2]
-            out_blocks[1, owner[blk]] += part_f[blk, 0]
+        for r in range(first[p], first[p + 1]):
+            blocks[0, owner[r]] += rows[r, 2]
+            blocks[1, owner[r]] += rows[r, 0]
 
 
 @njit(cache=True)
@@ -401,7 +387,7 @@ def _refine(ra, rb, n, spec, lo, shift, out):
             _count(ra[s0:s1].view(np.uint32), rb[s0:s1].view(np.uint32), spec, lo, shift, out[p])
 
 
-# ---------------------------------------------------------------- the pass over a pair
+# ---------------------------------------------------------------- the passes over pairs
 
 
 @functools.lru_cache(maxsize=64)
@@ -438,6 +424,48 @@ def _rows(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.nd
     return np.append(starts, n), np.repeat(owner, count)
 
 
+class _Run(NamedTuple):
+    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _block); per unit the ULP keys and
+    the exact largest |d|; per pair the sums, the counts and the largest ULP distance; the block d² and a²."""
+
+    rows: np.ndarray
+    keys: np.ndarray
+    tops: np.ndarray
+    sums: np.ndarray
+    counts: np.ndarray
+    max_ulp: np.ndarray
+    blocks: np.ndarray
+
+
+def _run(
+    ra: np.ndarray, rb: np.ndarray, dtypes: tuple[torch.dtype, torch.dtype], atol: float, rtol: float,
+    starts: np.ndarray, units: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int,
+) -> _Run:  # fmt: skip
+    """The pass over pairs laid end to end in ``ra``, ``rb`` (bytes), and its totals: row i is elements
+    starts[i] .. starts[i+1] (the last start: the end), unit u (a prange iteration) rows units[u] ..
+    units[u+1], pair p rows first[p] .. first[p+1]; row i's d² and a² go to edge block owner[i] of ``n_blocks``."""
+    kinds, spec = _setup(*dtypes)
+    ta, tb = _table(dtypes[0]), _table(dtypes[1])
+    rows = len(starts) - 1
+    part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
+    keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
+    with _LOCK, _threads_for(int(starts[-1])), numba.parallel_chunksize(1):  # units handed out one at a time
+        _pass(ra, rb, kinds, ta, tb, starts, units, _tolerances(atol, rtol), spec, part_f, part_i, keys, tops)
+    sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
+    _add_rows(part_f, owner, first, sums, blocks)
+    counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
+    return _Run(part_f, keys, tops, sums, counts, max_ulp, blocks)
+
+
+def _one(ra: np.ndarray, rb: np.ndarray, dtypes: tuple[torch.dtype, torch.dtype], atol: float, rtol: float,
+         edges: tuple[int, ...], start: int) -> _Run:  # fmt: skip
+    """:func:`_run` over elements ``start ..`` of one pair (``edges``: the whole pair's), GROUP blocks a unit."""
+    starts, owner = _rows(edges, start, ra.size // dtypes[0].itemsize)
+    rows = len(owner)
+    units = np.append(np.arange(0, rows, GROUP), rows)
+    return _run(ra, rb, dtypes, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
+
+
 def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The pair as bytes: whole when both are contiguous, else contiguous copies of ``chunk_elems``."""
     if a.is_contiguous() and b.is_contiguous():
@@ -447,14 +475,14 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
         yield _bytes(ca), _bytes(cb)
 
 
-def _refine_hist(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], size: int, spec: np.ndarray) -> Refine:
-    """common.Refine over the pair that ``pieces()`` reads (``size``: bytes per element)."""
+def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int, spec: np.ndarray) -> Refine:
+    """common.Refine over the pair, read again (:func:`_pieces`) at each call."""
 
     def refine(lo: int, shift: int, bins: int) -> list[int]:
         hist = np.zeros(bins, np.int64)
-        for ra, rb in pieces():
+        for ra, rb in _pieces(a, b, chunk_elems):
             out = np.zeros((PARTS, bins), np.int64)
-            n = ra.size // size
+            n = ra.size // a.element_size()
             with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
                 _refine(ra, rb, n, spec, lo, shift, out)
             hist += out.sum(0)
@@ -463,44 +491,36 @@ def _refine_hist(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], 
     return refine
 
 
+def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int, keys: list[int] | None,
+           refine: Refine, block_d2: list[float], block_a2: list[float]) -> Totals:  # fmt: skip
+    """The ``Totals`` of a pair from what its pass added up (``keys``: its ULP key histogram, None without
+    ULP metrics; ``refine`` is called only when the p99's key bin holds more than one distance)."""
+    ulp = None if keys is None else (max_ulp, p99_from_keys(keys, counts[0], refine, REFINE_BINS))
+    return Totals(numel, tuple(sums), max_abs, tuple(counts), ulp, tuple(block_d2), tuple(block_a2))  # type: ignore[arg-type]
+
+
 def compare_cpu(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
-    """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``)."""
+    """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
+    A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
-    kinds, spec = _setup(a.dtype, b.dtype)
-    ta, tb = _table(a.dtype), _table(b.dtype)
-    tol = _tolerances(atol, rtol)
-    sums, counts, max_abs, max_ulp = np.zeros(5), np.zeros(5, np.int64), 0.0, 0
-    keys = np.zeros(NUM_KEYS, np.int64)
-    block_d2, block_a2 = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
-    pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]] = lambda: _pieces(a, b, chunk_elems)  # noqa: E731
+    _, spec = _setup(a.dtype, b.dtype)
+    sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
+    keys, max_abs, max_ulp = np.zeros(NUM_KEYS, np.int64), 0.0, 0.0
     offset = 0
-    for ra, rb in pieces():
-        n = ra.size // a.element_size()
-        if n == 0:
-            continue
-        starts, owner = _rows(edges, offset, n)  # the same for every pair of one shape: cached
-        offset += n
-        blocks = len(starts) - 1
-        part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
-        group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
-        with _LOCK, _threads_for(n), numba.parallel_chunksize(1):  # groups handed out one at a time
-            max_abs = max(max_abs, float(_pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, group_keys)))
-        sums += part_f[:, :5].sum(0)  # in float64, in an order fixed by the number of blocks
-        counts += part_i[:, :5].sum(0)
-        max_ulp = max(max_ulp, int(part_i[:, 5].max()))
-        keys += group_keys.sum(0)
-        block_d2 += np.bincount(owner, part_f[:, 2], len(block_d2))  # row order: fixed
-        block_a2 += np.bincount(owner, part_f[:, 0], len(block_a2))
-    ulp = None
-    if spec[0]:
-        p99 = p99_from_keys(keys.tolist(), int(counts[0]), _refine_hist(pieces, a.element_size(), spec), REFINE_BINS)
-        ulp = (max_ulp, p99)
-    return Totals(
-        a.numel(), tuple(float(s) for s in sums), max_abs, tuple(int(c) for c in counts), ulp,  # type: ignore[arg-type]
-        tuple(block_d2.tolist()), tuple(block_a2.tolist()),
-    )  # fmt: skip
+    for ra, rb in _pieces(a, b, chunk_elems):
+        if ra.size:
+            got = _one(ra, rb, (a.dtype, b.dtype), atol, rtol, edges, offset)
+            offset += ra.size // a.element_size()
+            sums += got.sums[0]
+            counts += got.counts[0]
+            blocks += got.blocks
+            keys += got.keys.sum(0)
+            max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
+    keys_l = keys.tolist() if spec[0] else None
+    refine = _refiner(a, b, chunk_elems, spec)
+    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), int(max_ulp), keys_l, refine, *blocks.tolist())
 
 
 def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -512,49 +532,30 @@ def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
 def compare_cpu_many(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float
 ) -> list[Totals]:
-    """:func:`compare_cpu` of each pair ``(a, b, edges)``, bit for bit, in one pass of the engine over all
-    of them (a pair per thread at a time): for many small pairs, where the calls, not the elements, cost.
-    Every pair has the dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
+    """:func:`compare_cpu` of each pair ``(a, b, edges)``, bit for bit, in one run of the kernels over all of
+    them, a pair a unit: for many small pairs, where the calls, not the elements, cost. Every pair has the
+    dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
     if not pairs:
         return []
-    a0, b0 = pairs[0][0], pairs[0][1]
-    kinds, spec = _setup(a0.dtype, b0.dtype)
-    ta, tb = _table(a0.dtype), _table(b0.dtype)
-    tol = _tolerances(atol, rtol)
-    numel = [a.numel() for a, _, _ in pairs]
-    plans = [_rows(tuple(e), 0, n) for (_, _, e), n in zip(pairs, numel)]  # cached per shape
-    rows = np.array([len(owner) for _, owner in plans])
-    n_edges = np.array([len(e) - 1 for _, _, e in pairs])
-    first = np.zeros(len(pairs) + 1, np.int64)
-    np.cumsum(rows, out=first[1:])
-    elem_at = np.cumsum([0, *numel])
-    edge_at = np.zeros(len(pairs) + 1, np.int64)
-    np.cumsum(n_edges, out=edge_at[1:])
-    starts = np.concatenate([s[:-1] for s, _ in plans] + [elem_at[-1:]])
-    starts[:-1] += np.repeat(elem_at[:-1], rows)
-    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    dtypes = (pairs[0][0].dtype, pairs[0][1].dtype)
+    _, spec = _setup(*dtypes)
+    edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
+    plans = [_rows(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]  # cached per shape
+    first = np.cumsum([0] + [len(owner) for _, owner in plans])
+    at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])  # first element of each pair
+    edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])  # first edge block of each pair
+    starts = np.concatenate([s[:-1] + at[p] for p, (s, _) in enumerate(plans)] + [at[-1:]])
+    owner = np.concatenate([o + edge_at[p] for p, (_, o) in enumerate(plans)])
     ra = torch.cat([a.reshape(-1) for a, _, _ in pairs]).view(torch.uint8).numpy()
     rb = torch.cat([b.reshape(-1) for _, b, _ in pairs]).view(torch.uint8).numpy()
-    part_f, part_i = np.empty((first[-1], 7)), np.empty((first[-1], 6), np.int64)
-    keys = np.zeros((len(pairs), NUM_KEYS), np.int64)
-    sums, counts = np.empty((len(pairs), 5)), np.empty((len(pairs), 5), np.int64)
-    tops, out_blocks = np.empty((len(pairs), 2)), np.zeros((2, edge_at[-1]))
-    with _LOCK, _threads_for(int(elem_at[-1])), numba.parallel_chunksize(1):  # pairs handed out one at a time
-        _pass_many(ra, rb, kinds, ta, tb, starts, first, owner, tol, spec, part_f, part_i, keys, sums, counts, tops, out_blocks)
-    out = []
-    sums_l, counts_l, tops_l, keys_l, at = sums.tolist(), counts.tolist(), tops.tolist(), keys.tolist(), edge_at.tolist()
-    block_d2, block_a2 = out_blocks.tolist()
-    for p, (a, b, _) in enumerate(pairs):
-        ulp = None
-        if spec[0]:
-            refine = _refine_hist(functools.partial(_pieces, a, b, 1 << 22), a.element_size(), spec)  # rarely called
-            ulp = (int(tops_l[p][1]), p99_from_keys(keys_l[p], counts_l[p][0], refine, REFINE_BINS))
-        blocks = slice(at[p], at[p + 1])
-        out.append(
-            Totals(numel[p], tuple(sums_l[p]), max(0.0, tops_l[p][0]), tuple(counts_l[p]), ulp,  # type: ignore[arg-type]
-                   tuple(block_d2[blocks]), tuple(block_a2[blocks]))
-        )  # fmt: skip
-    return out
+    got = _run(ra, rb, dtypes, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
+    sums, counts, tops, max_ulp, keys = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.keys))
+    (d2, a2), at = got.blocks.tolist(), edge_at.tolist()
+    return [
+        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p], keys[p] if spec[0] else None,
+               _refiner(a, b, 1 << 22, spec), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip
+        for p, (a, b, _) in enumerate(pairs)
+    ]
 
 
 # ---------------------------------------------------------------- ranges of a pair (validator.numerics.ranges)
@@ -564,27 +565,14 @@ def compare_cpu_range(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int], start: int
 ) -> tuple[np.ndarray, np.ndarray, float, int, np.ndarray | None]:
     """The pass of :func:`compare_cpu` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
-    elements, ``n`` of them, row-major; ``edges``: the whole pair's, as given to ``compare_cpu``), before
-    anything is added across rows: (the rows of float64 partials a², b², d², |d|, a·d, ``[rows, 5]``; the
-    five counts; the exact largest |d|; the largest ULP distance; the ULP key histogram, None without ULP
-    metrics). ``start`` must be the first element of one of the whole pair's rows (a block edge, or an edge
-    plus a multiple of :data:`BLOCK`): the rows are then the whole pair's, bit for bit."""
-    kinds, spec = _setup(a.dtype, b.dtype)
-    ta, tb = _table(a.dtype), _table(b.dtype)
-    tol = _tolerances(atol, rtol)
-    ra, rb = _bytes(a), _bytes(b)
-    n = ra.size // a.element_size()
-    starts, _ = _rows(tuple(edges), start, n)
-    blocks = len(starts) - 1
-    part_f, part_i = np.empty((blocks, 7)), np.empty((blocks, 6), np.int64)
-    group_keys = np.zeros((-(-blocks // GROUP), NUM_KEYS), np.int64)
-    max_abs = 0.0
-    if blocks:
-        with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
-            max_abs = float(_pass(ra, rb, kinds, ta, tb, starts, tol, spec, part_f, part_i, group_keys))
-    keys = group_keys.sum(0) if spec[0] else None
-    max_ulp = int(part_i[:, 5].max()) if blocks else 0
-    return np.ascontiguousarray(part_f[:, :5]), part_i[:, :5].sum(0), max_abs, max_ulp, keys
+    ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
+    rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
+    ULP distance; the ULP key histogram, None without ULP metrics). ``start`` must be the first element of
+    one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
+    then the whole pair's, bit for bit."""
+    got = _one(_bytes(a), _bytes(b), (a.dtype, b.dtype), atol, rtol, tuple(edges), start)
+    keys = got.keys.sum(0) if _setup(a.dtype, b.dtype)[1][0] else None
+    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), int(got.max_ulp[0]), keys
 
 
 def refine_cpu(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int) -> list[int]:
@@ -593,19 +581,15 @@ def refine_cpu(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int)
     _, spec = _setup(a.dtype, b.dtype)
     if not spec[0]:
         raise ValueError(f"no ULP metrics for {a.dtype} against {b.dtype}")
-    return _refine_hist(lambda: iter([(_bytes(a), _bytes(b))]), a.element_size(), spec)(lo, shift, bins)
+    return _refiner(a, b, 1 << 22, spec)(lo, shift, bins)
 
 
-def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sums, block d², block a²) of a contiguous pair from all its rows of partials (``[rows, 5]``, in row
-    order) and the edge block of each row, added as :func:`compare_cpu` adds them: the same bits."""
-    sums = np.zeros(5)
-    block_d2, block_a2 = np.zeros(n_blocks), np.zeros(n_blocks)
-    if len(rows):
-        sums += rows.sum(0)  # in float64, one row after another, as part_f[:, :5].sum(0)
-        block_d2 += np.bincount(owner, rows[:, 2], n_blocks)
-        block_a2 += np.bincount(owner, rows[:, 0], n_blocks)
-    return sums, block_d2, block_a2
+def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sums, block d² and a²) of a contiguous pair from all its rows of partials (``[rows, 5]``, in row
+    order) and the edge block of each row, added by the code :func:`compare_cpu` adds them with."""
+    sums, blocks = np.zeros((1, 5)), np.zeros((2, n_blocks))
+    _add_rows(rows, owner, np.array([0, len(rows)]), sums, blocks)
+    return sums[0], blocks
 
 
 def row_plan(edges: Sequence[int], numel: int) -> tuple[np.ndarray, np.ndarray]:

@@ -118,9 +118,9 @@ class LogicalTensor:
 
 def _validate(name: str, coords: Coords, refs: list[TensorRef]) -> list[str]:
     """Check the shard set describes one complete logical tensor; return notes (non-fatal findings)."""
-    kinds = {r.shard.kind for r in refs}
     if len(refs) == 1 and refs[0].shard.kind in ("full", "replicated", "partial") and refs[0].shard.count == 1:
         return []  # one complete record: nothing to check (the common case, and many of them)
+    kinds = {r.shard.kind for r in refs}
     where = f"tensor {name!r}" + (f" ({coords.label()})" if coords.label() else "")
     if len(kinds) > 1:
         raise InputError(f"{where}: shards mix kinds {sorted(kinds)} ({refs[0].origin})")
@@ -171,7 +171,8 @@ def group_logical(refs: Iterable[TensorRef]) -> dict[LogicalKey, LogicalTensor]:
         groups[logical_key(r)].append(r)
     out: dict[LogicalKey, LogicalTensor] = {}
     for key, rs in groups.items():
-        rs.sort(key=lambda r: (r.shard.index, r.shard.replica))
+        if len(rs) > 1:  # most logical tensors are one record
+            rs.sort(key=lambda r: (r.shard.index, r.shard.replica))
         notes = _validate(rs[0].name, rs[0].coords, rs)
         coords = rs[0].coords  # without its placement: no part of a logical tensor
         if (coords.pp_stage, coords.tp_rank, coords.tp_size) != (None, None, None):

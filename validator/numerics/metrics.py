@@ -1,8 +1,8 @@
 """Element-wise comparison metrics for a pair of tensors (pure math, no I/O).
 
 ``a`` is always the reference run and ``b`` the candidate. :func:`compare_tensors` checks its
-inputs, has :mod:`validator.numerics.backends` read the pair once (a fused Triton pass on a GPU, torch ops on
-the CPU, the float64 reference elsewhere) and turns the totals into a :class:`TensorMetrics` with the
+inputs, has :mod:`validator.numerics.backends` read the pair once (a fused Triton pass on a GPU, a fused
+numba pass on the CPU, the float64 reference elsewhere) and turns the totals into a :class:`TensorMetrics` with the
 formulas of :func:`metrics_from_totals`, the same for every backend. ``docs/metrics.md`` defines
 every field.
 """
@@ -215,11 +215,6 @@ def metrics_from_totals(
     )
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
+@functools.cache
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
+    return str(dtype).removeprefix("torch.")

@@ -7,7 +7,7 @@ gives for the whole pair, bit for bit (validator.ray_executor measures huge pair
 
 Why it is exact: the CPU engine (``backends.cpu``) writes one row of float64 partials (a², b², d², |d|, a·d)
 per at most :data:`ROW` elements, rows laid from each row-block edge, and adds the rows of the whole pair in
-one chain. A range that starts where one of the whole pair's rows starts (:func:`is_cut`) has exactly those
+one chain (``cpu.merge_rows`` runs the same code). A range that starts where one of the whole pair's rows starts (:func:`is_cut`) has exactly those
 rows; :func:`measure_range` returns them, not their sum, and :func:`merge` runs the chain over all the
 ranges' rows as the whole pass does (and rebuilds the block sums from them, so a cut may fall inside a row
 block). Counts and the ULP key histogram are integers (they add), the largest |d| and ULP distance are

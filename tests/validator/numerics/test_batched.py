@@ -73,6 +73,13 @@ def test_compare_cpu_many_equals_compare_cpu_bitwise_on_every_thread_count() -> 
             assert bits(many) == bits(one), (dt, threads)
 
 
+def test_compare_many_without_edges_equals_compare() -> None:
+    # no edges: one block, as compare takes them (once a pair of rows with -1 edge blocks, out of bounds)
+    pairs = [(a, b, ()) for a, b, _ in mixed_pairs()]
+    one = [compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22) for a, b, _ in pairs]
+    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(one)
+
+
 def test_p99_refined_in_a_batch() -> None:
     # wide ULP spreads: the p99's bin holds many distances and is refined by further passes of that pair
     pairs = []

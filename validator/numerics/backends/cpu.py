@@ -74,8 +74,6 @@ _ULP_BITS = {
     torch.float8_e5m2: (1, 7, 0x7F, 0x7C),
 }
 _FRAC = (1 << KEY_BITS) - 1
-# one kernel at a time: numba's default "workqueue" threading layer must not be entered from two
-# threads at once, and a call already keeps every core busy
 _LOCK = threading.Lock()
 
 
@@ -85,18 +83,20 @@ def threads() -> int:
 
 
 @contextlib.contextmanager
-def _threads_for(n: int) -> Iterator[None]:
-    """Pairs of at most SMALL elements run on the calling thread alone: waking numba's other threads
-    costs more than the pass, and on a loaded machine far more. Results do not depend on it."""
-    if n > SMALL:
-        yield
-        return
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)  # this thread's setting only
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
+def _kernel(n: int) -> Iterator[None]:
+    """Around each call of a parallel kernel over ``n`` elements: one call at a time (numba's default
+    "workqueue" threading layer must not be entered from two threads at once, and a call already keeps every
+    core busy), prange iterations handed out one at a time, and at most SMALL elements on the calling thread
+    alone (waking numba's other threads costs more than the pass, on a loaded machine far more). Results
+    depend on none of it."""
+    with _LOCK, numba.parallel_chunksize(1):
+        saved = numba.get_num_threads()
+        if n <= SMALL:
+            numba.set_num_threads(1)  # this thread's setting only
+        try:
+            yield
+        finally:
+            numba.set_num_threads(saved)
 
 
 @functools.cache
@@ -449,7 +449,7 @@ def _run(
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
     keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
-    with _LOCK, _threads_for(int(starts[-1])), numba.parallel_chunksize(1):  # units handed out one at a time
+    with _kernel(int(starts[-1])):
         _pass(ra, rb, kinds, ta, tb, starts, units, _tolerances(atol, rtol), spec, part_f, part_i, keys, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
@@ -483,7 +483,7 @@ def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int, spec: np.ndarra
         for ra, rb in _pieces(a, b, chunk_elems):
             out = np.zeros((PARTS, bins), np.int64)
             n = ra.size // a.element_size()
-            with _LOCK, _threads_for(n), numba.parallel_chunksize(1):
+            with _kernel(n):
                 _refine(ra, rb, n, spec, lo, shift, out)
             hist += out.sum(0)
         return hist.tolist()

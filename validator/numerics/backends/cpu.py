@@ -253,13 +253,7 @@ def _ulp(ra, rb, sign, mask, em, hist, clean):
             d32 = np.int32(abs(x - y))
             t, n1, n2 = max(t, d32), np.int32(n1 + (d32 == 1)), np.int32(n2 + (d32 == 2))
         top, c1, c2 = int(t), int(n1), int(n2)
-    elif clean:
-        for j in range(ra.size):
-            d = abs(_ordinal(ra[j] + zero, sign, mask) - _ordinal(rb[j] + zero, sign, mask))
-            top = max(top, d)
-            c1 += d == 1
-            c2 += d == 2
-    else:
+    else:  # float32 (distances below 2**32), or NaN/Inf in the block
         both = 0
         for j in range(ra.size):
             x, y = ra[j] + zero, rb[j] + zero

@@ -538,8 +538,10 @@ def compare_cpu_many(
     first = np.cumsum([0] + [len(owner) for _, owner in plans])
     at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])  # first element of each pair
     edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])  # first edge block of each pair
-    starts = np.concatenate([s[:-1] + at[p] for p, (s, _) in enumerate(plans)] + [at[-1:]])
-    owner = np.concatenate([o + edge_at[p] for p, (_, o) in enumerate(plans)])
+    rows = np.diff(first)
+    starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
+    starts[:-1] += np.repeat(at[:-1], rows)  # each pair's rows moved to where the pair is
+    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
     ra = torch.cat([a.reshape(-1) for a, _, _ in pairs]).view(torch.uint8).numpy()
     rb = torch.cat([b.reshape(-1) for _, b, _ in pairs]).view(torch.uint8).numpy()
     got = _run(ra, rb, dtypes, atol, rtol, starts, first, first, owner, int(edge_at[-1]))

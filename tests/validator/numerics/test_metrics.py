@@ -88,7 +88,7 @@ def _np_metrics_f64(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) 
         "norm_a": na,
         "norm_b": nb,
         "rel_l2": rel_l2,
-        "cosine": 1.0 if na == nb == 0 else (math.nan if na * nb == 0 else dot / (na * nb)),
+        "cosine": 1.0 if na == nb == 0 else (math.nan if na * nb == 0 else _clamped(dot / (na * nb))),
         "max_abs": float(np.max(np.abs(y - x))) if x.size else 0.0,
         "mean_abs": float(np.mean(np.abs(y - x))) if x.size else 0.0,
         "sqnr_db": sqnr,
@@ -107,6 +107,11 @@ def _np_metrics_f64(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) 
         out["max_ulp"] = int(d.max()) if d.size else 0
         out["p99_ulp"] = int(np.percentile(d, 99, method="inverted_cdf")) if d.size else 0  # nearest rank
     return out
+
+
+def _clamped(cosine: float) -> float:
+    """A cosine clamped to [-1, 1] as the engine's is (NaN kept): dot / (na * nb) can round past 1."""
+    return cosine if math.isnan(cosine) else min(1.0, max(-1.0, cosine))
 
 
 def _same(x: float, y: float, rel: float = 1e-9, abs_: float = 0.0) -> bool:

@@ -75,6 +75,10 @@ _ULP_BITS = {
 }
 _FRAC = (1 << KEY_BITS) - 1
 _LOCK = threading.Lock()
+# numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
+# is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
+# many small pairs compared 10-40% slower; benchmarks/many_pairs_bench.md). Set before the first parallel call.
+numba.config.THREADING_LAYER = "workqueue"
 
 
 def threads() -> int:
@@ -84,9 +88,8 @@ def threads() -> int:
 
 @contextlib.contextmanager
 def _kernel(n: int) -> Iterator[None]:
-    """Around each call of a parallel kernel over ``n`` elements: one call at a time (numba's default
-    "workqueue" threading layer must not be entered from two threads at once, and a call already keeps every
-    core busy), prange iterations handed out one at a time, and at most SMALL elements on the calling thread
+    """Around each call of a parallel kernel over ``n`` elements: one call at a time (the "workqueue"
+    threading layer must not be entered from two threads at once, and a call already keeps every core busy), prange iterations handed out one at a time, and at most SMALL elements on the calling thread
     alone (waking numba's other threads costs more than the pass, on a loaded machine far more). Results
     depend on none of it."""
     with _LOCK, numba.parallel_chunksize(1):

@@ -78,7 +78,7 @@ _LOCK = threading.Lock()
 # numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
 # is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
 # many small pairs compared 10-40% slower; benchmarks/many_pairs_bench.md). Set before the first parallel call.
-numba.config.THREADING_LAYER = "workqueue"
+numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 
 def threads() -> int:

@@ -25,21 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from capture_overhead import DiscardWriter  # the writer that keeps nothing (this folder, next to this script)
+
 from probes.capture import ProbeSession
 from probes.config import ProbeConfig
-
-
-class DiscardWriter:
-    """A bundle writer that keeps nothing."""
-
-    def add(self, *_: Any, **__: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, extra: Any = None) -> None:
-        pass
 
 
 def per_call(fn: Any, n: int = 20000) -> float:

@@ -44,6 +44,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from capture_overhead import DiscardWriter  # noqa: E402  (this folder: the writer that keeps nothing)
+
 from probes.capture import ProbeSession  # noqa: E402
 from probes.config import ProbeConfig  # noqa: E402
 from probes.transformers import AssistedAcceptance, HandoffInjector, ModelCapture  # noqa: E402
@@ -166,17 +168,6 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 }
 
 
-class DiscardWriter:
-    """A bundle writer that keeps nothing."""
-
-    def add(self, *_: Any, **__: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, extra: Any = None) -> None:
-        pass
 DEFAULT_CONFIGS = ";".join(list(CONFIGS)[:5])
 
 

@@ -24,6 +24,7 @@ from probes import BundleWriter
 from validator.judging.report import comparison_json
 from validator.service import Service
 from validator.settings import Settings
+from validator.store.bulk import cycle_collector_paused
 
 LAYERS, POINTS, STEPS = 93, ("attn.out", "mlp.out", "hidden"), 16
 ROWS, COLS = 16, 1024
@@ -60,7 +61,8 @@ def ensure_runs(home: Path) -> Service:
 def timed(svc: Service, a: str, b: str) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     c = svc.compare(a, b, allow_paths=False)
-    report = comparison_json(c)
+    with cycle_collector_paused():  # as the service builds a stored comparison's report
+        report = comparison_json(c)
     return time.perf_counter() - t0, len(c.pairs), report
 
 

@@ -23,7 +23,6 @@ from validator.judging.text import (
     pair_status,
 )
 from validator.numerics.metrics import _json_safe
-from validator.store.bulk import cycle_collector_paused
 
 __all__ = [
     "comparison_doc",
@@ -65,11 +64,9 @@ def comparison_doc(c: Comparison) -> dict[str, Any]:
 
 
 def comparison_json(c: Comparison) -> str:
-    # the report's tens of thousands of dicts and lists are freed by reference counting when it is encoded: the
-    # cycle collector's passes over them, and the full collections their promotion brings on, cost more than
-    # building them (many_pairs_bench.md). The document is a tree made just now: no cycle to look for.
-    with cycle_collector_paused():
-        return json.dumps(comparison_doc(c), default=str, allow_nan=False, check_circular=False)
+    # the document is a tree made just now: no cycle to look for. A caller with thousands of pairs builds it with
+    # the cycle collector paused (store.bulk.cycle_collector_paused, as Service does; many_pairs_bench.md)
+    return json.dumps(comparison_doc(c), default=str, allow_nan=False, check_circular=False)
 
 
 

@@ -80,9 +80,7 @@ class ProbeSession:
         self._warned: set[str] = set()
         self._summary = cfg.mode == "summary"
         self._defer = cfg.defer_summaries and self._summary
-        # step, request or sampling rules to check on every capture (none: nothing to check)
-        self._selects = any(x is not None for x in (cfg.steps, cfg.requests)) or cfg.step_every > 1 or (
-            cfg.request_every > 1)
+        self._selects = cfg.selects  # step, request or sampling rules to check on every capture
         self.writer: Any = None
         self._transfer: Transfer | None = None
         self._graphs = GraphSlots(cfg.max_graph_slots)

@@ -203,6 +203,12 @@ class ProbeConfig:
     def wants_name(self, name: str) -> bool:
         return self.names is None or any(glob_match(p, name) for p in self.names)
 
+    @property
+    def selects(self) -> bool:
+        """Does a step, request or sampling rule apply? If not, every capture passes :meth:`wants_step`,
+        :meth:`wants_request` and :meth:`sampled` (a session then skips them)."""
+        return self.steps is not None or self.requests is not None or self.step_every > 1 or self.request_every > 1
+
     def wants_step(self, step: int | None) -> bool:
         if self.steps is None:
             return True

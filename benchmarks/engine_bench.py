@@ -157,24 +157,27 @@ def first_calls(elems: list[int]) -> list[dict[str, Any]]:
 def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str, Any]]:
     from validator.numerics.backends import cuda
 
-    saved = (cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS, cuda.STAGES)
+    names = ("BLOCK", "PROGRAMS", "NUM_WARPS", "STAGES")
+    saved = tuple(getattr(cuda, k) for k in names)
     rows = []
-    configs = [(512, 32, 4, 3), (512, 32, 4, 2), (512, 32, 4, 4), (256, 64, 2, 3), (1024, 16, 4, 3), (1024, 32, 8, 3)]
+    configs = [(1024, 2048, 4, 3), (1024, 1024, 4, 3), (1024, 4096, 4, 3), (512, 2048, 4, 3), (1024, 2048, 8, 3), (1024, 2048, 4, 4)]
     try:
         for label, shape in shapes:
             n = 1
             for s in shape:
                 n *= s
             a, b = make_pair(n, "cuda")
-            for block, tiles, warps, stages in configs:
-                cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS, cuda.STAGES = block, tiles, warps, stages
+            for config in configs:
+                for k, v in zip(names, config):
+                    setattr(cuda, k, v)
                 for p99 in (True, False):
                     sec = timed(lambda: kernels.compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=p99), reps, "cuda")
-                    row = {"pair": label, "block": block, "tiles": tiles, "warps": warps, "stages": stages, "p99": p99, "gbps": 2 * n * 2 / sec / 1e9}
+                    row = {"pair": label, **dict(zip(names, config)), "p99": p99, "gbps": 2 * n * 2 / sec / 1e9}
                     rows.append(row)
-                    print(f"  sweep {label:>22} BLOCK={block} TILES={tiles} warps={warps} stages={stages} p99={p99}: {row['gbps']:8.1f} GB/s", flush=True)
+                    print(f"  sweep {label:>22} {dict(zip(names, config))} p99={p99}: {row['gbps']:8.1f} GB/s", flush=True)
     finally:
-        cuda.BLOCK, cuda.TILES, cuda.NUM_WARPS, cuda.STAGES = saved
+        for k, v in zip(names, saved):
+            setattr(cuda, k, v)
     return rows
 
 

@@ -100,6 +100,11 @@ def cases() -> dict[str, Case]:
     out["mixed-bfloat16-float32"] = (a.to(torch.bfloat16), b.float(), 1e-5, 1e-3)
     out["mixed-float8-float16"] = (a.to(torch.float8_e5m2), b.half(), 1e-5, 1e-3)
     v = torch.tensor([1.0, 3.0, 0.1, 7.0, 1e-3], dtype=torch.float64)
+    # float32 |b - a| ties at 2**20 (2**10) where the exact differences do not: the exact max_abs needs float64
+    for dt, big, tiny in ((torch.bfloat16, 2.0**20, 2.0**-6), (torch.float16, 2.0**10, 2.0**-16)):
+        a, b = pair(dt, 4096, seed=8)
+        a[7], b[7], a[100], b[100] = big, -tiny, big, -2 * tiny
+        out[f"inexact-differences-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
     out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
     a, b = pair(torch.bfloat16, 6 * 70 * 90, seed=7)

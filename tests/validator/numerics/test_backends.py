@@ -391,3 +391,19 @@ def test_cuda_p99_flag() -> None:
     fast = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=False)
     assert full.ulp is not None and fast.ulp == (full.ulp[0], None)
     assert (fast.sums, fast.counts, fast.max_abs) == (full.sums, full.counts, full.max_abs)
+
+
+@CUDA
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_cuda_many_blocks_and_pieces(aligned: bool) -> None:
+    # 97 uneven blocks over thousands of programs; the same pair in pieces (b copied over): one sum order
+    a, b = with_nonfinite(*pair(torch.bfloat16, 4_000_000 + (0 if aligned else 3), seed=15))
+    n, step = a.numel(), 16 if aligned else 1
+    at = sorted({0, n, *((n * i // 97) // step * step for i in range(1, 97))})
+    got = [kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=at) for _ in range(10)]
+    assert all(t == got[0] for t in got)
+    assert_blocks(got[0], a, b, at)
+    _assert_matches(_metrics(got[0], a, b, 1e-5, 1e-3), _np_metrics(a, b, 1e-5, 1e-3))
+    pieces = kernels.compare(a.cuda(), b, atol=1e-5, rtol=1e-3, chunk_elems=999_999, edges=at)
+    assert_blocks(pieces, a, b, at)
+    assert (pieces.counts, pieces.max_abs, pieces.ulp) == (got[0].counts, got[0].max_abs, got[0].ulp)

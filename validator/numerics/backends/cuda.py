@@ -1,26 +1,24 @@
 """GPU backend: a Triton pass over a pair, float32 per element, float64 across programs.
 
 A pair's elements are cut into programs by its size and edges alone, so a pair gives the same bits on
-every call. Three kernels, then one small read back to the host:
+every call. Two kernels, then one small read back to the host:
 
 1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane float32 sums
    (a², b², d², |d|, a·d), the largest |d|, two counts of the tolerance test and the ULP distances' largest
-   value and first two moments; it reduces them once and writes one row of partials. Where float32 could
-   differ from the float64 reference it marks the row for the second kernel:
+   value and first two moments; it reduces them once and writes one row of partials (see ``ROW``). Where
+   float32 could differ from the float64 reference it marks the row instead:
    - NaN/Inf (float8: by the bits), or squares outside float32's comfortable range (``common.SAFE_LO``,
      ``SAFE_HI``): the whole row; float64 inputs always;
    - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count;
    - ULP distances above 2 where the exact p99 is asked for: the key histogram (distances 0, 1 and 2 are
      counted from the two moments);
    - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
-     float32 |d| equals the largest of all, g (an ``atomic_max``). The float32 difference of two 8- or
-     16-bit floats is exact unless their exponents are far apart, which only a large ULP distance allows
-     (:func:`exact_ulp`); a row whose distances stay within that bound holds an exact largest |d|, any other
-     is marked.
+     float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is
+     exact unless their exponents are far apart, which only a large ULP distance allows (:func:`exact_ulp`);
+     a row whose distances stay within that bound holds an exact largest |d|, any other is marked.
 2. ``_fix_kernel``: the programs of marked rows read their elements again and redo what was marked in
-   float64, as the reference rounds it; the others return at once.
-3. ``_finish_kernel``: adds the rows in a fixed order (sums and counts added, maxima taken) and each block
-   of the edges' d² and a².
+   float64, as the reference rounds it; the others only read their row. The last program to finish adds
+   the rows in a fixed order (sums and counts added, maxima taken) and each block of the edges' d² and a².
 
 The exact p99 comes from the key histogram, refined by ``_refine_kernel`` where a bin holds several
 distances (``common.p99_from_keys``). Integer sums do not depend on order.
@@ -29,7 +27,6 @@ distances (``common.p99_from_keys``). Integer sums do not depend on order.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,9 +60,11 @@ _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
-# a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, exact max |d|, max float32 |d|
-# still to be made exact (-1: none), then finite in both, passed, non-finite in a, in b, mismatched, max ULP,
-# elements with ULP distances 0, 1, 2 only and their two moments; -1 in a count marks work for _fix_kernel
+_CHUNK = tl.constexpr(256)  # rows read at once
+# a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d| (-1: still to
+# find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed, non-finite
+# in a, in b, mismatched, max ULP, elements with ULP distances 0, 1, 2 only and their two moments; -1 in a
+# count marks work for _fix_kernel
 ROW = 16
 
 
@@ -205,7 +204,6 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
         c_nfb += tl.sum((inb & ~fb).to(tl.int32))
         c_mis += tl.sum((inb & ~both & ~same).to(tl.int32))
     _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top)
-    tl.store(row + 6, -1.0)
     _put(row, 7, c_both)
     _put(row, 8, c_pass)
     _put(row, 9, c_nfa)
@@ -254,14 +252,19 @@ def _ulp_keys(
 
 @triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, g_ptr,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, zero, keys_ptr, count_ptr,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
-    BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
+    BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, NKEYS: tl.constexpr, STAGES: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row ``pid`` of ``part_ptr`` (see ROW): this program's partials in float32, or its marks."""
+    """Row ``pid`` of ``part_ptr`` (see ROW): this program's partials in float32, or its marks. With ``zero``,
+    program 0 also clears the key histogram and the count of finished programs, for _fix_kernel."""
     start, n = _span(seg_ptr, K, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + tl.program_id(0) * 16
+    if (tl.program_id(0) == 0) & (zero != 0):
+        tl.store(keys_ptr + tl.arange(0, NKEYS), tl.zeros([NKEYS], dtype=tl.int64))
+        tl.store(count_ptr, tl.cast(0, tl.int64))
     if F64:  # a float64 input: the reference's float64 throughout, in _fix_kernel
         _put(row, 7, tl.cast(-1, tl.int64))
     else:
@@ -308,8 +311,8 @@ def _pass_kernel(
         if HIST:  # distances 0, 1, 2 only: their counts follow from the two moments; else a histogram
             small = tl.where(top_ulp <= 2, n, -1)
             m1, m2 = tl.where(small > 0, tl.sum(v_m1), 0), tl.where(small > 0, tl.sum(v_m2), 0)
-        _floats(row, qa, qb, qd, tl.sum(v_abs), tl.sum(v_ad), top)
-        tl.store(row + 6, tl.where(top_ulp <= EXACT_ULP, -1.0, top.to(tl.float64)))
+        _floats(row, qa, qb, qd, tl.sum(v_abs), tl.sum(v_ad), tl.where(top_ulp <= EXACT_ULP, top, -1.0))
+        tl.store(row + 6, tl.where(clean, top.to(tl.float64), -1.0))
         _put(row, 7, tl.where(clean, n, -1))
         _put(row, 8, c_pass)
         for i in tl.static_range(9, 12):
@@ -318,22 +321,23 @@ def _pass_kernel(
         _put(row, 13, small)
         _put(row, 14, m1)
         _put(row, 15, m2)
-        if clean:
-            tl.atomic_max(g_ptr, top.to(tl.float64).to(tl.int64, bitcast=True))  # int64 order = float order, >= 0
 
 
 @triton.jit
 def _fix_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, g_ptr, keys_ptr,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, first, programs, nseg, out_ptr, keys_ptr, seg_out_ptr, count_ptr,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """What the pass marked in row ``pid``, done again in float64 (see the module docstring)."""
+    """What the pass marked in row ``first + pid`` of the ``programs`` rows at ``part_ptr``, done again in
+    float64; the last program to finish adds the rows (:func:`_finish`)."""
     start, n = _span(seg_ptr, K, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
-    row = part_ptr + tl.program_id(0) * 16
+    row = part_ptr + (first + tl.program_id(0)) * 16
+    cols = tl.arange(0, 16)
+    mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks below
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
-    if _int(row, 7) < 0:  # the whole row: masked as the reference does
+    if tl.sum(tl.where(cols == 7, mine, 0)) < 0:  # the whole row: masked as the reference does
         _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK, A8, B8)
         top_ulp = tl.cast(0, tl.int64)
         if BITS != 0:
@@ -342,55 +346,62 @@ def _fix_kernel(
         for i in tl.static_range(13, 16):
             _put(row, i, top_ulp * 0)
     else:
-        if _int(row, 8) < 0:
+        if tl.sum(tl.where(cols == 8, mine, 0)) < 0:
             _put(row, 8, _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK))
         if HIST:
-            if _int(row, 13) < 0:
+            if tl.sum(tl.where(cols == 13, mine, 0)) < 0:
                 _ulp_keys(a_ptr, b_ptr, n, keys_ptr, BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST)
                 _put(row, 13, tl.cast(0, tl.int64))
-        g = tl.load(g_ptr).to(tl.float64, bitcast=True)
-        if (tl.load(row + 6) == g) & (g > 0):  # the exact largest |d| among the float32 largest
-            g32 = g.to(tl.float32)
-            best = tl.cast(0.0, tl.float64)
-            for t in tl.range(tl.cdiv(n, BLOCK)):
-                a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
-                xa, xb = a.to(tl.float32), b.to(tl.float32)
-                hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
-                best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
-            tl.store(row + 5, best)
+        if tl.sum(tl.where(cols == 5, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
+            top = tl.load(row + 6)
+            g = tl.cast(-1.0, tl.float64)
+            for r0 in tl.range(0, programs, _CHUNK):  # the rows' largest float32 |d| (the pass wrote them)
+                r = r0 + tl.arange(0, _CHUNK)
+                g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + 6, mask=r < programs, other=-1.0)))
+            if (top == g) & (g > 0):
+                g32 = g.to(tl.float32)
+                best = tl.cast(0.0, tl.float64)
+                for t in tl.range(tl.cdiv(n, BLOCK)):
+                    a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+                    xa, xb = a.to(tl.float32), b.to(tl.float32)
+                    hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
+                    best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
+                tl.store(row + 5, best)
+    tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
+        tl.debug_barrier()
+        _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg)
 
 
 @triton.jit
-def _finish_kernel(part_ptr, programs, out_ptr, seg_out_ptr, K, CHUNK: tl.constexpr):
-    """Adds the rows in a fixed order. Program 0: sums and counts added, maxima taken, into out (a ROW).
-    Program s + 1: d² and a² of segment s (its K programs) into seg_out[2s], seg_out[2s + 1]."""
-    rows = tl.arange(0, CHUNK)
-    pid = tl.program_id(0)
-    if pid > 0:
-        base = (pid - 1).to(tl.int64) * K
-        acc_d, acc_a = tl.zeros([CHUNK], dtype=tl.float64), tl.zeros([CHUNK], dtype=tl.float64)
-        for r0 in tl.range(0, K, CHUNK, num_stages=3):
-            r = (base + r0 + rows) * 16
-            inside = r0 + rows < K
-            acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0)
-            acc_a += tl.load(part_ptr + r, mask=inside, other=0.0)
-        tl.store(seg_out_ptr + 2 * (pid - 1), tl.sum(acc_d))
-        tl.store(seg_out_ptr + 2 * (pid - 1) + 1, tl.sum(acc_a))
-    else:
-        cols = tl.arange(0, 16)
-        is_int = cols >= 7
-        is_max = (cols == 5) | (cols == 6) | (cols == 12)
-        acc_f = tl.zeros([CHUNK, 16], dtype=tl.float64)
-        acc_i = tl.zeros([CHUNK, 16], dtype=tl.int64)
-        for start in tl.range(0, programs, CHUNK, num_stages=3):
-            r = start + rows
-            v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0)
-            vi = v.to(tl.int64, bitcast=True)
-            acc_f = tl.where(is_max[None, :], tl.maximum(acc_f, v), acc_f + v)
-            acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
-        total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
-        total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
-        tl.store(out_ptr + cols, tl.where(is_int, total_i.to(tl.float64, bitcast=True), total_f))
+def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
+    """Adds the rows in a fixed order into out (a ROW: sums and counts added, maxima taken) and the d² and
+    a² of each segment (its K rows) into seg_out[2s], seg_out[2s + 1]. Reads past L1 (``.cg``): the rows
+    were written on other multiprocessors."""
+    cols = tl.arange(0, 16)
+    is_max = (cols == 5) | (cols == 6) | (cols == 12)
+    acc_f = tl.zeros([_CHUNK, 16], dtype=tl.float64)
+    acc_i = tl.zeros([_CHUNK, 16], dtype=tl.int64)
+    for start in tl.range(0, programs, _CHUNK):
+        r = start + tl.arange(0, _CHUNK)
+        v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0, cache_modifier=".cg")
+        vi = v.to(tl.int64, bitcast=True)
+        acc_f = tl.where(is_max[None, :], tl.maximum(acc_f, v), acc_f + v)
+        acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
+    total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
+    total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
+    tl.store(out_ptr + cols, tl.where(cols >= 7, total_i.to(tl.float64, bitcast=True), total_f))
+    for s0 in tl.range(0, nseg, 16):
+        s = s0 + tl.arange(0, 16)
+        acc_d, acc_a = tl.zeros([16, 64], dtype=tl.float64), tl.zeros([16, 64], dtype=tl.float64)
+        for k0 in tl.range(0, K, 64):
+            k = k0 + tl.arange(0, 64)
+            inside = (s < nseg)[:, None] & (k < K)[None, :]
+            r = (s[:, None] * K + k[None, :]).to(tl.int64) * 16
+            acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0, cache_modifier=".cg")
+            acc_a += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
+        tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
+        tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
 
 
 @triton.jit
@@ -434,13 +445,28 @@ def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64).to(device)
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(sizes: tuple[int, ...], edges: tuple[int, ...]) -> tuple[list[list[tuple[int, int, int]]], int, int]:
+    """The segments of each piece of ``sizes`` elements (its blocks of ``edges``), the alignment and K,
+    the programs per segment."""
+    segs, offset = [], 0
+    for size in sizes:
+        segs.append(pieces_of(edges, offset, offset + size))
+        offset += size
+    # whole vectors (16 elements) when every segment edge allows it
+    aligned = all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(n % VECTOR == 0 for n in sizes)
+    longest = max(hi - lo for found in segs for _, lo, hi in found)
+    nseg = sum(len(found) for found in segs)
+    return segs, VECTOR if aligned else 1, max(1, min(PROGRAMS // nseg, triton.cdiv(longest, BLOCK * MIN_TILES)))
+
+
 def compare_cuda(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True,
     edges: Sequence[int] = (),
 ) -> Totals:  # fmt: skip
     device = compute_device(a, b)
     spec = ulp_spec(a, b)
-    edges = edges or (0, a.numel())
+    edges = tuple(edges) or (0, a.numel())
     bits = _BITS[a.element_size()] if spec is not None else 0
     hist = bool(bits) and p99
     nkeys = (bits << KEY_BITS) if hist else 1  # keys of the distances below 2**bits
@@ -449,36 +475,30 @@ def compare_cuda(
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None, zeros, zeros)
-    # each piece's blocks (segments), each cut into K programs
-    segs, offset = [], 0
-    for ca, _ in pieces:
-        segs.append(pieces_of(edges, offset, offset + ca.numel()))
-        offset += ca.numel()
-    # whole vectors (16 elements) when every segment edge allows it
-    align = VECTOR if all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(
-        ca.numel() % VECTOR == 0 for ca, _ in pieces
-    ) else 1
-    longest = max(hi - lo for found in segs for _, lo, hi in found)
+    segs, align, K = _plan(tuple(ca.numel() for ca, _ in pieces), edges)
     nseg = sum(len(found) for found in segs)
-    K = max(1, min(PROGRAMS // nseg, triton.cdiv(longest, BLOCK * MIN_TILES)))
-    programs = [K * len(found) for found in segs]
-    part = torch.empty(sum(programs), ROW, dtype=torch.float64, device=device)
-    # totals (a ROW), key histogram, segments' d² and a², then g
-    out = torch.zeros(ROW + nkeys + 2 * nseg + 1, dtype=torch.float64, device=device)
-    keys, g = out.view(torch.int64)[ROW : ROW + nkeys], out.view(torch.int64)[-1:]
-    rows = [part[r - p : r] for p, r in zip(programs, itertools.accumulate(programs))]
-    seg_edges = [_on_device((*(lo for _, lo, _ in found), found[-1][2]), device) for found in segs]
+    total = K * nseg
+    part = torch.empty(total, ROW, dtype=torch.float64, device=device)
+    # totals (a ROW), key histogram, segments' d² and a², count of finished programs
+    out = torch.empty(ROW + nkeys + 2 * nseg + 1, dtype=torch.float64, device=device)
+    keys, seg_out, count = out.view(torch.int64)[ROW : ROW + nkeys], out[ROW + nkeys : -1], out.view(torch.int64)[-1:]
     tol = _tolerances(atol, rtol, device)
-    common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "ALIGN": align, "num_warps": NUM_WARPS}
-    for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges):
-        _pass_kernel[(p,)](
-            ca, cb, se, K, tol, mine, g, F64=torch.float64 in (a.dtype, b.dtype),
+    common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "NKEYS": nkeys, "ALIGN": align, "num_warps": NUM_WARPS}
+    seg_edges = [_on_device((*(lo for _, lo, _ in found), found[-1][2]), device) for found in segs]
+    first = 0
+    for (ca, cb), found, se in zip(pieces, segs, seg_edges):
+        _pass_kernel[(K * len(found),)](
+            ca, cb, se, K, tol, part[first:], first == 0, keys, count, F64=torch.float64 in (a.dtype, b.dtype),
             BAND=rtol <= 2.0**20 and atol <= SAFE_HI,  # else the tolerance test is counted in float64
             EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, **common,
         )  # fmt: skip
-    for (ca, cb), p, mine, se in zip(pieces, programs, rows, seg_edges):
-        _fix_kernel[(p,)](ca, cb, se, K, tol, mine, g, keys, KEY_BITS=KEY_BITS, NKEYS=nkeys, **common)
-    _finish_kernel[(1 + nseg,)](part, part.shape[0], out, out[ROW + nkeys : -1], K, CHUNK=256, num_warps=4)
+        first += K * len(found)
+    first = 0
+    for (ca, cb), found, se in zip(pieces, segs, seg_edges):
+        _fix_kernel[(K * len(found),)](
+            ca, cb, se, K, tol, part, first, total, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS, **common
+        )
+        first += K * len(found)
     res = out.cpu()
     floats, ints = res[:6].tolist(), res.view(torch.int64)[7 : ROW + nkeys].tolist()
     owner = [j for found in segs for j, _, _ in found]

@@ -51,10 +51,12 @@ BLOCK = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
 PROGRAMS = 2048  # programs of a pair at most (one per block of the edges at least)
 NUM_WARPS = 4
+FIX_ROWS = 4  # rows per program of the second kernel (most rows need nothing there)
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
+FLUSH = 32  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
-# BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES: chosen on an H200 (benchmarks/engine_bench.md); results do
+# BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -133,12 +135,10 @@ def _unfused(product, keep, other):
 
 
 @triton.jit
-def _span(seg_ptr, K, ALIGN: tl.constexpr):
-    """This program's elements: its start and their number, part pid % K of K near-equal parts of
-    segment pid // K (seg[s] .. seg[s + 1], inside one block of the edges). With ALIGN > 1 every segment
-    edge is a multiple of ALIGN, and so are the parts' edges: the compiler then knows the loads are whole
-    vectors."""
-    pid = tl.program_id(0)
+def _span(seg_ptr, K, pid, ALIGN: tl.constexpr):
+    """Row pid's elements: their start and number, part pid % K of K near-equal parts of segment pid // K
+    (seg[s] .. seg[s + 1], inside one block of the edges). With ALIGN > 1 every segment edge is a multiple
+    of ALIGN, and so are the parts' edges: the compiler then knows the loads are whole vectors."""
     s, i = pid // K, (pid % K).to(tl.int64)
     lo, hi = tl.multiple_of(tl.load(seg_ptr + s), ALIGN), tl.multiple_of(tl.load(seg_ptr + s + 1), ALIGN)
     start = lo + (hi - lo) * i // K // ALIGN * ALIGN
@@ -255,11 +255,11 @@ def _pass_kernel(
     a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, zero, keys_ptr, count_ptr,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, NKEYS: tl.constexpr, STAGES: tl.constexpr,
-    ALIGN: tl.constexpr,
+    FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """Row ``pid`` of ``part_ptr`` (see ROW): this program's partials in float32, or its marks. With ``zero``,
     program 0 also clears the key histogram and the count of finished programs, for _fix_kernel."""
-    start, n = _span(seg_ptr, K, ALIGN)
+    start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + tl.program_id(0) * 16
     if (tl.program_id(0) == 0) & (zero != 0):
@@ -270,39 +270,48 @@ def _pass_kernel(
     else:
         a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
         a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
-        v_a2 = tl.zeros([BLOCK], dtype=tl.float32)
-        v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
+        v_top = tl.zeros([BLOCK], dtype=tl.float32)
         v_lo = tl.zeros([BLOCK], dtype=tl.int32)
         v_hi, v_bad, v_m1, v_m2 = v_lo, v_lo, v_lo, v_lo
         v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
-        for t in tl.range(tl.cdiv(n, BLOCK), num_stages=STAGES):  # STAGES: later tiles' loads go out early
-            a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
-            xa, xb = a.to(tl.float32), b.to(tl.float32)
-            d = xb - xa
-            ad = tl.abs(d)
-            v_a2 += xa * xa
-            v_b2 += xb * xb
-            v_d2 += d * d
-            v_abs += ad
-            v_ad += xa * d
-            v_top = tl.maximum(v_top, ad)
-            aa = tl.abs(xa)
-            if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
-                v_lo += (inb & (ad <= aa * r_lo + a_lo)).to(tl.int32)
-                v_hi += (inb & (ad <= aa * r_hi + a_hi)).to(tl.int32)
-            if A8 or B8:  # float8: the bits say what is finite
-                v_bad |= (~(_finite(xa, a, A8) & _finite(xb, b, B8))).to(tl.int32)
-            if BITS != 0:  # valid where the row is clean (checked below)
-                dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
-                v_ulp = tl.maximum(v_ulp, dist)
-                if HIST:
-                    v_m1 += dist.to(tl.int32)
-                    v_m2 += (dist * dist).to(tl.int32)
-        qa, qb, qd, top = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.max(v_top)
-        # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False);
+        s_a2 = tl.cast(0.0, tl.float64)
+        s_b2, s_d2, s_abs, s_ad = s_a2, s_a2, s_a2, s_a2
+        over = tl.cast(0, tl.int32)
+        tiles = tl.cdiv(n, BLOCK)
+        for t0 in tl.range(0, tiles, FLUSH):  # per-lane float32 sums of FLUSH tiles at most, then float64
+            v_a2 = tl.zeros([BLOCK], dtype=tl.float32)
+            v_b2, v_d2, v_abs, v_ad = v_a2, v_a2, v_a2, v_a2
+            for t in tl.range(t0, tl.minimum(t0 + FLUSH, tiles), num_stages=STAGES):  # later tiles' loads go out early
+                a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+                xa, xb = a.to(tl.float32), b.to(tl.float32)
+                d = xb - xa
+                ad = tl.abs(d)
+                v_a2 += xa * xa
+                v_b2 += xb * xb
+                v_d2 += d * d
+                v_abs += ad
+                v_ad += xa * d
+                v_top = tl.maximum(v_top, ad)
+                aa = tl.abs(xa)
+                if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
+                    v_lo += (inb & (ad <= aa * r_lo + a_lo)).to(tl.int32)
+                    v_hi += (inb & (ad <= aa * r_hi + a_hi)).to(tl.int32)
+                if A8 or B8:  # float8: the bits say what is finite
+                    v_bad |= (~(_finite(xa, a, A8) & _finite(xb, b, B8))).to(tl.int32)
+                if BITS != 0:  # valid where the row is clean (checked below)
+                    dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
+                    v_ulp = tl.maximum(v_ulp, dist)
+                    if HIST:
+                        v_m1 += dist.to(tl.int32)
+                        v_m2 += (dist * dist).to(tl.int32)
+            qa, qb, qd = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2)
+            # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False)
+            over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
+            s_a2, s_b2, s_d2 = s_a2 + qa.to(tl.float64), s_b2 + qb.to(tl.float64), s_d2 + qd.to(tl.float64)
+            s_abs, s_ad = s_abs + tl.sum(v_abs).to(tl.float64), s_ad + tl.sum(v_ad).to(tl.float64)
+        top = tl.max(v_top)
         # tiny squares (or all zeros, which float64 handles too) lose precision
-        clean = (qa <= _HI) & (qb <= _HI) & (qd <= _HI) & (tl.max(v_bad) == 0)
-        clean = clean & (qa >= _LO) & (qb >= _LO) & ((qd >= _LO) | (top == 0))
+        clean = (over == 0) & (tl.max(v_bad) == 0) & (s_a2 >= _LO) & (s_b2 >= _LO) & ((s_d2 >= _LO) | (top == 0))
         top_ulp = tl.max(v_ulp).to(tl.int64)
         c_pass = tl.sum(v_lo)
         if BAND:
@@ -311,7 +320,7 @@ def _pass_kernel(
         if HIST:  # distances 0, 1, 2 only: their counts follow from the two moments; else a histogram
             small = tl.where(top_ulp <= 2, n, -1)
             m1, m2 = tl.where(small > 0, tl.sum(v_m1), 0), tl.where(small > 0, tl.sum(v_m2), 0)
-        _floats(row, qa, qb, qd, tl.sum(v_abs), tl.sum(v_ad), tl.where(top_ulp <= EXACT_ULP, top, -1.0))
+        _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, tl.where(top_ulp <= EXACT_ULP, top, -1.0))
         tl.store(row + 6, tl.where(clean, top.to(tl.float64), -1.0))
         _put(row, 7, tl.where(clean, n, -1))
         _put(row, 8, c_pass)
@@ -324,19 +333,15 @@ def _pass_kernel(
 
 
 @triton.jit
-def _fix_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, first, programs, nseg, out_ptr, keys_ptr, seg_out_ptr, count_ptr,
+def _fix_row(
+    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, keys_ptr,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """What the pass marked in row ``first + pid`` of the ``programs`` rows at ``part_ptr``, done again in
-    float64; the last program to finish adds the rows (:func:`_finish`)."""
-    start, n = _span(seg_ptr, K, ALIGN)
+    """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64."""
+    start, n = _span(seg_ptr, K, pid, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
-    row = part_ptr + (first + tl.program_id(0)) * 16
     cols = tl.arange(0, 16)
-    mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks below
-    atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     if tl.sum(tl.where(cols == 7, mine, 0)) < 0:  # the whole row: masked as the reference does
         _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK, A8, B8)
         top_ulp = tl.cast(0, tl.int64)
@@ -353,9 +358,9 @@ def _fix_kernel(
                 _ulp_keys(a_ptr, b_ptr, n, keys_ptr, BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST)
                 _put(row, 13, tl.cast(0, tl.int64))
         if tl.sum(tl.where(cols == 5, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
-            top = tl.load(row + 6)
+            top = tl.sum(tl.where(cols == 6, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
-            for r0 in tl.range(0, programs, _CHUNK):  # the rows' largest float32 |d| (the pass wrote them)
+            for r0 in tl.range(0, programs, _CHUNK, num_stages=3):  # the rows' largest float32 |d| (the pass wrote them)
                 r = r0 + tl.arange(0, _CHUNK)
                 g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + 6, mask=r < programs, other=-1.0)))
             if (top == g) & (g > 0):
@@ -367,8 +372,31 @@ def _fix_kernel(
                     hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
                     best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
                 tl.store(row + 5, best)
+
+
+@triton.jit
+def _fix_kernel(
+    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, part_ptr, first, programs, fixers, nseg, out_ptr, keys_ptr,
+    seg_out_ptr, count_ptr, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
+    KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs`` at ``part_ptr``): what
+    the pass marked, done again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to
+    finish adds the rows (:func:`_finish`)."""
+    cols = tl.arange(0, 16)
+    atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
+    for j in tl.range(ROWS):
+        pid = tl.program_id(0) * ROWS + j
+        if pid < rows:
+            row = part_ptr + (first + pid) * 16
+            mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks work
+            if tl.min(mine) < 0:
+                _fix_row(
+                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, keys_ptr,
+                    BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST, ALIGN,
+                )  # fmt: skip
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
-    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
         tl.debug_barrier()
         _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg)
 
@@ -382,7 +410,7 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
     is_max = (cols == 5) | (cols == 6) | (cols == 12)
     acc_f = tl.zeros([_CHUNK, 16], dtype=tl.float64)
     acc_i = tl.zeros([_CHUNK, 16], dtype=tl.int64)
-    for start in tl.range(0, programs, _CHUNK):
+    for start in tl.range(0, programs, _CHUNK, num_stages=3):
         r = start + tl.arange(0, _CHUNK)
         v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0, cache_modifier=".cg")
         vi = v.to(tl.int64, bitcast=True)
@@ -391,17 +419,21 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
     total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
     total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
     tl.store(out_ptr + cols, tl.where(cols >= 7, total_i.to(tl.float64, bitcast=True), total_f))
-    for s0 in tl.range(0, nseg, 16):
-        s = s0 + tl.arange(0, 16)
-        acc_d, acc_a = tl.zeros([16, 64], dtype=tl.float64), tl.zeros([16, 64], dtype=tl.float64)
-        for k0 in tl.range(0, K, 64):
-            k = k0 + tl.arange(0, 64)
-            inside = (s < nseg)[:, None] & (k < K)[None, :]
-            r = (s[:, None] * K + k[None, :]).to(tl.int64) * 16
-            acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0, cache_modifier=".cg")
-            acc_a += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
-        tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
-        tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
+    if nseg == 1:  # the one segment's d² and a² are the totals'
+        tl.store(seg_out_ptr + cols - 2, total_f, mask=cols == 2)
+        tl.store(seg_out_ptr + cols + 1, total_f, mask=cols == 0)
+    else:
+        for s0 in tl.range(0, nseg, 16):
+            s = s0 + tl.arange(0, 16)
+            acc_d, acc_a = tl.zeros([16, 64], dtype=tl.float64), tl.zeros([16, 64], dtype=tl.float64)
+            for k0 in tl.range(0, K, 64, num_stages=3):
+                k = k0 + tl.arange(0, 64)
+                inside = (s < nseg)[:, None] & (k < K)[None, :]
+                r = (s[:, None] * K + k[None, :]).to(tl.int64) * 16
+                acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0, cache_modifier=".cg")
+                acc_a += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
+            tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
+            tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
 
 
 @triton.jit
@@ -490,15 +522,17 @@ def compare_cuda(
         _pass_kernel[(K * len(found),)](
             ca, cb, se, K, tol, part[first:], first == 0, keys, count, F64=torch.float64 in (a.dtype, b.dtype),
             BAND=rtol <= 2.0**20 and atol <= SAFE_HI,  # else the tolerance test is counted in float64
-            EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, **common,
+            EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, FLUSH=FLUSH, **common,
         )  # fmt: skip
         first += K * len(found)
-    first = 0
+    first, fixers = 0, sum(triton.cdiv(K * len(found), FIX_ROWS) for found in segs)
     for (ca, cb), found, se in zip(pieces, segs, seg_edges):
-        _fix_kernel[(K * len(found),)](
-            ca, cb, se, K, tol, part, first, total, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS, **common
-        )
-        first += K * len(found)
+        rows = K * len(found)
+        _fix_kernel[(triton.cdiv(rows, FIX_ROWS),)](
+            ca, cb, se, K, rows, tol, part, first, total, fixers, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS,
+            ROWS=FIX_ROWS, **common,
+        )  # fmt: skip
+        first += rows
     res = out.cpu()
     floats, ints = res[:6].tolist(), res.view(torch.int64)[7 : ROW + nkeys].tolist()
     owner = [j for found in segs for j, _, _ in found]

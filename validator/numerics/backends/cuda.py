@@ -53,7 +53,7 @@ PROGRAMS = 2048  # programs of a pair at most (one per block of the edges at lea
 NUM_WARPS = 4
 FIX_ROWS = 4  # rows per program of the second kernel (most rows need nothing there)
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
-FLUSH = 32  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
+FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
 REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 # BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
@@ -473,23 +473,20 @@ def _tolerances(atol: float, rtol: float, device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64).to(device)
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(sizes: tuple[int, ...], edges: tuple[int, ...]) -> tuple[list[list[tuple[int, int, int]]], int, int]:
-    """The segments of each piece of ``sizes`` elements (its blocks of ``edges``), the alignment and K,
-    the programs per segment."""
+def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) -> tuple[list[int], list[torch.Tensor], int, int]:
+    """For pieces of ``sizes`` elements: the block of the edges that owns each segment, each piece's segment
+    edges on the device, the alignment and K (programs per segment)."""
     segs, offset = [], 0
     for size in sizes:
         segs.append(pieces_of(edges, offset, offset + size))
         offset += size
+    seg_edges = [torch.tensor([*(lo for _, lo, _ in found), found[-1][2]], dtype=torch.int64).to(device) for found in segs]
     # whole vectors (16 elements) when every segment edge allows it
     aligned = all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(n % VECTOR == 0 for n in sizes)
     longest = max(hi - lo for found in segs for _, lo, hi in found)
-    nseg = sum(len(found) for found in segs)
-    return segs, VECTOR if aligned else 1, max(1, min(PROGRAMS // nseg, triton.cdiv(longest, BLOCK * MIN_TILES)))
+    owner = [j for found in segs for j, _, _ in found]
+    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, BLOCK * MIN_TILES)))
+    return owner, seg_edges, VECTOR if aligned else 1, K
 
 
 def compare_cuda(
@@ -507,37 +504,38 @@ def compare_cuda(
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None, zeros, zeros)
-    segs, align, K = _plan(tuple(ca.numel() for ca, _ in pieces), edges)
-    nseg = sum(len(found) for found in segs)
-    total = K * nseg
+    owner, seg_edges, align, K = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
+    nseg, total = len(owner), K * len(owner)
     part = torch.empty(total, ROW, dtype=torch.float64, device=device)
     # totals (a ROW), key histogram, segments' d² and a², count of finished programs
     out = torch.empty(ROW + nkeys + 2 * nseg + 1, dtype=torch.float64, device=device)
     keys, seg_out, count = out.view(torch.int64)[ROW : ROW + nkeys], out[ROW + nkeys : -1], out.view(torch.int64)[-1:]
     tol = _tolerances(atol, rtol, device)
     common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "NKEYS": nkeys, "ALIGN": align, "num_warps": NUM_WARPS}
-    seg_edges = [_on_device((*(lo for _, lo, _ in found), found[-1][2]), device) for found in segs]
     first = 0
-    for (ca, cb), found, se in zip(pieces, segs, seg_edges):
-        _pass_kernel[(K * len(found),)](
+    for (ca, cb), se in zip(pieces, seg_edges):
+        rows = K * (se.numel() - 1)
+        _pass_kernel[(rows,)](
             ca, cb, se, K, tol, part[first:], first == 0, keys, count, F64=torch.float64 in (a.dtype, b.dtype),
             BAND=rtol <= 2.0**20 and atol <= SAFE_HI,  # else the tolerance test is counted in float64
             EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, FLUSH=FLUSH, **common,
         )  # fmt: skip
-        first += K * len(found)
-    first, fixers = 0, sum(triton.cdiv(K * len(found), FIX_ROWS) for found in segs)
-    for (ca, cb), found, se in zip(pieces, segs, seg_edges):
-        rows = K * len(found)
+        first += rows
+    first, fixers = 0, sum(triton.cdiv(K * (se.numel() - 1), FIX_ROWS) for se in seg_edges)
+    for (ca, cb), se in zip(pieces, seg_edges):
+        rows = K * (se.numel() - 1)
         _fix_kernel[(triton.cdiv(rows, FIX_ROWS),)](
             ca, cb, se, K, rows, tol, part, first, total, fixers, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS,
             ROWS=FIX_ROWS, **common,
         )  # fmt: skip
         first += rows
-    res = out.cpu()
-    floats, ints = res[:6].tolist(), res.view(torch.int64)[7 : ROW + nkeys].tolist()
-    owner = [j for found in segs for j, _, _ in found]
-    block_d2 = np.bincount(owner, res[ROW + nkeys : -1 : 2].numpy(), len(edges) - 1)  # segment order: fixed
-    block_a2 = np.bincount(owner, res[ROW + nkeys + 1 : -1 : 2].numpy(), len(edges) - 1)
+    res = out.cpu().numpy()
+    floats, ints = res[:6].tolist(), res.view(np.int64)[7 : ROW + nkeys].tolist()
+    if owner == list(range(len(edges) - 1)):  # a segment per block
+        block_d2, block_a2 = res[ROW + nkeys : -1 : 2].tolist(), res[ROW + nkeys + 1 : -1 : 2].tolist()
+    else:  # blocks cut by the pieces: their segments added in order
+        block_d2 = np.bincount(owner, res[ROW + nkeys : -1 : 2], len(edges) - 1).tolist()
+        block_a2 = np.bincount(owner, res[ROW + nkeys + 1 : -1 : 2], len(edges) - 1).tolist()
     counts = tuple(ints[:5])
     ulp: tuple[int, int | None] | None = None
     if spec is not None:
@@ -560,6 +558,4 @@ def compare_cuda(
                 return found[:bins].cpu().tolist()
 
             ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(
-        a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp, tuple(block_d2.tolist()), tuple(block_a2.tolist())
-    )
+    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp, tuple(block_d2), tuple(block_a2))

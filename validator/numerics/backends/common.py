@@ -34,6 +34,8 @@ FLOAT_DTYPES = frozenset(ULP_DTYPES) | {torch.float64}
 EPS = 2.0**-18
 TINY = 2.0**-146
 SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100
+# significand bits (with the implicit one) of the 8- and 16-bit float dtypes: see exact_ulp
+SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
 KEY_BITS = 2  # fraction bits of d + 1 kept in a bin's key
 NUM_KEYS = 32 << KEY_BITS  # keys of every distance below 2**32 (float32's largest is 2**32 - 2)
 
@@ -65,6 +67,16 @@ def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, in
 
 def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None:
     return ULP_DTYPES.get(a.dtype) if a.dtype == b.dtype else None
+
+
+def exact_ulp(dtype: torch.dtype) -> int:
+    """Largest ULP distance at which the float32 difference of two finite ``dtype`` values is exact (-1:
+    none). With p significand bits, b - a needs at most p + 1 + (exponent gap) bits, so it fits float32's
+    24 when the gap is at most 23 - p binades; a larger gap puts at least (23 - p) * 2**(p - 1) + 1 values
+    of the format between them (subnormals included). A pass whose distances stay within it has its
+    largest float32 |d| exact, with no second read."""
+    p = SIGNIFICAND.get(dtype)
+    return -1 if p is None else (23 - p) << (p - 1)
 
 
 def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, int]) -> torch.Tensor:

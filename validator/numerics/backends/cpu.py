@@ -17,7 +17,8 @@ A block whose float32 sums of squares are not finite or leave 2**-100..2**100 (N
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. Pairs with a float64 side take that path for every block. ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
-each unit reads the blocks that hold its largest again in float64. The p99 bin is refined by further
+each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
+float32 differences exact (``common.exact_ulp``). The p99 bin is refined by further
 parallel passes.
 
 Each block writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
@@ -49,6 +50,7 @@ from validator.numerics.backends.common import (
     TINY,
     Refine,
     Totals,
+    exact_ulp,
     p99_from_keys,
     pieces_of,
 )
@@ -308,14 +310,17 @@ def _block(ra, rb, kinds, ta, tb, lo, m, tol, spec, f, c, hist, ua, ub, ya, yb, 
 
 
 @njit(cache=True)
-def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop, ua, ub):
+def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, first, stop, ua, ub):
     """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
-    largest (float32 rounding is monotonic), read again (into ua, ub) in float64."""
+    largest (float32 rounding is monotonic), read again (into ua, ub) in float64, unless the block's ULP
+    distances stay within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
     best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):
-            if part_f[blk, 6] == top32:
+            if part_f[blk, 6] == top32 and part_i[blk, 5] <= exact:
+                best = max(best, top32)
+            elif part_f[blk, 6] == top32:
                 lo = starts[blk]
                 m = starts[blk + 1] - lo
                 _widen(ra, kinds[0], ta, lo, m, ua)
@@ -328,7 +333,7 @@ def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, first, stop, ua, ub):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(ra, rb, kinds, ta, tb, starts, units, tol, spec, part_f, part_i, keys, tops):
+def _pass(ra, rb, kinds, ta, tb, starts, units, tol, spec, exact, part_f, part_i, keys, tops):
     """The rows of partials of every block (block i: elements starts[i] .. starts[i+1], see _block), a
     prange iteration per unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u], its exact
     largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in a block
@@ -340,7 +345,7 @@ def _pass(ra, rb, kinds, ta, tb, starts, units, tol, spec, part_f, part_i, keys,
         for blk in range(units[u], units[u + 1]):
             lo = starts[blk]
             _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[u], ua, ub, ya, yb, lanes)
-        tops[u] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, units[u], units[u + 1], ua, ub)
+        tops[u] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1], ua, ub)
 
 
 @njit(cache=True)
@@ -442,12 +447,13 @@ def _run(
     starts[i] .. starts[i+1] (the last start: the end), unit u (a prange iteration) rows units[u] ..
     units[u+1], pair p rows first[p] .. first[p+1]; row i's d² and a² go to edge block owner[i] of ``n_blocks``."""
     kinds, spec = _setup(*dtypes)
+    exact = exact_ulp(dtypes[0]) if spec[0] else -1  # the ULP distances bound the exponent gap
     ta, tb = _table(dtypes[0]), _table(dtypes[1])
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
     keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
     with _kernel(int(starts[-1])):
-        _pass(ra, rb, kinds, ta, tb, starts, units, _tolerances(atol, rtol), spec, part_f, part_i, keys, tops)
+        _pass(ra, rb, kinds, ta, tb, starts, units, _tolerances(atol, rtol), spec, exact, part_f, part_i, keys, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
     counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])

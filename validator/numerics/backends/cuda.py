@@ -14,7 +14,7 @@ every call. Two kernels, then one small read back to the host:
      counted from the two moments);
    - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
      float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is
-     exact unless their exponents are far apart, which only a large ULP distance allows (:func:`exact_ulp`);
+     exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
      a row whose distances stay within that bound holds an exact largest |d|, any other is marked.
 2. ``_fix_kernel``: the programs of marked rows read their elements again and redo what was marked in
    float64, as the reference rounds it; the others only read their row. The last program to finish adds
@@ -41,6 +41,7 @@ from validator.numerics.backends.common import (
     SAFE_LO,
     TINY,
     Totals,
+    exact_ulp,
     p99_from_keys,
     pieces_of,
     ulp_spec,
@@ -60,7 +61,6 @@ REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
-_SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
 _CHUNK = tl.constexpr(256)  # rows read at once
 # a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d| (-1: still to
@@ -68,15 +68,6 @@ _CHUNK = tl.constexpr(256)  # rows read at once
 # in a, in b, mismatched, max ULP, elements with ULP distances 0, 1, 2 only and their two moments; -1 in a
 # count marks work for _fix_kernel
 ROW = 16
-
-
-def exact_ulp(dtype: torch.dtype) -> int:
-    """Largest ULP distance at which the float32 difference of two finite ``dtype`` values is exact (-1:
-    none). With p significand bits, b - a needs at most p + 1 + (exponent gap) bits, so it fits float32's
-    24 when the gap is at most 23 - p binades; a larger gap puts at least (23 - p) * 2**(p - 1) + 1 values
-    of the format between them (subnormals included)."""
-    p = _SIGNIFICAND.get(dtype)
-    return -1 if p is None else (23 - p) << (p - 1)
 
 
 @triton.jit

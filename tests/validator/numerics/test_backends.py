@@ -407,3 +407,32 @@ def test_cuda_many_blocks_and_pieces(aligned: bool) -> None:
     pieces = kernels.compare(a.cuda(), b, atol=1e-5, rtol=1e-3, chunk_elems=999_999, edges=at)
     assert_blocks(pieces, a, b, at)
     assert (pieces.counts, pieces.max_abs, pieces.ulp) == (got[0].counts, got[0].max_abs, got[0].ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2], ids=_name)
+def test_exact_ulp_bounds_the_float32_difference(dtype: torch.dtype) -> None:
+    """Within ``common.exact_ulp`` ULPs, float32's b - a is the exact difference: every finite pair for the
+    float8 types; for the 16-bit types every finite b against 64 values of a spread over the exponents, and a
+    million random pairs near the bound."""
+    from validator.numerics.backends.common import ULP_DTYPES, exact_ulp, ulp_distance
+
+    int_dtype = ULP_DTYPES[dtype][0]
+    every = torch.arange(1 << (8 * dtype.itemsize), dtype=torch.int32).to(int_dtype).view(dtype)
+    every = every[torch.isfinite(every.float())]
+    if dtype.itemsize == 1:
+        a, b = every.repeat_interleave(every.numel()), every.repeat(every.numel())
+    else:
+        g = torch.Generator().manual_seed(16)
+        picks = every[torch.randint(0, every.numel(), (64,), generator=g)]
+        a, b = picks.repeat_interleave(every.numel()), every.repeat(64)
+        # pairs a little inside the bound: a random, b that many ULPs away
+        x = every[torch.randint(0, every.numel(), (1 << 20,), generator=g)]
+        step = exact_ulp(dtype) - torch.randint(0, 64, (1 << 20,), generator=g)
+        y = (x.view(int_dtype).to(torch.int32) + step).clamp(-(1 << 15), (1 << 15) - 1).to(int_dtype).view(dtype)
+        keep = torch.isfinite(y.float())
+        a, b = torch.cat([a, x[keep]]), torch.cat([b, y[keep]])
+    near = ulp_distance(a, b, ULP_DTYPES[dtype]) <= exact_ulp(dtype)
+    assert near.sum() > 0
+    d32 = (b.float() - a.float()).double()
+    d64 = b.double() - a.double()
+    assert torch.equal(d32[near], d64[near])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -463,10 +464,19 @@ def _tolerances(atol: float, rtol: float, device: torch.device) -> torch.Tensor:
     return torch.tensor([atol, rtol, *band], dtype=torch.float64).to(device)
 
 
+class _Plan(NamedTuple):
+    """How a pair of pieces of given sizes is cut: the block of the edges each segment is in, each piece's
+    segment edges on the device and its rows (programs), the alignment, and K (programs per segment)."""
+
+    owner: list[int]
+    seg_edges: list[torch.Tensor]
+    rows: list[int]
+    align: int
+    K: int
+
+
 @functools.lru_cache(maxsize=256)
-def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) -> tuple[list[int], list[torch.Tensor], int, int]:
-    """For pieces of ``sizes`` elements: the block of the edges that owns each segment, each piece's segment
-    edges on the device, the alignment and K (programs per segment)."""
+def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) -> _Plan:
     segs, offset = [], 0
     for size in sizes:
         segs.append(pieces_of(edges, offset, offset + size))
@@ -477,7 +487,7 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
     longest = max(hi - lo for found in segs for _, lo, hi in found)
     owner = [j for found in segs for j, _, _ in found]
     K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, BLOCK * MIN_TILES)))
-    return owner, seg_edges, VECTOR if aligned else 1, K
+    return _Plan(owner, seg_edges, [K * len(found) for found in segs], VECTOR if aligned else 1, K)
 
 
 def compare_cuda(
@@ -495,27 +505,25 @@ def compare_cuda(
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None, zeros, zeros)
-    owner, seg_edges, align, K = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
-    nseg, total = len(owner), K * len(owner)
+    plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
+    owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     part = torch.empty(total, ROW, dtype=torch.float64, device=device)
     # totals (a ROW), key histogram, segments' d² and a², count of finished programs
     out = torch.empty(ROW + nkeys + 2 * nseg + 1, dtype=torch.float64, device=device)
     keys, seg_out, count = out.view(torch.int64)[ROW : ROW + nkeys], out[ROW + nkeys : -1], out.view(torch.int64)[-1:]
     tol = _tolerances(atol, rtol, device)
-    common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "NKEYS": nkeys, "ALIGN": align, "num_warps": NUM_WARPS}
+    common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "NKEYS": nkeys, "ALIGN": plan.align, "num_warps": NUM_WARPS}
     first = 0
-    for (ca, cb), se in zip(pieces, seg_edges):
-        rows = K * (se.numel() - 1)
+    for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
         _pass_kernel[(rows,)](
             ca, cb, se, K, tol, part[first:], first == 0, keys, count, F64=torch.float64 in (a.dtype, b.dtype),
             BAND=rtol <= 2.0**20 and atol <= SAFE_HI,  # else the tolerance test is counted in float64
             EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, FLUSH=FLUSH, **common,
         )  # fmt: skip
         first += rows
-    first, fixers = 0, sum(triton.cdiv(K * (se.numel() - 1), FIX_ROWS) for se in seg_edges)
-    for (ca, cb), se in zip(pieces, seg_edges):
-        rows = K * (se.numel() - 1)
-        _fix_kernel[(triton.cdiv(rows, FIX_ROWS),)](
+    first, fixers = 0, sum(-(-rows // FIX_ROWS) for rows in plan.rows)
+    for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
+        _fix_kernel[(-(-rows // FIX_ROWS),)](
             ca, cb, se, K, rows, tol, part, first, total, fixers, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS,
             ROWS=FIX_ROWS, **common,
         )  # fmt: skip

@@ -107,6 +107,9 @@ def cases() -> dict[str, Case]:
         out[f"inexact-differences-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
     out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
+    a, b = pair(torch.bfloat16, 3000, seed=17)
+    out["rtol-past-the-band"] = (a, b, 1e-5, 2.0**21)  # the tolerance test counted in float64
+    out["atol-past-the-band"] = (a.float(), b.float(), 1e31, 0.0)
     a, b = pair(torch.bfloat16, 6 * 70 * 90, seed=7)
     out["non-contiguous"] = (a.view(6, 70, 90).permute(2, 0, 1), b.view(6, 70, 90)[:, ::1].transpose(0, 2).transpose(1, 2), 1e-5, 1e-3)
     return out

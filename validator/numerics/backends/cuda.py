@@ -258,6 +258,7 @@ def _pass_kernel(
         tl.store(keys_ptr + tl.arange(0, NKEYS), tl.zeros([NKEYS], dtype=tl.int64))
         tl.store(count_ptr, tl.cast(0, tl.int64))
     if F64:  # a float64 input: the reference's float64 throughout, in _fix_kernel
+        tl.store(row + 6, -1.0)
         _put(row, 7, tl.cast(-1, tl.int64))
     else:
         a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
@@ -308,6 +309,8 @@ def _pass_kernel(
         c_pass = tl.sum(v_lo)
         if BAND:
             c_pass = tl.where(c_pass == tl.sum(v_hi), c_pass, -1)
+        else:  # tolerances past the band's range: counted in float64
+            c_pass = c_pass * 0 - 1
         small, m1, m2 = n * 0, n * 0, n * 0
         if HIST:  # distances 0, 1, 2 only: their counts follow from the two moments; else a histogram
             small = tl.where(top_ulp <= 2, n, -1)
@@ -486,7 +489,8 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
     aligned = all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(n % VECTOR == 0 for n in sizes)
     longest = max(hi - lo for found in segs for _, lo, hi in found)
     owner = [j for found in segs for j, _, _ in found]
-    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, BLOCK * MIN_TILES)))
+    # at most PROGRAMS programs past MIN_TILES tiles each, and none of 2**28 elements or more (int32 counts)
+    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, BLOCK * MIN_TILES)), triton.cdiv(longest + 1, 1 << 28))
     return _Plan(owner, seg_edges, [K * len(found) for found in segs], VECTOR if aligned else 1, K)
 
 
@@ -504,7 +508,7 @@ def compare_cuda(
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
-        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0) if spec is not None else None, zeros, zeros)
+        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0 if p99 else None) if spec is not None else None, zeros, zeros)
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     part = torch.empty(total, ROW, dtype=torch.float64, device=device)

@@ -355,7 +355,9 @@ def _fix_row(
         if tl.sum(tl.where(cols == 5, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
             top = tl.sum(tl.where(cols == 6, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
-            for r0 in tl.range(0, programs, _CHUNK, num_stages=3):  # the rows' largest float32 |d| (the pass wrote them)
+            # g: the largest float32 |d| of all rows (the pass wrote them; each such row reads them all, fine for
+            # the at most PROGRAMS + one per block rows of a pair)
+            for r0 in tl.range(0, programs, _CHUNK, num_stages=3):
                 r = r0 + tl.arange(0, _CHUNK)
                 g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + 6, mask=r < programs, other=-1.0)))
             if (top == g) & (g > 0):

@@ -349,6 +349,45 @@ def test_triton_kernels_in_interpreter() -> None:
         assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, edges(a.numel()))
 
 
+def _interpreter_small_programs_main() -> None:
+    """Run with TRITON_INTERPRET=1: the Triton backend with tiny programs (more blocks than programs, several rows
+    per fix program, a float64 flush after every tile), on cases with many uneven blocks (the non-contiguous one
+    in pieces of 3,001 elements: a launch each), as JSON lines."""
+    import warnings
+
+    from validator.numerics.backends import cuda
+
+    warnings.simplefilter("ignore")
+    cuda.PROGRAMS, cuda.FIX_ROWS, cuda.FLUSH, cuda.MIN_TILES = 4, 3, 1, 1
+    for name in SMALL_PROGRAM_CASES:
+        a, b, atol, rtol = CASES[name]
+        t = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=3001, edges=many_edges(a.numel()))
+        print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2]}))
+
+
+SMALL_PROGRAM_CASES = ["plain-bfloat16", "nonfinite-float16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
+
+
+def many_edges(n: int) -> list[int]:
+    """Eleven uneven blocks, one empty."""
+    return sorted({0, n, *(n * i * i // 100 for i in range(1, 10)), n // 2})
+
+
+def test_triton_kernels_in_interpreter_with_small_programs() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    code = "from tests.validator.numerics.test_backends import _interpreter_small_programs_main as m; m()"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
+    assert set(rows) == set(SMALL_PROGRAM_CASES)
+    for name in SMALL_PROGRAM_CASES:
+        a, b, atol, rtol = CASES[name]
+        _assert_matches(TensorMetrics.from_dict(rows[name]["metrics"]), _np_metrics(a, b, atol, rtol))
+        d2, a2 = rows[name]["blocks"]
+        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, many_edges(a.numel()))
+
+
 @CUDA
 @pytest.mark.parametrize("case", list(CASES))
 def test_cuda_matches_numpy(case: str) -> None:

@@ -218,7 +218,9 @@ def _draws(n: int, m: int | None, resamples: int) -> tuple[np.ndarray, np.ndarra
 
     def counts(k: int) -> np.ndarray:
         idx = rng.integers(0, k, size=(resamples, k)) + k * np.arange(resamples)[:, None]
-        out = np.ascontiguousarray(np.bincount(idx.ravel(), minlength=resamples * k).reshape(resamples, k).T, np.float64)
+        # small integers (a resample draws a block at most k times): a uint8 table stays in cache between pairs
+        kind = np.uint8 if k < 256 else np.uint32
+        out = np.ascontiguousarray(np.bincount(idx.ravel(), minlength=resamples * k).reshape(resamples, k).T, kind)
         out.flags.writeable = False
         return out
 

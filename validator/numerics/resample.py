@@ -1,6 +1,7 @@
 """The bootstrap's resampled sums and rel_l2 values, compiled (numba, cached on disk at first use).
 
-A resample draws each of ``n`` blocks ``counts[j, k]`` times (``counts``: ``[n, resamples]``); its sums are
+A resample draws each of ``n`` blocks ``counts[j, k]`` times (``counts``: ``[n, resamples]``, small unsigned
+integers, exact in float64); its sums are
 added block after block in that order, the same order for every resample, every pair and every machine (a BLAS
 matrix-vector product picks its own order).
 """

@@ -1,0 +1,79 @@
+"""The GPU backend's kernels per call (``torch.profiler``) and whole calls, on this checkout or another version.
+
+    PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py                   # this checkout's backend
+    git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
+    PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
+
+bf16 pairs of 8192x7168 and 1 GiB per tensor (``b = bf16(a * (1 + 1e-3 N(0,1)))``): the median and fastest of
+40 calls of ``compare_cuda`` (p99 exact and ``p99=False``) and of ``metrics.compare_tensors``, each ending with its
+result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from validator.numerics.backends import cuda as this  # noqa: E402
+from validator.numerics.metrics import compare_tensors  # noqa: E402
+
+
+def backend() -> ModuleType:
+    if len(sys.argv) < 2:
+        return this
+    spec = importlib.util.spec_from_file_location("other_cuda", sys.argv[1])
+    assert spec is not None and spec.loader is not None, sys.argv[1]
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_pair(name: str, n: int, cuda: ModuleType, g: torch.Generator) -> None:
+    a = torch.randn(n, generator=g, device="cuda")
+    b = (a * (1 + 1e-3 * torch.randn(n, generator=g, device="cuda"))).to(torch.bfloat16)
+    a = a.to(torch.bfloat16)
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("compare_cuda", lambda: cuda.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)),
+        ("compare_cuda p99=False", lambda: cuda.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26, p99=False)),
+        ("compare_tensors", lambda: compare_tensors(a, b)),
+    ]
+    if cuda is not this:  # compare_tensors runs this checkout's backend
+        calls.pop()
+    for label, call in calls:
+        call()
+        times = []
+        for _ in range(40):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        med = statistics.median(times)
+        print(f"{name} {label}: median {med * 1e6:7.1f} us {4 * n / med / 1e9:6.0f} GB/s, fastest {min(times) * 1e6:7.1f} us")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            calls[0][1]()
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            print(f"  {name} {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
+
+
+def main() -> None:
+    cuda = backend()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, n in [("8192x7168", 8192 * 7168), ("1GiB", 1 << 29)]:
+        run_pair(name, n, cuda, g)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

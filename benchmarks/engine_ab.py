@@ -3,8 +3,7 @@
     git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_ab.py /tmp/old_cuda.py
 
-Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``b =
-bf16(a * (1 + 1e-3 N(0,1)))``), one call of each in turn, 40 rounds; each call ends with its result on the
+Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``), one call of each in turn, 40 rounds; each call ends with its result on the
 host. Prints the median and the fastest call of each, and whether both gave the same counts, max_abs and
 ULP results. The other module must import from this checkout's ``validator.numerics.backends`` (it is
 loaded by path, as a module of its own).
@@ -24,13 +23,21 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.engine_bench import make_pair  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
 
 
-def run_pair(name: str, n: int, other: ModuleType, g: torch.Generator) -> None:
-    a = torch.randn(n, generator=g, device="cuda")
-    b = (a * (1 + 1e-3 * torch.randn(n, generator=g, device="cuda"))).to(torch.bfloat16)
-    a = a.to(torch.bfloat16)
+def load_module(path: str) -> ModuleType:
+    """A version of ``validator/numerics/backends/cuda.py`` from a file, as a module of its own."""
+    spec = importlib.util.spec_from_file_location("other_cuda", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_pair(name: str, n: int, other: ModuleType) -> None:
+    a, b = make_pair(n, "cuda")
     calls = {
         label: (lambda m=m: m.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26))
         for label, m in (("other", other), ("this checkout", this))
@@ -53,13 +60,9 @@ def run_pair(name: str, n: int, other: ModuleType, g: torch.Generator) -> None:
 
 
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("other_cuda", sys.argv[1])
-    assert spec is not None and spec.loader is not None, sys.argv[1]
-    other = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(other)
-    g = torch.Generator(device="cuda").manual_seed(0)
+    other = load_module(sys.argv[1])
     for name, n in [("8192x7168", 8192 * 7168), ("1 GiB per tensor", 1 << 29)]:
-        run_pair(name, n, other, g)
+        run_pair(name, n, other)
         torch.cuda.empty_cache()
 
 

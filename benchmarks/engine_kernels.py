@@ -4,14 +4,13 @@
     git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
 
-bf16 pairs of 8192x7168 and 1 GiB per tensor (``b = bf16(a * (1 + 1e-3 N(0,1)))``): the median and fastest of
+bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``): the median and fastest of
 40 calls of ``compare_cuda`` (p99 exact and ``p99=False``) and of ``metrics.compare_tensors``, each ending with its
 result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 import time
@@ -24,24 +23,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.engine_ab import load_module  # noqa: E402
+from benchmarks.engine_bench import make_pair  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
 
 
-def backend() -> ModuleType:
-    if len(sys.argv) < 2:
-        return this
-    spec = importlib.util.spec_from_file_location("other_cuda", sys.argv[1])
-    assert spec is not None and spec.loader is not None, sys.argv[1]
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_pair(name: str, n: int, cuda: ModuleType, g: torch.Generator) -> None:
-    a = torch.randn(n, generator=g, device="cuda")
-    b = (a * (1 + 1e-3 * torch.randn(n, generator=g, device="cuda"))).to(torch.bfloat16)
-    a = a.to(torch.bfloat16)
+def run_pair(name: str, n: int, cuda: ModuleType) -> None:
+    a, b = make_pair(n, "cuda")
     calls: list[tuple[str, Callable[[], object]]] = [
         ("compare_cuda", lambda: cuda.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)),
         ("compare_cuda p99=False", lambda: cuda.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26, p99=False)),
@@ -68,10 +57,9 @@ def run_pair(name: str, n: int, cuda: ModuleType, g: torch.Generator) -> None:
 
 
 def main() -> None:
-    cuda = backend()
-    g = torch.Generator(device="cuda").manual_seed(0)
+    cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
     for name, n in [("8192x7168", 8192 * 7168), ("1GiB", 1 << 29)]:
-        run_pair(name, n, cuda, g)
+        run_pair(name, n, cuda)
         torch.cuda.empty_cache()
 
 

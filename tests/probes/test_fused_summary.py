@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from probes.summary import summarize, summarize_many
-from tests.paths import ROOT
 from tests.probes.test_capture import assert_summary
+from tests.triton_interpreter import interpreted
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -84,11 +81,7 @@ def _interpreter_main() -> None:
 
 def test_fused_summary_in_interpreter_matches_numpy() -> None:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "from tests.probes.test_fused_summary import _interpreter_main; _interpreter_main()"
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    lines = interpreted("from tests.probes.test_fused_summary import _interpreter_main; _interpreter_main()")
     got = {r["case"]: r["summary"] for r in lines}
     want = cases()
     assert set(got) == set(want)

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.paths import ROOT
+from tests.triton_interpreter import interpreted
 from tests.validator.numerics.test_metrics import _assert_matches, _np_metrics
 from validator.numerics import backends as kernels
 from validator.numerics.backends import Totals, cpu
@@ -322,46 +319,23 @@ def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the Triton backend
 
 
-def _interpreter_main() -> None:
-    """Run in a subprocess with TRITON_INTERPRET=1: the Triton backend on every case, as JSON lines."""
-    import warnings
-
-    from validator.numerics.backends.cuda import compare_cuda
-
-    warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
-    for name, (a, b, atol, rtol) in CASES.items():
-        t = compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=777, edges=edges(a.numel()))
-        row = {"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2]}
-        print(json.dumps(row))
-
-
-def test_triton_kernels_in_interpreter() -> None:
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main()"
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
-    assert set(rows) == set(CASES)
-    for name, (a, b, atol, rtol) in CASES.items():
-        _assert_matches(TensorMetrics.from_dict(rows[name]["metrics"]), _np_metrics(a, b, atol, rtol))
-        d2, a2 = rows[name]["blocks"]
-        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, edges(a.numel()))
-
-
-def _interpreter_small_programs_main() -> None:
-    """Run with TRITON_INTERPRET=1: the Triton backend with tiny programs (more blocks than programs, several rows
-    per fix program, a float64 flush after every tile), on cases with many uneven blocks (the non-contiguous one
-    in pieces of 3,001 elements: a launch each), as JSON lines."""
+def _interpreter_main(small: bool = False) -> None:
+    """Run under Triton's interpreter: the Triton backend on every case, as JSON lines. ``small``: with tiny
+    programs (more blocks than programs, several rows per fix program, a float64 flush after every tile) on the
+    SMALL_PROGRAM_CASES, with many uneven blocks (the non-contiguous one in pieces of 3,001 elements: a launch
+    each)."""
     import warnings
 
     from validator.numerics.backends import cuda
 
-    warnings.simplefilter("ignore")
-    cuda.PROGRAMS, cuda.FIX_ROWS, cuda.FLUSH, cuda.MIN_TILES = 4, 3, 1, 1
-    for name in SMALL_PROGRAM_CASES:
+    warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
+    names, at, chunk = list(CASES), edges, 777
+    if small:
+        cuda.PROGRAMS, cuda.FIX_ROWS, cuda.FLUSH, cuda.MIN_TILES = 4, 3, 1, 1
+        names, at, chunk = SMALL_PROGRAM_CASES, many_edges, 3001
+    for name in names:
         a, b, atol, rtol = CASES[name]
-        t = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=3001, edges=many_edges(a.numel()))
+        t = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk, edges=at(a.numel()))
         print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2]}))
 
 
@@ -373,19 +347,23 @@ def many_edges(n: int) -> list[int]:
     return sorted({0, n, *(n * i * i // 100 for i in range(1, 10)), n // 2})
 
 
-def test_triton_kernels_in_interpreter_with_small_programs() -> None:
+def _check_interpreted(small: bool, names: list[str], at: Callable[[int], list[int]]) -> None:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "from tests.validator.numerics.test_backends import _interpreter_small_programs_main as m; m()"
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
-    assert set(rows) == set(SMALL_PROGRAM_CASES)
-    for name in SMALL_PROGRAM_CASES:
+    rows = {r["case"]: r for r in interpreted(f"from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main({small})")}
+    assert set(rows) == set(names)
+    for name in names:
         a, b, atol, rtol = CASES[name]
         _assert_matches(TensorMetrics.from_dict(rows[name]["metrics"]), _np_metrics(a, b, atol, rtol))
         d2, a2 = rows[name]["blocks"]
-        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, many_edges(a.numel()))
+        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, at(a.numel()))
+
+
+def test_triton_kernels_in_interpreter() -> None:
+    _check_interpreted(False, list(CASES), edges)
+
+
+def test_triton_kernels_in_interpreter_with_small_programs() -> None:
+    _check_interpreted(True, SMALL_PROGRAM_CASES, many_edges)
 
 
 @CUDA

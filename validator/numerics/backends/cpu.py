@@ -318,9 +318,11 @@ def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, first, stop
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):
-            if part_f[blk, 6] == top32 and part_i[blk, 5] <= exact:
+            if part_f[blk, 6] != top32:
+                continue
+            if part_i[blk, 5] <= exact:  # its float32 differences are exact, and so its largest
                 best = max(best, top32)
-            elif part_f[blk, 6] == top32:
+            else:
                 lo = starts[blk]
                 m = starts[blk + 1] - lo
                 _widen(ra, kinds[0], ta, lo, m, ua)

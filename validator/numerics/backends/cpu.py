@@ -1,21 +1,25 @@
 """CPU backend: one fused numba pass per pair, float32 per element, float64 across blocks.
 
-Both tensors are read as raw bytes in blocks of at most :data:`BLOCK` elements (none across an edge of
-``edges``); ``prange`` hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair
-(:func:`compare_cpu`), or a whole small pair (:func:`compare_cpu_many`). Each block is read from memory
-once, into two float32 scratch buffers (bf16: its bits shifted up by 16; fp16 and fp8: a table of every bit
-pattern built once from torch's own conversion; float32 as is: all exact), and everything else reads the
-scratch:
+Both tensors are read as their raw bits, typed by their format: bfloat16 as int16, float16 as uint16,
+float8 as uint8, float32 as uint32 (:func:`_float` gives the value, :func:`_ord` the ULP ordinal; float16
+and float8 values come from a table of every bit pattern, built once from torch's own conversion). A pair
+of two formats is first converted to float32, or to float64 if a side is float64 (torch's conversion,
+exact). numba compiles the pass for a format at its first use.
+
+A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
+hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
+whole small pair (:func:`compare_cpu_many`). Each block is read once, in one loop of constant length
+(:func:`_lanes`; a block cut short by an edge is read with zeros after it):
 
 - sums of a², b², d², |d|, a·d in :data:`LANES` float32 lanes, added in float64 per block;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
-- the ULP distances from the raw bits: their maximum, and either the counts of distances 1 and 2 (all
-  distances <= 2) or each distance's key (``common.ulp_key``) added to the unit's histogram.
+- the ULP distances: their maximum and the counts of distances 1 and 2; where a block's maximum is above
+  2, each distance's key (``common.ulp_key``) is added to the unit's histogram in a second loop.
 
 A block whose float32 sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
-masked and counted. Pairs with a float64 side take that path for every block. ``max_abs``: float32
+masked and counted. Pairs read as float64 take that path for every block. ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
 each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
 float32 differences exact (``common.exact_ulp``). The p99 bin is refined by further
@@ -39,7 +43,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from validator.numerics.backends.common import (
     EPS,
@@ -48,6 +53,7 @@ from validator.numerics.backends.common import (
     SAFE_HI,
     SAFE_LO,
     TINY,
+    ULP_DTYPES,
     Refine,
     Totals,
     exact_ulp,
@@ -64,18 +70,12 @@ REFINE_BINS = 1 << 12
 SMALL = 1 << 18  # elements: smaller pieces run on one thread
 # BLOCK, GROUP, LANES, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
 # fix the float32 summation order, nothing else in a result depends on them
-F32, BF16, LUT16, LUT8, F64 = 0, 1, 2, 3, 4  # how a side is widened
-_KINDS = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: LUT16, torch.float64: F64}
-_KINDS |= {torch.float8_e4m3fn: LUT8, torch.float8_e5m2: LUT8}
-# ULP dtypes: element size, sign bit, magnitude mask, exponent field (all ones: NaN or Inf)
-_ULP_BITS = {
-    torch.bfloat16: (2, 15, 0x7FFF, 0x7F80),
-    torch.float16: (2, 15, 0x7FFF, 0x7C00),
-    torch.float32: (4, 31, 0x7FFFFFFF, 0x7F800000),
-    torch.float8_e4m3fn: (1, 7, 0x7F, 0x7F),  # no Inf; NaN is S.1111.111
-    torch.float8_e5m2: (1, 7, 0x7F, 0x7C),
-}
-_FRAC = (1 << KEY_BITS) - 1
+# how each format's bits are read (the numba type chooses how _float and _ord read them)
+_BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
+_BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
+# the exponent field of each format with ULP metrics: all ones is NaN or Inf (float8_e4m3fn: NaN, S.1111.111)
+_EXPONENT = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
+_EXPONENT |= {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7C}
 _LOCK = threading.Lock()
 # numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
 # is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
@@ -117,92 +117,171 @@ def _table(dtype: torch.dtype) -> np.ndarray:
 # ---------------------------------------------------------------- the kernels
 
 
-@njit(cache=True)
-def _widen(raw, kind, table, lo, m, out):
-    """float32 bits of elements lo .. lo+m of ``raw`` (bytes) into out[:m]; zeros up to whole lanes (what _fast reads)."""
-    if kind == F32:
-        x32 = raw[4 * lo : 4 * (lo + m)].view(np.uint32)
-        for j in range(m):
-            out[j] = x32[j]
-    elif kind == BF16:
-        x16 = raw[2 * lo : 2 * (lo + m)].view(np.uint16)
-        for j in range(m):
-            out[j] = np.uint32(x16[j]) << 16
-    elif kind == LUT16:
-        x16 = raw[2 * lo : 2 * (lo + m)].view(np.uint16)
-        for j in range(m):
-            out[j] = table[x16[j]]
-    else:
-        x8 = raw[lo : lo + m]
-        for j in range(m):
-            out[j] = table[x8[j]]
-    out[m : -(-m // LANES) * LANES] = 0
+def _float(x, table):  # pragma: no cover - numba's implementations follow
+    """The value of the bits ``x`` of an element, by their type (see the module's docstring): float32,
+    float64 for float64's."""
+    raise NotImplementedError
+
+
+@overload(_float)
+def _float_of(x, table):
+    if x == types.float64:
+        return lambda x, table: x
+    if x == types.int16:  # bfloat16: its bits shifted up by 16
+        return lambda x, table: np.uint32(np.uint32(np.uint16(x)) << np.uint32(16)).view(np.float32)
+    if x == types.uint32:
+        return lambda x, table: np.uint32(x).view(np.float32)
+    return lambda x, table: np.uint32(table[x]).view(np.float32)  # float16, float8: the table
 
 
 @njit(cache=True)
-def _widen64(raw, kind, table, lo, m, bits, out):
-    """Elements lo .. lo+m of ``raw`` as float64 into out[:m] (``bits``: float32 scratch)."""
-    if kind == F64:
-        out[:m] = raw[8 * lo : 8 * (lo + m)].view(np.float64)
-    else:
-        _widen(raw, kind, table, lo, m, bits)
-        out[:m] = bits[:m].view(np.float32)
+def _ordinal(x, sign, mask):
+    """Bit pattern -> point on a monotonic integer line: x, or -(x & mask) if the sign bit is set."""
+    neg = x >> sign
+    return ((x & mask) ^ -neg) + neg
+
+
+def _ord(x):  # pragma: no cover - numba's implementations follow
+    """:func:`_ordinal` of the bits ``x`` of an element, by their type: int64 for float32's, else int32."""
+    raise NotImplementedError
+
+
+@overload(_ord)
+def _ord_of(x):
+    if x == types.uint32:
+        return lambda x: _ordinal(np.int64(x), np.int64(31), np.int64(0x7FFFFFFF))
+    if x == types.float64:  # no ULP metrics
+        return lambda x: np.int64(0)
+    if x == types.int16:  # bfloat16's bits, read unsigned
+        return lambda x: _ordinal(np.int32(np.uint16(x)), np.int32(15), np.int32(0x7FFF))
+    if x == types.uint16:
+        return lambda x: _ordinal(np.int32(x), np.int32(15), np.int32(0x7FFF))
+    return lambda x: _ordinal(np.int32(x), np.int32(7), np.int32(0x7F))
+
+
+def _counters(x):  # pragma: no cover - numba's implementation follows
+    """The integer lanes :func:`_lanes` counts in for elements typed as ``x``'s: int64 where ULP
+    distances reach 2**32 (float32), else int32 (the loop vectorizes twice as wide)."""
+    raise NotImplementedError
+
+
+@overload(_counters)
+def _counters_of(x):
+    dtype = np.int64 if x.dtype in (types.uint32, types.float64) else np.int32
+    return lambda x: np.empty((5, LANES), dtype)
+
+
+def _values(x, table, out):  # pragma: no cover - numba's implementations follow
+    """What :func:`_lanes` reads the values of the elements ``x`` from: ``x`` itself, or for float16 and
+    float8 their float32 bits looked up in ``table`` into ``out`` (a loop of its own: in the fused loop
+    the lookups would keep it from vectorizing)."""
+    raise NotImplementedError
+
+
+@overload(_values)
+def _values_of(x, table, out):
+    if x.dtype in (types.uint16, types.uint8):
+
+        def looked_up(x, table, out):
+            for j in range(x.size):
+                out[j] = table[x[j]]
+            return out
+
+        return looked_up
+    return lambda x, table, out: x
 
 
 @njit(cache=True)
-def _fast(xa, xb, m, tol, lanes, f, c):
-    """A block in float32 lanes: sums and largest |d| into row f, counts into row c. False: the block
-    needs float64 (row c untouched). tol: atol, rtol, the band's atol, rtol down and up, band?"""
-    mm = -(-m // LANES) * LANES  # whole lanes; the scratch past m is zero
+def _key(d):
+    """common.ulp_key: exponent and KEY_BITS leading fraction bits of d + 1 (d < 2**32), read from its
+    float64 bits (exact)."""
+    return (np.float64(d + 1).view(np.int64) >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
+
+
+@njit(cache=True)
+def _lanes(va, vb, xa, xb, tol, lanes, cnt):
+    """The BLOCK elements of xa, xb (their values read from va, vb: :func:`_values`) lane by lane: element k + j into lane j of the float32 sums a², b², d²,
+    |d|, a·d and largest |d| (``lanes``), and of the counts of the tolerance test against the band's low
+    and high tolerances, the largest ULP distance, the distances 1 and 2 (``cnt``). The loop's length is
+    a constant: LLVM then vectorizes the whole block, in half the time of a loop of any length."""
     s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
-    lanes[:] = 0
-    for k in range(0, mm, LANES):  # flat indices: a view per row of lanes costs more than the row
+    n_lo, n_hi, top, n1, n2 = cnt[0], cnt[1], cnt[2], cnt[3], cnt[4]
+    a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
+    for k in range(0, BLOCK, LANES):
         for j in range(LANES):
-            x, y = xa[k + j], xb[k + j]
+            x, y = _float(va[k + j], va), _float(vb[k + j], vb)
             d = y - x
-            ad = abs(d)
+            ad, aa = abs(d), abs(x)
             s_a2[j] += x * x
             s_b2[j] += y * y
             s_d2[j] += d * d
             s_abs[j] += ad
             s_ad[j] += x * d
             s_top[j] = max(s_top[j], ad)
-    a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
-    n_lo = n_hi = np.int32(0)  # counted in int32 (m <= BLOCK): the loop vectorizes twice as wide
-    for j in range(m):
-        ad, aa = abs(xb[j] - xa[j]), abs(xa[j])
-        n_lo = np.int32(n_lo + (ad <= aa * r_lo + a_lo))
-        n_hi = np.int32(n_hi + (ad <= aa * r_hi + a_hi))
+            n_lo[j] += np.int32(ad <= aa * r_lo + a_lo)
+            n_hi[j] += np.int32(ad <= aa * r_hi + a_hi)
+            u = abs(_ord(xa[k + j]) - _ord(xb[k + j]))
+            top[j] = max(top[j], u)
+            n1[j] += np.int32(u == 1)
+            n2[j] += np.int32(u == 2)
+
+
+@njit(cache=True)
+def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
+    """A block in float32 lanes (:func:`_lanes`): sums and largest |d| into row f, counts into row c, ULP
+    keys into hist if ``ulp``. False: the block needs float64 (c and hist untouched)."""
+    m = xa.size
+    lanes[:] = 0
+    cnt[:] = 0
+    pa, pb = xa, xb
+    if m < BLOCK:  # a block cut short by an edge: zeros up to BLOCK, which add nothing but to the tolerance counts
+        pa, pb = np.zeros(BLOCK, xa.dtype), np.zeros(BLOCK, xb.dtype)
+        pa[:m] = xa
+        pb[:m] = xb
+    _lanes(_values(pa, ta, scratch[0]), _values(pb, tb, scratch[1]), pa, pb, tol, lanes, cnt)
     f0 = f1 = f2 = f3 = f4 = 0.0  # each sum lane by lane, the five side by side
     for j in range(LANES):
-        f0 += np.float64(s_a2[j])
-        f1 += np.float64(s_b2[j])
-        f2 += np.float64(s_d2[j])
-        f3 += np.float64(s_abs[j])
-        f4 += np.float64(s_ad[j])
+        f0 += np.float64(lanes[0, j])
+        f1 += np.float64(lanes[1, j])
+        f2 += np.float64(lanes[2, j])
+        f3 += np.float64(lanes[3, j])
+        f4 += np.float64(lanes[4, j])
     f[0], f[1], f[2], f[3], f[4] = f0, f1, f2, f3, f4
-    top = np.float64(s_top.max())
+    top = np.float64(lanes[5].max())
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
-    if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
+    if not (SAFE_LO <= f0 <= SAFE_HI and SAFE_LO <= f1 <= SAFE_HI and (SAFE_LO <= f2 <= SAFE_HI or top == 0)):
         return False
-    passed = int(n_lo)
-    if tol[6] == 0 or n_lo != n_hi:
+    pad = BLOCK - m  # a zero passes when 0 <= the low (high) atol
+    n_lo = cnt[0].sum() - pad * (0 <= np.float32(tol[2]))
+    passed = n_lo
+    if tol[6] == 0 or n_lo != cnt[1].sum() - pad * (0 <= np.float32(tol[4])):
         passed = 0
         for j in range(m):
-            x, y = np.float64(xa[j]), np.float64(xb[j])
+            x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
     f[5], f[6] = 0.0, top  # the float32 max: made exact at the end of _pass
-    c[0], c[1], c[2], c[3], c[4] = m, passed, 0, 0, 0
+    c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, 0
+    if ulp:
+        c[5] = cnt[2].max()
+        n1, n2 = cnt[3].sum(), cnt[4].sum()
+        if c[5] <= 2:  # the usual case: three bins
+            hist[_key(0)] += m - n1 - n2
+            hist[_key(1)] += n1
+            hist[_key(2)] += n2
+        else:
+            for j in range(m):
+                hist[_key(np.int64(abs(_ord(xa[j]) - _ord(xb[j]))))] += 1
     return True
 
 
 @njit(cache=True)
-def _masked(xa, xb, m, atol, rtol, f, c):
-    """A block the reference's way, in float64: NaN/Inf left out of the sums and counted."""
+def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c, hist):
+    """A block the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
+    counted."""
     s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
-    both = passed = nf_a = nf_b = mismatch = 0
-    for j in range(m):
-        x, y = xa[j], xb[j]
+    both = passed = nf_a = nf_b = mismatch = top_ulp = 0
+    for j in range(xa.size):
+        x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
         fin_a, fin_b = np.isfinite(x), np.isfinite(y)
         if fin_a and fin_b:
             d = y - x
@@ -215,6 +294,10 @@ def _masked(xa, xb, m, atol, rtol, f, c):
             top = max(top, ad)
             both += 1
             passed += ad <= atol + rtol * abs(x)
+            if ulp:
+                u = abs(_ord(xa[j]) - _ord(xb[j]))
+                top_ulp = max(top_ulp, u)
+                hist[_key(u)] += 1
         else:
             nf_a += not fin_a
             nf_b += not fin_b
@@ -223,97 +306,14 @@ def _masked(xa, xb, m, atol, rtol, f, c):
             else:
                 mismatch += 1
     f[0], f[1], f[2], f[3], f[4], f[5], f[6] = s_a2, s_b2, s_d2, s_abs, s_ad, top, 0.0
-    c[0], c[1], c[2], c[3], c[4] = both, passed, nf_a, nf_b, mismatch
+    c[0], c[1], c[2], c[3], c[4], c[5] = both, passed, nf_a, nf_b, mismatch, top_ulp
 
 
 @njit(cache=True)
-def _ordinal(x, sign, mask):
-    """Bit pattern -> point on a monotonic integer line: x, or -(x & mask) if the sign bit is set."""
-    neg = x >> sign
-    return ((x & mask) ^ -neg) + neg
-
-
-@njit(cache=True)
-def _key(d):
-    """common.ulp_key: exponent and KEY_BITS leading fraction bits of d + 1 (d < 2**32)."""
-    v = d + 1
-    e = 0
-    for step in (16, 8, 4, 2, 1):
-        if v >> (e + step):
-            e += step
-    return (e << KEY_BITS) + (((v << KEY_BITS) >> e) & _FRAC)
-
-
-@njit(cache=True)
-def _ulp(ra, rb, sign, mask, em, hist, clean):
-    """Largest ULP distance of a block over the positions finite in both (all of them if ``clean``);
-    their keys added to hist. The bits are read as mask's integer type."""
-    zero = mask - mask
-    top = c1 = c2 = 0
-    both = ra.size
-    if clean and sign < 31:  # 8- and 16-bit: distances below 2**17, in int32 (the loop vectorizes twice as wide)
-        s, mk, t, n1, n2 = np.int32(sign), np.int32(mask), np.int32(0), np.int32(0), np.int32(0)
-        for j in range(ra.size):
-            x, y = np.int32(_ordinal(np.int32(ra[j]), s, mk)), np.int32(_ordinal(np.int32(rb[j]), s, mk))
-            d32 = np.int32(abs(x - y))
-            t, n1, n2 = max(t, d32), np.int32(n1 + (d32 == 1)), np.int32(n2 + (d32 == 2))
-        top, c1, c2 = int(t), int(n1), int(n2)
-    else:  # float32 (distances below 2**32), or NaN/Inf in the block
-        both = 0
-        for j in range(ra.size):
-            x, y = ra[j] + zero, rb[j] + zero
-            ok = ((x & em) != em) & ((y & em) != em)
-            d = abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)) * ok
-            top = max(top, d)
-            both += ok
-            c1 += d == 1
-            c2 += d == 2
-    if top <= 2:  # the usual case: three bins
-        hist[_key(0)] += both - c1 - c2
-        hist[_key(1)] += c1
-        hist[_key(2)] += c2
-        return top
-    for j in range(ra.size):
-        x, y = ra[j] + zero, rb[j] + zero
-        if ((x & em) != em) & ((y & em) != em):
-            hist[_key(abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)))] += 1
-    return top
-
-
-@njit(cache=True)
-def _block_ulp(ra, rb, lo, m, spec, hist, clean):
-    """_ulp of a block, its bits read as 8-, 16- or 32-bit integers (spec[0]: bytes per element)."""
-    size, sign, mask, em = spec[0], spec[1], spec[2], spec[3]
-    if size == 1:
-        return _ulp(ra[lo : lo + m], rb[lo : lo + m], sign, mask, em, hist, clean)
-    if size == 2:
-        x16, y16 = ra[2 * lo : 2 * (lo + m)].view(np.uint16), rb[2 * lo : 2 * (lo + m)].view(np.uint16)
-        return _ulp(x16, y16, sign, mask, em, hist, clean)
-    x32, y32 = ra[4 * lo : 4 * (lo + m)].view(np.uint32), rb[4 * lo : 4 * (lo + m)].view(np.uint32)
-    return _ulp(x32, y32, sign, mask, em, hist, clean)
-
-
-@njit(cache=True)
-def _block(ra, rb, kinds, ta, tb, lo, m, tol, spec, f, c, hist, ua, ub, ya, yb, lanes):
-    """Block ``lo .. lo+m`` of a pair: its row of partials f (a², b², d², |d|, a·d, exact max |d|, float32
-    max |d|) and c (both, passed, non-finite a, b, mismatched, max ULP); its ULP keys added to hist."""
-    fast = False
-    if kinds[0] != F64 and kinds[1] != F64:
-        _widen(ra, kinds[0], ta, lo, m, ua)
-        _widen(rb, kinds[1], tb, lo, m, ub)
-        fast = _fast(ua.view(np.float32), ub.view(np.float32), m, tol, lanes, f, c)
-    if not fast:
-        _widen64(ra, kinds[0], ta, lo, m, ua, ya)
-        _widen64(rb, kinds[1], tb, lo, m, ub, yb)
-        _masked(ya, yb, m, tol[0], tol[1], f, c)
-    c[5] = _block_ulp(ra, rb, lo, m, spec, hist, fast) if spec[0] else 0
-
-
-@njit(cache=True)
-def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, first, stop, ua, ub):
+def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
     """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
-    largest (float32 rounding is monotonic), read again (into ua, ub) in float64, unless the block's ULP
-    distances stay within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
+    largest (float32 rounding is monotonic), read again in float64, unless the block's ULP distances stay
+    within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
     best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
@@ -323,31 +323,29 @@ def _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, first, stop
             if part_i[blk, 5] <= exact:  # its float32 differences are exact, and so its largest
                 best = max(best, top32)
             else:
-                lo = starts[blk]
-                m = starts[blk + 1] - lo
-                _widen(ra, kinds[0], ta, lo, m, ua)
-                _widen(rb, kinds[1], tb, lo, m, ub)
-                xa, xb = ua.view(np.float32), ub.view(np.float32)
-                for j in range(m):
-                    top = max(top, int(np.float64(abs(np.float64(xb[j]) - np.float64(xa[j]))).view(np.int64)))
+                for j in range(starts[blk], starts[blk + 1]):
+                    d = abs(np.float64(_float(xb[j], tb)) - np.float64(_float(xa[j], ta)))
+                    top = max(top, int(np.float64(d).view(np.int64)))
         best = max(best, np.int64(top).view(np.float64))
     return best
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(ra, rb, kinds, ta, tb, starts, units, tol, spec, exact, part_f, part_i, keys, tops):
-    """The rows of partials of every block (block i: elements starts[i] .. starts[i+1], see _block), a
-    prange iteration per unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u], its exact
-    largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in a block
-    that holds the pair's largest float32 |d|, whose unit reads it again)."""
+def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+    """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
+    d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
+    max ULP), a prange iteration per unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u],
+    its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
+    a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
+    every block in float64."""
     for u in prange(len(units) - 1):
-        ua, ub = np.empty(BLOCK, np.uint32), np.empty(BLOCK, np.uint32)
-        ya, yb = np.empty(BLOCK), np.empty(BLOCK)
-        lanes = np.empty((6, LANES), np.float32)
+        lanes, cnt, scratch = np.empty((6, LANES), np.float32), _counters(xa), np.empty((2, BLOCK), np.uint32)
         for blk in range(units[u], units[u + 1]):
-            lo = starts[blk]
-            _block(ra, rb, kinds, ta, tb, lo, starts[blk + 1] - lo, tol, spec, part_f[blk], part_i[blk], keys[u], ua, ub, ya, yb, lanes)
-        tops[u] = _exact_max(ra, rb, kinds, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1], ua, ub)
+            ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
+            f, c = part_f[blk], part_i[blk]
+            if wide or not _fast(ya, yb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, keys[u]):
+                _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c, keys[u])
+        tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
 
 
 @njit(cache=True)
@@ -365,41 +363,39 @@ def _add_rows(rows, owner, first, sums, blocks):
             blocks[1, owner[r]] += rows[r, 0]
 
 
-@njit(cache=True)
-def _count(ra, rb, spec, lo, shift, out):
-    """out[i] += how many positions finite in both have (d - lo) >> shift == i."""
-    sign, mask, em = spec[1], spec[2], spec[3]
-    for j in range(ra.size):
-        x, y = np.int64(ra[j]), np.int64(rb[j])
-        if ((x & em) != em) & ((y & em) != em):
-            k = (abs(_ordinal(x, sign, mask) - _ordinal(y, sign, mask)) - lo) >> shift
-            if 0 <= k < out.size:
-                out[k] += 1
-
-
 @njit(parallel=True, cache=True, nogil=True)
-def _refine(ra, rb, n, spec, lo, shift, out):
-    """out[p]: the counts of :func:`_count` over slice p of PARTS (integer counts: any order)."""
-    size = spec[0]
+def _refine(xa, xb, em, lo, shift, out):
+    """out[p][i]: over slice p of PARTS, how many positions finite in both (exponent field ``em`` not all
+    ones) have ULP distance d with (d - lo) >> shift == i (integer counts: any order)."""
+    n = xa.size
     for p in prange(PARTS):
-        s0, s1 = p * n // PARTS * size, (p + 1) * n // PARTS * size
-        if size == 1:
-            _count(ra[s0:s1], rb[s0:s1], spec, lo, shift, out[p])
-        elif size == 2:
-            _count(ra[s0:s1].view(np.uint16), rb[s0:s1].view(np.uint16), spec, lo, shift, out[p])
-        else:
-            _count(ra[s0:s1].view(np.uint32), rb[s0:s1].view(np.uint32), spec, lo, shift, out[p])
+        for j in range(p * n // PARTS, (p + 1) * n // PARTS):
+            if (np.int64(xa[j]) & em) != em and (np.int64(xb[j]) & em) != em:
+                k = (np.int64(abs(_ord(xa[j]) - _ord(xb[j]))) - lo) >> shift
+                if 0 <= k < out.shape[1]:
+                    out[p, k] += 1
 
 
 # ---------------------------------------------------------------- the passes over pairs
 
 
+class _Format(NamedTuple):
+    """How a pair is read: as dtypes ``a`` and ``b`` (:func:`_bits`), with ULP metrics or not."""
+
+    a: torch.dtype
+    b: torch.dtype
+    ulp: bool
+
+
 @functools.lru_cache(maxsize=64)
-def _setup(dtype_a: torch.dtype, dtype_b: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """How each side is widened, and the ULP bits (zeros: no ULP metrics)."""
-    kinds = np.array([_KINDS[dtype_a], _KINDS[dtype_b]], np.int64)
-    same = dtype_a == dtype_b and dtype_a in _ULP_BITS
-    return kinds, np.array(_ULP_BITS[dtype_a] if same else (0, 0, 0, 0), np.int64)
+def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
+    """A pair of one format, or of two float8 formats, is read as it is; else as float64 if a side is
+    float64, else as float32. ULP metrics: one format, not float64."""
+    ulp = dtype_a == dtype_b and dtype_a in ULP_DTYPES
+    if dtype_a == dtype_b or dtype_a.itemsize == dtype_b.itemsize == 1:
+        return _Format(dtype_a, dtype_b, ulp)
+    wide = torch.float64 if torch.float64 in (dtype_a, dtype_b) else torch.float32
+    return _Format(wide, wide, ulp)
 
 
 @functools.lru_cache(maxsize=64)
@@ -409,12 +405,24 @@ def _tolerances(atol: float, rtol: float) -> np.ndarray:
     return np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
-    """The bytes of ``t`` (flattened; copied only where it is not one dense run)."""
-    flat = t.reshape(-1)
+def _bits(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """The elements of ``t`` (flattened), as ``dtype``, as the pass reads them (:data:`_BITS`); copied
+    only where they are converted or not one dense run."""
+    flat = t.reshape(-1).to(dtype)
     if flat.stride(0) != 1:
         flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    return flat.view(torch.uint8).numpy()
+    return flat.view(torch.uint8).numpy().view(_BITS[dtype])
+
+
+def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The pair as the pass reads it (:func:`_format`): whole when both are contiguous (converted whole if
+    read as another dtype: its rows are the whole pair's), else in contiguous pieces of ``chunk_elems``."""
+    fa, fb, _ = _format(a.dtype, b.dtype)
+    if a.is_contiguous() and b.is_contiguous():
+        yield _bits(a, fa), _bits(b, fb)
+        return
+    for ca, cb in chunk_pairs(a, b, chunk_elems):
+        yield _bits(ca, fa), _bits(cb, fb)
 
 
 @functools.lru_cache(maxsize=256)
@@ -442,54 +450,44 @@ class _Run(NamedTuple):
 
 
 def _run(
-    ra: np.ndarray, rb: np.ndarray, dtypes: tuple[torch.dtype, torch.dtype], atol: float, rtol: float,
+    xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
     starts: np.ndarray, units: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int,
 ) -> _Run:  # fmt: skip
-    """The pass over pairs laid end to end in ``ra``, ``rb`` (bytes), and its totals: row i is elements
+    """The pass over pairs laid end to end in ``xa``, ``xb`` (read as ``form``), and its totals: row i is elements
     starts[i] .. starts[i+1] (the last start: the end), unit u (a prange iteration) rows units[u] ..
     units[u+1], pair p rows first[p] .. first[p+1]; row i's d² and a² go to edge block owner[i] of ``n_blocks``."""
-    kinds, spec = _setup(*dtypes)
-    exact = exact_ulp(dtypes[0]) if spec[0] else -1  # the ULP distances bound the exponent gap
-    ta, tb = _table(dtypes[0]), _table(dtypes[1])
+    exact = exact_ulp(form.a) if form.ulp else -1  # the ULP distances bound the exponent gap
+    ta, tb = _table(form.a), _table(form.b)
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
     keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
     with _kernel(int(starts[-1])):
-        _pass(ra, rb, kinds, ta, tb, starts, units, _tolerances(atol, rtol), spec, exact, part_f, part_i, keys, tops)
+        wide = form.a == torch.float64
+        _pass(xa, xb, ta, tb, form.ulp, wide, starts, units, _tolerances(atol, rtol), exact, part_f, part_i, keys, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
     counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
     return _Run(part_f, keys, tops, sums, counts, max_ulp, blocks)
 
 
-def _one(ra: np.ndarray, rb: np.ndarray, dtypes: tuple[torch.dtype, torch.dtype], atol: float, rtol: float,
+def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
          edges: tuple[int, ...], start: int) -> _Run:  # fmt: skip
     """:func:`_run` over elements ``start ..`` of one pair (``edges``: the whole pair's), GROUP blocks a unit."""
-    starts, owner = _rows(edges, start, ra.size // dtypes[0].itemsize)
+    starts, owner = _rows(edges, start, xa.size)
     rows = len(owner)
     units = np.append(np.arange(0, rows, GROUP), rows)
-    return _run(ra, rb, dtypes, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
+    return _run(xa, xb, form, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The pair as bytes: whole when both are contiguous, else contiguous copies of ``chunk_elems``."""
-    if a.is_contiguous() and b.is_contiguous():
-        yield _bytes(a), _bytes(b)
-        return
-    for ca, cb in chunk_pairs(a, b, chunk_elems):
-        yield _bytes(ca), _bytes(cb)
-
-
-def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int, spec: np.ndarray) -> Refine:
+def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Refine:
     """common.Refine over the pair, read again (:func:`_pieces`) at each call."""
 
     def refine(lo: int, shift: int, bins: int) -> list[int]:
         hist = np.zeros(bins, np.int64)
-        for ra, rb in _pieces(a, b, chunk_elems):
+        for xa, xb in _pieces(a, b, chunk_elems):
             out = np.zeros((PARTS, bins), np.int64)
-            n = ra.size // a.element_size()
-            with _kernel(n):
-                _refine(ra, rb, n, spec, lo, shift, out)
+            with _kernel(xa.size):
+                _refine(xa, xb, _EXPONENT[a.dtype], lo, shift, out)
             hist += out.sum(0)
         return hist.tolist()
 
@@ -510,21 +508,21 @@ def compare_cpu(
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
     A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
-    _, spec = _setup(a.dtype, b.dtype)
+    form = _format(a.dtype, b.dtype)
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
     keys, max_abs, max_ulp = np.zeros(NUM_KEYS, np.int64), 0.0, 0.0
     offset = 0
-    for ra, rb in _pieces(a, b, chunk_elems):
-        if ra.size:
-            got = _one(ra, rb, (a.dtype, b.dtype), atol, rtol, edges, offset)
-            offset += ra.size // a.element_size()
+    for xa, xb in _pieces(a, b, chunk_elems):
+        if xa.size:
+            got = _one(xa, xb, form, atol, rtol, edges, offset)
+            offset += xa.size
             sums += got.sums[0]
             counts += got.counts[0]
             blocks += got.blocks
             keys += got.keys.sum(0)
             max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
-    keys_l = keys.tolist() if spec[0] else None
-    refine = _refiner(a, b, chunk_elems, spec)
+    keys_l = keys.tolist() if form.ulp else None
+    refine = _refiner(a, b, chunk_elems)
     return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), int(max_ulp), keys_l, refine, *blocks.tolist())
 
 
@@ -542,8 +540,7 @@ def compare_cpu_many(
     dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
     if not pairs:
         return []
-    dtypes = (pairs[0][0].dtype, pairs[0][1].dtype)
-    _, spec = _setup(*dtypes)
+    form = _format(pairs[0][0].dtype, pairs[0][1].dtype)
     edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
     plans = [_rows(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]  # cached per shape
     first = np.cumsum([0] + [len(owner) for _, owner in plans])
@@ -553,14 +550,14 @@ def compare_cpu_many(
     starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
     starts[:-1] += np.repeat(at[:-1], rows)  # each pair's rows moved to where the pair is
     owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
-    ra = torch.cat([a.reshape(-1) for a, _, _ in pairs]).view(torch.uint8).numpy()
-    rb = torch.cat([b.reshape(-1) for _, b, _ in pairs]).view(torch.uint8).numpy()
-    got = _run(ra, rb, dtypes, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
+    xa = _bits(torch.cat([a.reshape(-1) for a, _, _ in pairs]), form.a)
+    xb = _bits(torch.cat([b.reshape(-1) for _, b, _ in pairs]), form.b)
+    got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
     sums, counts, tops, max_ulp, keys = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.keys))
     (d2, a2), at = got.blocks.tolist(), edge_at.tolist()
     return [
-        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p], keys[p] if spec[0] else None,
-               _refiner(a, b, 1 << 22, spec), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip
+        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p], keys[p] if form.ulp else None,
+               _refiner(a, b, 1 << 22), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip
         for p, (a, b, _) in enumerate(pairs)
     ]
 
@@ -577,18 +574,18 @@ def compare_cpu_range(
     ULP distance; the ULP key histogram, None without ULP metrics). ``start`` must be the first element of
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
     then the whole pair's, bit for bit."""
-    got = _one(_bytes(a), _bytes(b), (a.dtype, b.dtype), atol, rtol, tuple(edges), start)
-    keys = got.keys.sum(0) if _setup(a.dtype, b.dtype)[1][0] else None
+    form = _format(a.dtype, b.dtype)
+    got = _one(_bits(a, form.a), _bits(b, form.b), form, atol, rtol, tuple(edges), start)
+    keys = got.keys.sum(0) if form.ulp else None
     return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), int(got.max_ulp[0]), keys
 
 
 def refine_cpu(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int) -> list[int]:
     """``common.Refine`` over the elements of ``a`` and ``b`` only (a range of a pair): counts of
     ``(d - lo) >> shift`` for the distances ``lo <= d < lo + (bins << shift)`` (integers: ranges add)."""
-    _, spec = _setup(a.dtype, b.dtype)
-    if not spec[0]:
+    if not _format(a.dtype, b.dtype).ulp:
         raise ValueError(f"no ULP metrics for {a.dtype} against {b.dtype}")
-    return _refiner(a, b, 1 << 22, spec)(lo, shift, bins)
+    return _refiner(a, b, 1 << 22)(lo, shift, bins)
 
 
 def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,10 +34,9 @@ pairs take the reference (``backends.backend_for``).
 # mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numba
@@ -88,20 +87,17 @@ def threads() -> int:
     return int(numba.get_num_threads())
 
 
-@contextlib.contextmanager
-def _kernel(n: int) -> Iterator[None]:
-    """Around each call of a parallel kernel over ``n`` elements: one call at a time (the "workqueue"
-    threading layer must not be entered from two threads at once, and a call already keeps every core busy), prange iterations handed out one at a time, and at most SMALL elements on the calling thread
-    alone (waking numba's other threads costs more than the pass, on a loaded machine far more). Results
-    depend on none of it."""
+def _call(n: int, parallel: Callable[..., None], serial: Callable[..., None], *args: object) -> None:
+    """A kernel over ``n`` elements: ``serial(*args)`` for at most SMALL of them, on the calling thread
+    (waking numba's threads costs more than such a pass: 0.2 ms against 0.015 for one small pair on the
+    2-core dev box), else ``parallel(*args)``, one call at a time (the "workqueue" threading layer must not be
+    entered from two threads at once, and a call already keeps every core busy), its prange iterations
+    handed out one at a time. Both run the same code; results depend on none of it."""
+    if n <= SMALL:
+        serial(*args)
+        return
     with _LOCK, numba.parallel_chunksize(1):
-        saved = numba.get_num_threads()
-        if n <= SMALL:
-            numba.set_num_threads(1)  # this thread's setting only
-        try:
-            yield
-        finally:
-            numba.set_num_threads(saved)
+        parallel(*args)
 
 
 @functools.cache
@@ -330,22 +326,35 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
     return best
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+@njit(cache=True, nogil=True)
+def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u):
     """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
     d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
-    max ULP), a prange iteration per unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u],
+    max ULP), for unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u],
     its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
     a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
     every block in float64."""
+    lanes, cnt, scratch = np.empty((6, LANES), np.float32), _counters(xa), np.empty((2, BLOCK), np.uint32)
+    for blk in range(units[u], units[u + 1]):
+        ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
+        f, c = part_f[blk], part_i[blk]
+        if wide or not _fast(ya, yb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, keys[u]):
+            _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c, keys[u])
+    tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+    """:func:`_unit` of every unit, a prange iteration each."""
     for u in prange(len(units) - 1):
-        lanes, cnt, scratch = np.empty((6, LANES), np.float32), _counters(xa), np.empty((2, BLOCK), np.uint32)
-        for blk in range(units[u], units[u + 1]):
-            ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
-            f, c = part_f[blk], part_i[blk]
-            if wide or not _fast(ya, yb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, keys[u]):
-                _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c, keys[u])
-        tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
+        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u)
+
+
+@njit(cache=True, nogil=True)
+def _pass_serial(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+    """:func:`_pass` on the calling thread."""
+    for u in range(len(units) - 1):
+        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u)
 
 
 @njit(cache=True)
@@ -363,17 +372,30 @@ def _add_rows(rows, owner, first, sums, blocks):
             blocks[1, owner[r]] += rows[r, 0]
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _refine(xa, xb, em, lo, shift, out):
+@njit(cache=True, nogil=True)
+def _refine_part(xa, xb, em, lo, shift, out, p):
     """out[p][i]: over slice p of PARTS, how many positions finite in both (exponent field ``em`` not all
     ones) have ULP distance d with (d - lo) >> shift == i (integer counts: any order)."""
     n = xa.size
+    for j in range(p * n // PARTS, (p + 1) * n // PARTS):
+        if (np.int64(xa[j]) & em) != em and (np.int64(xb[j]) & em) != em:
+            k = (np.int64(abs(_ord(xa[j]) - _ord(xb[j]))) - lo) >> shift
+            if 0 <= k < out.shape[1]:
+                out[p, k] += 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _refine(xa, xb, em, lo, shift, out):
+    """:func:`_refine_part` of every slice, a prange iteration each."""
     for p in prange(PARTS):
-        for j in range(p * n // PARTS, (p + 1) * n // PARTS):
-            if (np.int64(xa[j]) & em) != em and (np.int64(xb[j]) & em) != em:
-                k = (np.int64(abs(_ord(xa[j]) - _ord(xb[j]))) - lo) >> shift
-                if 0 <= k < out.shape[1]:
-                    out[p, k] += 1
+        _refine_part(xa, xb, em, lo, shift, out, p)
+
+
+@njit(cache=True, nogil=True)
+def _refine_serial(xa, xb, em, lo, shift, out):
+    """:func:`_refine` on the calling thread."""
+    for p in range(PARTS):
+        _refine_part(xa, xb, em, lo, shift, out, p)
 
 
 # ---------------------------------------------------------------- the passes over pairs
@@ -461,9 +483,8 @@ def _run(
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
     keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
-    with _kernel(int(starts[-1])):
-        wide = form.a == torch.float64
-        _pass(xa, xb, ta, tb, form.ulp, wide, starts, units, _tolerances(atol, rtol), exact, part_f, part_i, keys, tops)
+    args = (xa, xb, ta, tb, form.ulp, form.a == torch.float64, starts, units, _tolerances(atol, rtol), exact)
+    _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, keys, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
     counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
@@ -486,8 +507,7 @@ def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Refine:
         hist = np.zeros(bins, np.int64)
         for xa, xb in _pieces(a, b, chunk_elems):
             out = np.zeros((PARTS, bins), np.int64)
-            with _kernel(xa.size):
-                _refine(xa, xb, _EXPONENT[a.dtype], lo, shift, out)
+            _call(xa.size, _refine, _refine_serial, xa, xb, _EXPONENT[a.dtype], lo, shift, out)
             hist += out.sum(0)
         return hist.tolist()
 

@@ -6,11 +6,15 @@
 
 bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``): the median and fastest of
 40 calls of ``compare_cuda`` (p99 exact and ``p99=False``) and of ``metrics.compare_tensors``, each ending with its
-result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``.
+result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``, and where
+the host's time goes in 200 calls of ``compare_cuda`` on 8192x7168 (``cProfile``, this checkout only; the call
+waits for the GPU in ``Tensor.cpu``).
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -56,11 +60,22 @@ def run_pair(name: str, n: int, cuda: ModuleType) -> None:
             print(f"  {name} {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
 
 
+def profile_host(n: int) -> None:
+    a, b = make_pair(n, "cuda")
+    this.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
+    with cProfile.Profile() as prof:
+        for _ in range(200):
+            this.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 def main() -> None:
     cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
     for name, n in [("8192x7168", 8192 * 7168), ("1GiB", 1 << 29)]:
         run_pair(name, n, cuda)
         torch.cuda.empty_cache()
+    if cuda is this:
+        profile_host(8192 * 7168)
 
 
 if __name__ == "__main__":

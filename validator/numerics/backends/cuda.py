@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from validator.numerics.backends.common import (
     SAFE_HI,
     SAFE_LO,
     TINY,
+    ULP_DTYPES,
     Totals,
     exact_ulp,
     p99_from_keys,
@@ -243,17 +244,28 @@ def _ulp_keys(
 
 
 @triton.jit
+def _layout(buf_ptr, ibuf_ptr, nseg, NKEYS: tl.constexpr):
+    """Where a call's one buffer (float64 at buf_ptr, the same memory as int64 at ibuf_ptr) keeps what: the
+    totals (a ROW), the key histogram, the segments' d² and a², the count of finished programs, then from a
+    multiple of ROW on the rows of partials. Returns the rows, histogram, segments and count."""
+    head = (ROW + NKEYS + 2 * nseg + 1 + ROW - 1) // ROW * ROW
+    return buf_ptr + head, ibuf_ptr + ROW, buf_ptr + ROW + NKEYS, ibuf_ptr + ROW + NKEYS + 2 * nseg
+
+
+@triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, part_ptr, zero, keys_ptr, count_ptr,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, ibuf_ptr, first, nseg, zero,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, NKEYS: tl.constexpr, STAGES: tl.constexpr,
     FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row ``pid`` of ``part_ptr`` (see ROW): this program's partials in float32, or its marks. With ``zero``,
-    program 0 also clears the key histogram and the count of finished programs, for _fix_kernel."""
+    """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials in float32, or its
+    marks. With ``zero``, program 0 also clears the key histogram and the count of finished programs, for
+    _fix_kernel."""
+    part_ptr, keys_ptr, _, count_ptr = _layout(buf_ptr, ibuf_ptr, nseg, NKEYS)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
-    row = part_ptr + tl.program_id(0) * 16
+    row = part_ptr + (first + tl.program_id(0)) * 16
     if (tl.program_id(0) == 0) & (zero != 0):
         tl.store(keys_ptr + tl.arange(0, NKEYS), tl.zeros([NKEYS], dtype=tl.int64))
         tl.store(count_ptr, tl.cast(0, tl.int64))
@@ -373,13 +385,14 @@ def _fix_row(
 
 @triton.jit
 def _fix_kernel(
-    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, part_ptr, first, programs, fixers, nseg, out_ptr, keys_ptr,
-    seg_out_ptr, count_ptr, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
+    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, ibuf_ptr, first, programs, fixers, nseg,
+    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs`` at ``part_ptr``): what
-    the pass marked, done again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to
-    finish adds the rows (:func:`_finish`)."""
+    """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
+    again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to finish adds the rows
+    (:func:`_finish`)."""
+    part_ptr, keys_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, ibuf_ptr, nseg, NKEYS)
     cols = tl.arange(0, 16)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     for j in tl.range(ROWS):
@@ -395,7 +408,7 @@ def _fix_kernel(
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
         tl.debug_barrier()
-        _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg)
+        _finish(part_ptr, programs, buf_ptr, seg_out_ptr, K, nseg)
 
 
 @triton.jit
@@ -496,6 +509,19 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
     return _Plan(owner, seg_edges, [K * len(found) for found in segs], VECTOR if aligned else 1, K)
 
 
+@functools.lru_cache(maxsize=64)
+def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, p99: bool, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compile-time arguments of the pass and of the fix kernel for such a pair, built once."""
+    bits = _BITS[dtype_a.itemsize] if dtype_a == dtype_b and dtype_a in ULP_DTYPES else 0
+    hist = bool(bits) and p99
+    common = {"BLOCK": BLOCK, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "HIST": hist}
+    common |= {"NKEYS": (bits << KEY_BITS) if hist else 1, "ALIGN": align, "num_warps": NUM_WARPS}
+    exact = exact_ulp(dtype_a) if bits else -1
+    f64 = torch.float64 in (dtype_a, dtype_b)
+    pass_args = {"F64": f64, "BAND": band, "EXACT_ULP": exact, "STAGES": STAGES, "FLUSH": FLUSH, **common}
+    return pass_args, {"KEY_BITS": KEY_BITS, "ROWS": FIX_ROWS, **common}
+
+
 def compare_cuda(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True,
     edges: Sequence[int] = (),
@@ -503,44 +529,35 @@ def compare_cuda(
     device = compute_device(a, b)
     spec = ulp_spec(a, b)
     edges = tuple(edges) or (0, a.numel())
-    bits = _BITS[a.element_size()] if spec is not None else 0
-    hist = bool(bits) and p99
-    nkeys = (bits << KEY_BITS) if hist else 1  # keys of the distances below 2**bits
-    f8 = {"A8": _F8.get(a.dtype, 0), "B8": _F8.get(b.dtype, 0)}
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0 if p99 else None) if spec is not None else None, zeros, zeros)
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
-    part = torch.empty(total, ROW, dtype=torch.float64, device=device)
-    # totals (a ROW), key histogram, segments' d² and a², count of finished programs
-    out = torch.empty(ROW + nkeys + 2 * nseg + 1, dtype=torch.float64, device=device)
-    keys, seg_out, count = out.view(torch.int64)[ROW : ROW + nkeys], out[ROW + nkeys : -1], out.view(torch.int64)[-1:]
+    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    pass_args, fix_args = _constants(a.dtype, b.dtype, p99, plan.align, band)
+    nkeys, hist, bits = pass_args["NKEYS"], pass_args["HIST"], pass_args["BITS"]  # keys of the distances below 2**bits
+    head = -(-(ROW + nkeys + 2 * nseg + 1) // ROW) * ROW  # see _layout
+    ibuf = torch.empty(head + ROW * total, dtype=torch.int64, device=device)
+    buf = ibuf.view(torch.float64)
     tol = _tolerances(atol, rtol, device)
-    common = {"BLOCK": BLOCK, "BITS": bits, **f8, "HIST": hist, "NKEYS": nkeys, "ALIGN": plan.align, "num_warps": NUM_WARPS}
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _pass_kernel[(rows,)](
-            ca, cb, se, K, tol, part[first:], first == 0, keys, count, F64=torch.float64 in (a.dtype, b.dtype),
-            BAND=rtol <= 2.0**20 and atol <= SAFE_HI,  # else the tolerance test is counted in float64
-            EXACT_ULP=exact_ulp(a.dtype) if bits else -1, STAGES=STAGES, FLUSH=FLUSH, **common,
-        )  # fmt: skip
+        _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, ibuf, first, nseg, first == 0, **pass_args)
         first += rows
     first, fixers = 0, sum(-(-rows // FIX_ROWS) for rows in plan.rows)
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _fix_kernel[(-(-rows // FIX_ROWS),)](
-            ca, cb, se, K, rows, tol, part, first, total, fixers, nseg, out, keys, seg_out, count, KEY_BITS=KEY_BITS,
-            ROWS=FIX_ROWS, **common,
-        )  # fmt: skip
+        _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, ibuf, first, total, fixers, nseg, **fix_args)
         first += rows
-    res = out.cpu().numpy()
-    floats, ints = res[:6].tolist(), res.view(np.int64)[7 : ROW + nkeys].tolist()
+    res = ibuf[:head].cpu().numpy()
+    floats, ints = res[:6].view(np.float64).tolist(), res[7 : ROW + nkeys].tolist()
+    seg = res[ROW + nkeys : ROW + nkeys + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block
-        block_d2, block_a2 = res[ROW + nkeys : -1 : 2].tolist(), res[ROW + nkeys + 1 : -1 : 2].tolist()
+        block_d2, block_a2 = seg[0::2].tolist(), seg[1::2].tolist()
     else:  # blocks cut by the pieces: their segments added in order
-        block_d2 = np.bincount(owner, res[ROW + nkeys : -1 : 2], len(edges) - 1).tolist()
-        block_a2 = np.bincount(owner, res[ROW + nkeys + 1 : -1 : 2], len(edges) - 1).tolist()
+        block_d2 = np.bincount(owner, seg[0::2], len(edges) - 1).tolist()
+        block_a2 = np.bincount(owner, seg[1::2], len(edges) - 1).tolist()
     counts = tuple(ints[:5])
     ulp: tuple[int, int | None] | None = None
     if spec is not None:
@@ -557,7 +574,7 @@ def compare_cuda(
                 found = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
                 for ca, cb in pieces:
                     _refine_kernel[(triton.cdiv(ca.numel(), BLOCK * MIN_TILES),)](
-                        ca, cb, ca.numel(), lo, shift, found, BLOCK=BLOCK, TILES=MIN_TILES, BITS=bits, A8=f8["A8"],
+                        ca, cb, ca.numel(), lo, shift, found, BLOCK=BLOCK, TILES=MIN_TILES, BITS=bits, A8=pass_args["A8"],
                         NBINS=REFINE_BINS, num_warps=NUM_WARPS,
                     )  # fmt: skip
                 return found[:bins].cpu().tolist()

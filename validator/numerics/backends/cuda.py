@@ -248,8 +248,8 @@ def _layout(buf_ptr, ibuf_ptr, nseg, NKEYS: tl.constexpr):
     """Where a call's one buffer (float64 at buf_ptr, the same memory as int64 at ibuf_ptr) keeps what: the
     totals (a ROW), the key histogram, the segments' d² and a², the count of finished programs, then from a
     multiple of ROW on the rows of partials. Returns the rows, histogram, segments and count."""
-    head = (ROW + NKEYS + 2 * nseg + 1 + ROW - 1) // ROW * ROW
-    return buf_ptr + head, ibuf_ptr + ROW, buf_ptr + ROW + NKEYS, ibuf_ptr + ROW + NKEYS + 2 * nseg
+    head = (16 + NKEYS + 2 * nseg + 1 + 15) // 16 * 16  # ROW = 16
+    return buf_ptr + head, ibuf_ptr + 16, buf_ptr + 16 + NKEYS, ibuf_ptr + 16 + NKEYS + 2 * nseg
 
 
 @triton.jit

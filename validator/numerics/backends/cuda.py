@@ -52,7 +52,7 @@ from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 BLOCK = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
-PROGRAMS = 2048  # programs of a pair at most (one per block of the edges at least)
+PROGRAMS = 1024  # programs of a pair at most (one per block of the edges at least)
 NUM_WARPS = 4
 FIX_ROWS = 4  # rows per program of the second kernel (most rows need nothing there)
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)

@@ -27,11 +27,12 @@ from benchmarks.engine_bench import make_pair  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
 
 
-def load_module(path: str) -> ModuleType:
-    """A version of ``validator/numerics/backends/cuda.py`` from a file, as a module of its own."""
-    spec = importlib.util.spec_from_file_location("other_cuda", path)
+def load_module(path: str, name: str = "other_cuda") -> ModuleType:
+    """A version of a module (``validator/numerics/backends/cuda.py`` here) from a file, as a module of its own."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's on-disk cache finds a module's compiled code by the module's name
     spec.loader.exec_module(module)
     return module
 

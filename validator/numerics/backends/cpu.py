@@ -64,6 +64,7 @@ from validator.numerics.backends.reference import chunk_pairs
 BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
 GROUP = 32  # blocks per prange iteration
 LANES = 32  # float32 accumulators per sum within a block
+PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
 PARTS = 16  # fixed slices of a refining pass, each with its own histogram
 REFINE_BINS = 1 << 12
 SMALL = 1 << 18  # elements: smaller pieces run on one thread
@@ -194,32 +195,59 @@ def _key(d):
     return (np.float64(d + 1).view(np.int64) >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
 
 
+def _lanes_of(n: int) -> Callable[..., None]:
+    """A kernel adding ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`) lane by
+    lane: element k + j into lane j of the float32 sums a², b², d², |d|, a·d and largest |d| (``lanes``), and
+    of the counts of the tolerance test against the band's low and high tolerances, the largest ULP distance,
+    the distances 1 and 2 (``cnt``). ``n`` is a constant of the compiled loop: LLVM then vectorizes all of
+    it, in half the time of a loop of any length."""
+
+    @njit(cache=True)
+    def lanes_of_n(va, vb, xa, xb, tol, lanes, cnt):
+        s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
+        n_lo, n_hi, top, n1, n2 = cnt[0], cnt[1], cnt[2], cnt[3], cnt[4]
+        a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
+        for k in range(0, n, LANES):
+            for j in range(LANES):
+                x, y = _float(va[k + j], va), _float(vb[k + j], vb)
+                d = y - x
+                ad, aa = abs(d), abs(x)
+                s_a2[j] += x * x
+                s_b2[j] += y * y
+                s_d2[j] += d * d
+                s_abs[j] += ad
+                s_ad[j] += x * d
+                s_top[j] = max(s_top[j], ad)
+                n_lo[j] += np.int32(ad <= aa * r_lo + a_lo)
+                n_hi[j] += np.int32(ad <= aa * r_hi + a_hi)
+                u = abs(_ord(xa[k + j]) - _ord(xb[k + j]))
+                top[j] = max(top[j], u)
+                n1[j] += np.int32(u == 1)
+                n2[j] += np.int32(u == 2)
+
+    return lanes_of_n
+
+
+_lanes = _lanes_of(BLOCK)  # a whole block
+_piece = _lanes_of(PIECE)  # a piece of a block cut short by an edge
+
+
 @njit(cache=True)
-def _lanes(va, vb, xa, xb, tol, lanes, cnt):
-    """The BLOCK elements of xa, xb (their values read from va, vb: :func:`_values`) lane by lane: element k + j into lane j of the float32 sums a², b², d²,
-    |d|, a·d and largest |d| (``lanes``), and of the counts of the tolerance test against the band's low
-    and high tolerances, the largest ULP distance, the distances 1 and 2 (``cnt``). The loop's length is
-    a constant: LLVM then vectorizes the whole block, in half the time of a loop of any length."""
-    s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
-    n_lo, n_hi, top, n1, n2 = cnt[0], cnt[1], cnt[2], cnt[3], cnt[4]
-    a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
-    for k in range(0, BLOCK, LANES):
-        for j in range(LANES):
-            x, y = _float(va[k + j], va), _float(vb[k + j], vb)
-            d = y - x
-            ad, aa = abs(d), abs(x)
-            s_a2[j] += x * x
-            s_b2[j] += y * y
-            s_d2[j] += d * d
-            s_abs[j] += ad
-            s_ad[j] += x * d
-            s_top[j] = max(s_top[j], ad)
-            n_lo[j] += np.int32(ad <= aa * r_lo + a_lo)
-            n_hi[j] += np.int32(ad <= aa * r_hi + a_hi)
-            u = abs(_ord(xa[k + j]) - _ord(xb[k + j]))
-            top[j] = max(top[j], u)
-            n1[j] += np.int32(u == 1)
-            n2[j] += np.int32(u == 2)
+def _short(va, vb, xa, xb, tol, lanes, cnt):
+    """A block of fewer than BLOCK elements in pieces of PIECE (the last with zeros up to PIECE, which add
+    nothing but to the tolerance counts); returns how many zeros."""
+    m = xa.size
+    whole = m - m % PIECE
+    for p in range(0, whole, PIECE):
+        _piece(va[p : p + PIECE], vb[p : p + PIECE], xa[p : p + PIECE], xb[p : p + PIECE], tol, lanes, cnt)
+    if whole == m:
+        return 0
+    qa, qb = np.zeros(PIECE, va.dtype), np.zeros(PIECE, vb.dtype)
+    pa, pb = np.zeros(PIECE, xa.dtype), np.zeros(PIECE, xb.dtype)
+    qa[: m - whole], qb[: m - whole] = va[whole:m], vb[whole:m]
+    pa[: m - whole], pb[: m - whole] = xa[whole:], xb[whole:]
+    _piece(qa, qb, pa, pb, tol, lanes, cnt)
+    return whole + PIECE - m
 
 
 @njit(cache=True)
@@ -229,12 +257,12 @@ def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
     m = xa.size
     lanes[:] = 0
     cnt[:] = 0
-    pa, pb = xa, xb
-    if m < BLOCK:  # a block cut short by an edge: zeros up to BLOCK, which add nothing but to the tolerance counts
-        pa, pb = np.zeros(BLOCK, xa.dtype), np.zeros(BLOCK, xb.dtype)
-        pa[:m] = xa
-        pb[:m] = xb
-    _lanes(_values(pa, ta, scratch[0]), _values(pb, tb, scratch[1]), pa, pb, tol, lanes, cnt)
+    va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
+    pad = 0
+    if m == BLOCK:
+        _lanes(va, vb, xa, xb, tol, lanes, cnt)
+    else:
+        pad = _short(va, vb, xa, xb, tol, lanes, cnt)
     f0 = f1 = f2 = f3 = f4 = 0.0  # each sum lane by lane, the five side by side
     for j in range(LANES):
         f0 += np.float64(lanes[0, j])
@@ -247,7 +275,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f0 <= SAFE_HI and SAFE_LO <= f1 <= SAFE_HI and (SAFE_LO <= f2 <= SAFE_HI or top == 0)):
         return False
-    pad = BLOCK - m  # a zero passes when 0 <= the low (high) atol
+    # a zero passes when 0 <= the low (high) atol
     n_lo = cnt[0].sum() - pad * (0 <= np.float32(tol[2]))
     passed = n_lo
     if tol[6] == 0 or n_lo != cnt[1].sum() - pad * (0 <= np.float32(tol[4])):

@@ -241,6 +241,23 @@ def test_cpu_agrees_with_torch_float64_reference() -> None:
         _assert_matches(_metrics(got, a, b, 1e-5, 1e-3), _np_metrics(a, b, 1e-5, 1e-3))
 
 
+SHORT = [1, 31, 32, 255, 256, 257, 1000, 2047, 2048, 2049, 5000]  # block lengths around LANES, PIECE and BLOCK
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_cpu_blocks_of_every_length_match_numpy(dtype: torch.dtype) -> None:
+    # blocks cut short by edges are read in pieces, the last padded with zeros: every length against float64
+    # NumPy (sums, counts, max_abs, ULP and per-block sums), and batched the same as alone, bit for bit
+    at = [0, *np.cumsum(SHORT).tolist()]
+    a, b = with_nonfinite(*pair(dtype, at[-1], seed=31))
+    a[at[4] : at[5]] = 0  # a whole block of zeros in a: float64's way, with the others in float32
+    for atol, rtol in ((1e-5, 1e-3), (0.0, 0.0), (0.05, 0.0)):
+        t = compare_cpu(a, b, atol=atol, rtol=rtol, edges=at)
+        _assert_matches(_metrics(t, a, b, atol, rtol), _np_metrics(a, b, atol, rtol))
+        assert_blocks(t, a, b, at)
+        assert cpu.compare_cpu_many([(a, b, at), (b, a, ())], atol=atol, rtol=rtol)[0] == t
+
+
 def test_cpu_pairs_from_several_threads_at_once() -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -9,7 +9,8 @@ exact). numba compiles the pass for a format at its first use.
 A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
 hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
 whole small pair (:func:`compare_cpu_many`). Each block is read once, in one loop of constant length
-(:func:`_lanes`; a block cut short by an edge is read with zeros after it):
+(:func:`_lanes_of`; a block cut short by an edge is read in pieces of :data:`PIECE`, the last with zeros
+after it):
 
 - sums of a², b², d², |d|, a·d in :data:`LANES` float32 lanes, added in float64 per block;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
@@ -23,7 +24,7 @@ masked and counted. Pairs read as float64 take that path for every block. ``max_
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
 each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
 float32 differences exact (``common.exact_ulp``). The p99 bin is refined by further
-parallel passes.
+passes. A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
 Each block writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
@@ -67,8 +68,8 @@ LANES = 32  # float32 accumulators per sum within a block
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
 PARTS = 16  # fixed slices of a refining pass, each with its own histogram
 REFINE_BINS = 1 << 12
-SMALL = 1 << 18  # elements: smaller pieces run on one thread
-# BLOCK, GROUP, LANES, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
+SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
+# BLOCK, GROUP, LANES, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
 # fix the float32 summation order, nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _ord read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}

@@ -176,6 +176,7 @@ def bootstrap_interval(
     undefined (every drawn reference block zero) counts as infinite: it can widen an interval, never hide
     a failure. Nearest-rank percentiles, so no value is interpolated between finite and infinite ones."""
     # numba, imported only where intervals are drawn
+    from validator.numerics.compiled import first_call
     from validator.numerics.resample import ratios, resample_sums, resampled_rel_l2
 
     n = len(cand.d2)
@@ -184,16 +185,18 @@ def bootstrap_interval(
     d2, a2 = np.asarray(cand.d2, np.float64), np.asarray(cand.a2, np.float64)
     if floor is None:
         draws, _ = _draws(n, None, resamples)
-        values = resampled_rel_l2(draws, d2, a2)
+        with first_call((resampled_rel_l2, draws.dtype)):  # numba's cache: compiled.py
+            values = resampled_rel_l2(draws, d2, a2)
     else:
         m = len(floor.d2)
         paired = m == n and floor.rows == cand.rows
         draws, other = _draws(n, None if paired else max(m, 1), resamples)
         fdraws = draws if other is None else other
         zeros = np.zeros(resamples)
-        fd2, fa2 = resample_sums(fdraws, np.asarray(floor.d2, np.float64), np.asarray(floor.a2, np.float64)) if m else (zeros, zeros)
-        sd, sa = resample_sums(draws, d2, a2)
-        values = ratios(sd, sa, fd2, fa2)
+        with first_call((ratios, draws.dtype, fdraws.dtype)):
+            fd2, fa2 = resample_sums(fdraws, np.asarray(floor.d2, np.float64), np.asarray(floor.a2, np.float64)) if m else (zeros, zeros)
+            sd, sa = resample_sums(draws, d2, a2)
+            values = ratios(sd, sa, fd2, fa2)
     ranks = _ranks(level, resamples)
     # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples are
     # +inf; no -0.0); NumPy's vectorised sort of 1,000 values takes a third of the time of a partition

@@ -258,6 +258,16 @@ def test_cpu_blocks_of_every_length_match_numpy(dtype: torch.dtype) -> None:
         assert cpu.compare_cpu_many([(a, b, at), (b, a, ())], atol=atol, rtol=rtol)[0] == t
 
 
+def test_cpu_mixed_pair_in_pieces_is_the_whole_pair() -> None:
+    # a contiguous pair of two formats is converted in pieces that start where the whole pair's rows start:
+    # any chunk size gives the bits of the pair in one piece
+    a, b = with_nonfinite(*pair(torch.float32, 70_001, seed=41))
+    b, at = b.to(torch.bfloat16), [0, 20_000, 20_007, 70_001]
+    whole = compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=at)
+    for chunk in (999, 2048, 5000):
+        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=at, chunk_elems=chunk) == whole
+
+
 def test_cpu_pairs_from_several_threads_at_once() -> None:
     from concurrent.futures import ThreadPoolExecutor
 

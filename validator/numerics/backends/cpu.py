@@ -61,6 +61,7 @@ from validator.numerics.backends.common import (
     pieces_of,
 )
 from validator.numerics.backends.reference import chunk_pairs
+from validator.numerics.compiled import first_call
 
 BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
 GROUP = 32  # blocks per prange iteration
@@ -94,12 +95,15 @@ def _call(n: int, parallel: Callable[..., None], serial: Callable[..., None], *a
     (waking numba's threads costs more than such a pass: 0.2 ms against 0.015 for one small pair on the
     2-core dev box), else ``parallel(*args)``, one call at a time (the "workqueue" threading layer must not be
     entered from two threads at once, and a call already keeps every core busy), its prange iterations
-    handed out one at a time. Both run the same code; results depend on none of it."""
-    if n <= SMALL:
-        serial(*args)
-        return
-    with _LOCK, numba.parallel_chunksize(1):
-        parallel(*args)
+    handed out one at a time. Both run the same code; results depend on none of it. The first call for a
+    pair of dtypes runs under ``compiled.first_call``."""
+    kernel = serial if n <= SMALL else parallel
+    with first_call((kernel, args[0].dtype, args[1].dtype)):  # type: ignore[attr-defined]
+        if n <= SMALL:
+            serial(*args)
+            return
+        with _LOCK, numba.parallel_chunksize(1):
+            parallel(*args)
 
 
 @functools.cache
@@ -452,7 +456,7 @@ def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
 @functools.lru_cache(maxsize=64)
 def _tolerances(atol: float, rtol: float) -> np.ndarray:
     """atol, rtol, the float32 band around them (common.EPS, TINY), and whether the band is used."""
-    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
     return np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
 
 
@@ -465,15 +469,28 @@ def _bits(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return flat.view(torch.uint8).numpy().view(_BITS[dtype])
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The pair as the pass reads it (:func:`_format`): whole when both are contiguous (converted whole if
-    read as another dtype: its rows are the whole pair's), else in contiguous pieces of ``chunk_elems``."""
+def _pieces(
+    a: torch.Tensor, b: torch.Tensor, chunk_elems: int, edges: tuple[int, ...]
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first element, a's elements, b's) of the pair as the pass reads it (:func:`_format`). A contiguous
+    pair read as it is comes whole; one read as another dtype is converted in pieces of about ``chunk_elems``
+    that start where the whole pair's rows start (:func:`_rows` over ``edges``), so its rows are the whole
+    pair's; a pair that is not contiguous comes in contiguous copies of ``chunk_elems``, each with rows of
+    its own."""
     fa, fb, _ = _format(a.dtype, b.dtype)
     if a.is_contiguous() and b.is_contiguous():
-        yield _bits(a, fa), _bits(b, fb)
+        n, cuts = a.numel(), [0, a.numel()]
+        if (fa, fb) != (a.dtype, b.dtype) and n > chunk_elems:
+            starts = _rows(edges, 0, n)[0]
+            cuts = sorted({0, n, *starts[np.searchsorted(starts, np.arange(chunk_elems, n, chunk_elems))].tolist()})
+        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        for lo, hi in zip(cuts, cuts[1:]):
+            yield lo, _bits(flat_a[lo:hi], fa), _bits(flat_b[lo:hi], fb)
         return
+    start = 0
     for ca, cb in chunk_pairs(a, b, chunk_elems):
-        yield _bits(ca, fa), _bits(cb, fb)
+        yield start, _bits(ca, fa), _bits(cb, fb)
+        start += ca.numel()
 
 
 @functools.lru_cache(maxsize=256)
@@ -534,7 +551,7 @@ def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Refine:
 
     def refine(lo: int, shift: int, bins: int) -> list[int]:
         hist = np.zeros(bins, np.int64)
-        for xa, xb in _pieces(a, b, chunk_elems):
+        for _, xa, xb in _pieces(a, b, chunk_elems, (0, a.numel())):
             out = np.zeros((PARTS, bins), np.int64)
             _call(xa.size, _refine, _refine_serial, xa, xb, _EXPONENT[a.dtype], lo, shift, out)
             hist += out.sum(0)
@@ -555,21 +572,24 @@ def compare_cpu(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
-    A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
+    A contiguous pair converted in pieces (:func:`_pieces`) has the whole pair's rows, added as one chain; a
+    non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
     keys, max_abs, max_ulp = np.zeros(NUM_KEYS, np.int64), 0.0, 0.0
-    offset = 0
-    for xa, xb in _pieces(a, b, chunk_elems):
+    rows = []
+    for start, xa, xb in _pieces(a, b, chunk_elems, edges):
         if xa.size:
-            got = _one(xa, xb, form, atol, rtol, edges, offset)
-            offset += xa.size
+            got = _one(xa, xb, form, atol, rtol, edges, start)
+            rows.append(got.rows)
             sums += got.sums[0]
             counts += got.counts[0]
             blocks += got.blocks
             keys += got.keys.sum(0)
             max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
+    if len(rows) > 1 and a.is_contiguous() and b.is_contiguous():
+        sums, blocks = merge_rows(np.concatenate(rows), _rows(edges, 0, a.numel())[1], len(edges) - 1)
     keys_l = keys.tolist() if form.ulp else None
     refine = _refiner(a, b, chunk_elems)
     return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), int(max_ulp), keys_l, refine, *blocks.tolist())

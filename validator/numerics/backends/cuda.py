@@ -535,7 +535,7 @@ def compare_cuda(
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0 if p99 else None) if spec is not None else None, zeros, zeros)
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
-    band = rtol <= 2.0**20 and atol <= SAFE_HI  # else the tolerance test is counted in float64
+    band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
     pass_args, fix_args = _constants(a.dtype, b.dtype, p99, plan.align, band)
     nkeys, hist, bits = pass_args["NKEYS"], pass_args["HIST"], pass_args["BITS"]  # keys of the distances below 2**bits
     head = -(-(ROW + nkeys + 2 * nseg + 1) // ROW) * ROW  # see _layout

@@ -65,8 +65,9 @@ def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, in
     return [s for s in spans if s[2] > s[1]]
 
 
-def ulp_spec(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.dtype, int] | None:
-    return ULP_DTYPES.get(a.dtype) if a.dtype == b.dtype else None
+def ulp_spec(dtype_a: torch.dtype, dtype_b: torch.dtype) -> tuple[torch.dtype, int] | None:
+    """ULP_DTYPES' entry of a pair with ULP metrics (one dtype, one of ULP_DTYPES), else None."""
+    return ULP_DTYPES.get(dtype_a) if dtype_a == dtype_b else None
 
 
 def exact_ulp(dtype: torch.dtype) -> int:

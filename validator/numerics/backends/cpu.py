@@ -53,12 +53,12 @@ from validator.numerics.backends.common import (
     SAFE_HI,
     SAFE_LO,
     TINY,
-    ULP_DTYPES,
     Refine,
     Totals,
     exact_ulp,
     p99_from_keys,
     pieces_of,
+    ulp_spec,
 )
 from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.compiled import first_call
@@ -446,7 +446,7 @@ class _Format(NamedTuple):
 def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
     """A pair of one format, or of two float8 formats, is read as it is; else as float64 if a side is
     float64, else as float32. ULP metrics: one format, not float64."""
-    ulp = dtype_a == dtype_b and dtype_a in ULP_DTYPES
+    ulp = ulp_spec(dtype_a, dtype_b) is not None
     if dtype_a == dtype_b or dtype_a.itemsize == dtype_b.itemsize == 1:
         return _Format(dtype_a, dtype_b, ulp)
     wide = torch.float64 if torch.float64 in (dtype_a, dtype_b) else torch.float32

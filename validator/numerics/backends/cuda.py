@@ -41,7 +41,6 @@ from validator.numerics.backends.common import (
     SAFE_HI,
     SAFE_LO,
     TINY,
-    ULP_DTYPES,
     Totals,
     exact_ulp,
     p99_from_keys,
@@ -512,7 +511,7 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
 @functools.lru_cache(maxsize=64)
 def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, p99: bool, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The compile-time arguments of the pass and of the fix kernel for such a pair, built once."""
-    bits = _BITS[dtype_a.itemsize] if dtype_a == dtype_b and dtype_a in ULP_DTYPES else 0
+    bits = _BITS[dtype_a.itemsize] if ulp_spec(dtype_a, dtype_b) else 0
     hist = bool(bits) and p99
     common = {"BLOCK": BLOCK, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "HIST": hist}
     common |= {"NKEYS": (bits << KEY_BITS) if hist else 1, "ALIGN": align, "num_warps": NUM_WARPS}
@@ -527,7 +526,7 @@ def compare_cuda(
     edges: Sequence[int] = (),
 ) -> Totals:  # fmt: skip
     device = compute_device(a, b)
-    spec = ulp_spec(a, b)
+    spec = ulp_spec(a.dtype, b.dtype)
     edges = tuple(edges) or (0, a.numel())
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:

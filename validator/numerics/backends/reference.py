@@ -126,7 +126,7 @@ def compare_reference(
     edges = edges or (0, a.numel())
     piece = min(chunk_elems, CPU_PIECE) if device.type == "cpu" else chunk_elems
     piece = max(1, min(piece, a.numel()))
-    acc = Accumulator(device, atol, rtol, ulp_spec(a, b), len(edges) - 1)
+    acc = Accumulator(device, atol, rtol, ulp_spec(a.dtype, b.dtype), len(edges) - 1)
     with torch.no_grad():
         a, b = a.detach(), b.detach()
         offset = 0

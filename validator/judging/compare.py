@@ -301,38 +301,36 @@ def compare_runs(
     pairs: list[PairResult] = []
     have = floor is not None
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
-    measured = _measure_all([(ga[k], gb[k], r) for k, r in zip(keys, rounding)], executor)
-    for i, (key, got) in enumerate(zip(keys, measured)):
-        la, lb = ga[key], gb[key]
-        m = got.metrics
-        if m is None:
-            status, d = "error", Decision("fail", None, (got.error or "",))
-        else:
-            d = policy.decide(
-                la.name,
-                m,
-                floor_from(floor_m.get(key), got, have_floor=floor is not None),
-                have_floor=floor is not None,
-                dtypes=(la.dtype, lb.dtype),
-                blocks=got.blocks,
+    work = [(ga[k], gb[k], r) for k, r in zip(keys, rounding)]
+    measured = iter(_measure_all(work, executor))
+    for batch in _batches(work):  # judged a batch at a time: its bootstrap intervals drawn together
+        done = len(pairs)
+        got = [(key, next(measured)) for key in keys[done : done + len(batch)]]
+        judging = [
+            (ga[key].name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), (ga[key].dtype, gb[key].dtype), g.blocks)
+            for key, g in got
+            if g.metrics is not None
+        ]
+        decisions = iter(policy.decide_many(judging, have_floor=have))
+        for key, g in got:
+            la, lb = ga[key], gb[key]
+            d = next(decisions) if g.metrics is not None else Decision("fail", None, (g.error or "",))
+            pairs.append(
+                PairResult(
+                    name=la.name,
+                    coords=la.coords.to_dict(),
+                    label=la.label,
+                    status=d.status if g.metrics is not None else "error",
+                    metrics=g.metrics,
+                    decision=d,
+                    shape_a=la.shape(),
+                    shape_b=lb.shape(),
+                    notes=tuple(g.notes),
+                    capture_index=captured[key],
+                )
             )
-            status = d.status
-        pairs.append(
-            PairResult(
-                name=la.name,
-                coords=la.coords.to_dict(),
-                label=la.label,
-                status=status,
-                metrics=m,
-                decision=d,
-                shape_a=la.shape(),
-                shape_b=lb.shape(),
-                notes=tuple(got.notes),
-                capture_index=captured[key],
-            )
-        )
-        if progress:
-            progress(i + 1, len(keys))
+            if progress:
+                progress(len(pairs), len(keys))
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
     only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())
     pairs.sort(key=lambda p: (_STATUS_ORDER[p.status], -(p.ratio or 0.0), p.label))

@@ -27,12 +27,13 @@ import fnmatch
 import functools
 import math
 import tomllib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from validator.errors import InputError
-from validator.numerics.floors import BlockSums, bootstrap_interval
+from validator.numerics.floors import BlockSums, bootstrap_intervals
 
 if TYPE_CHECKING:
     from validator.numerics.metrics import TensorMetrics
@@ -152,12 +153,26 @@ class Decision:
     borderline: bool = False
 
 
+class _Pending(NamedTuple):
+    """A value to judge once its interval is drawn (:meth:`Policy.decide_many`): shown as ``shown [lo, hi]``;
+    ``sums``: the block sums the interval is drawn from (None: the interval is the value alone); ``kept``: the
+    interval is the decision's."""
+
+    shown: str
+    value: float
+    limit: float
+    limit_text: str
+    sums: tuple[BlockSums, BlockSums | None] | None
+    kept: bool
+
+
 @dataclass
 class _Verdicts:
     fails: list[str] = field(default_factory=list)
     borderline: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pending: list[_Pending] = field(default_factory=list)
 
     def judge(self, shown: str, value: float, ci: tuple[float, float], limit: float, limit_text: str) -> None:
         """Interval entirely within the limit: fine; entirely beyond: fail; across it: borderline."""
@@ -225,6 +240,26 @@ class Policy:
         """Judge one pair. ``floor``: the floor found for this tensor (``None``: none looked for);
         ``dtypes``: the captured dtypes (default: the compared tensors'); ``blocks``: the pair's block
         sums, for intervals and NaN counts (without them the interval is the point value)."""
+        return self.decide_many([(name, m, floor, dtypes, blocks)], have_floor=have_floor)[0]
+
+    def decide_many(
+        self,
+        pairs: Sequence[tuple[str, TensorMetrics, Floor | None, tuple[str, str] | None, BlockSums | None]],
+        *,
+        have_floor: bool,
+    ) -> list[Decision]:
+        """:meth:`decide` of each pair ``(name, m, floor, dtypes, blocks)``, in order, with the same results: the
+        bootstrap intervals of all of them are drawn together (``floors.bootstrap_intervals``)."""
+        started = [self._start(name, m, floor, have_floor, dtypes, blocks) for name, m, floor, dtypes, blocks in pairs]
+        wanted = [p.sums for j in started for p in j.v.pending if p.sums is not None]
+        intervals = iter(bootstrap_intervals(wanted))
+        return [_finish(j, intervals) for j in started]
+
+    def _start(
+        self, name: str, m: TensorMetrics, floor: Floor | None, have_floor: bool, dtypes: tuple[str, str] | None,
+        blocks: BlockSums | None,
+    ) -> _Judging:  # fmt: skip
+        """A pair judged up to its intervals: the values they are drawn for left pending."""
         da, db = dtypes or (m.dtype_a, m.dtype_b)
         rule = self.effective_rule(name, (da, db), have_floor=have_floor)
         v = _Verdicts()
@@ -236,28 +271,49 @@ class Policy:
             bound = rule.rel_l2_max
             out["threshold"] = bound if out.get("threshold") is None else min(out["threshold"], bound)
             if m.rel_l2 > 0:
-                ci = bootstrap_interval(blocks) if blocks is not None else (m.rel_l2, m.rel_l2)
-                v.judge(f"rel_l2 {m.rel_l2:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]", m.rel_l2, ci, bound, f"{bound:.3g}")
-                if "judged" not in out:
-                    out.update(judged="rel_l2", value=m.rel_l2, interval=ci, limit=bound)
-        if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
-            v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
-        if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
-            v.fails.append(f"max_abs {m.max_abs:.3g} > {rule.max_abs_max:.3g}")
-        status = "fail" if v.fails else "inconclusive" if (v.borderline or v.undecided) else "pass"
-        return Decision(
-            status,
-            out.get("threshold"),
-            tuple(v.fails + v.borderline + v.undecided),
-            floor_kind=out.get("floor_kind"),
-            floor_rel_l2=out.get("floor_rel_l2"),
-            judged=out.get("judged"),
-            value=out.get("value"),
-            interval=out.get("interval"),
-            limit=out.get("limit"),
-            notes=tuple(v.notes),
-            borderline=bool(v.borderline) and not v.fails,
-        )
+                kept = "judged" not in out
+                if kept:
+                    out.update(judged="rel_l2", value=m.rel_l2, limit=bound)
+                sums = None if blocks is None else (blocks, None)
+                v.pending.append(_Pending(f"rel_l2 {m.rel_l2:.3g}", m.rel_l2, bound, f"{bound:.3g}", sums, kept))
+        return _Judging(rule, m, v, out)
+
+
+class _Judging(NamedTuple):
+    """A pair judged up to its intervals (:meth:`Policy.decide_many`)."""
+
+    rule: Rule
+    m: TensorMetrics
+    v: _Verdicts
+    out: dict[str, Any]
+
+
+def _finish(j: _Judging, intervals: Iterator[tuple[float, float]]) -> Decision:
+    """The pair's decision, its pending values judged with their intervals (the next ones of ``intervals``)."""
+    rule, m, v, out = j
+    for p in v.pending:
+        ci = next(intervals) if p.sums is not None else (p.value, p.value)
+        if p.kept:
+            out["interval"] = ci
+        v.judge(f"{p.shown} [{ci[0]:.3g}, {ci[1]:.3g}]", p.value, ci, p.limit, p.limit_text)
+    if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
+        v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
+    if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
+        v.fails.append(f"max_abs {m.max_abs:.3g} > {rule.max_abs_max:.3g}")
+    status = "fail" if v.fails else "inconclusive" if (v.borderline or v.undecided) else "pass"
+    return Decision(
+        status,
+        out.get("threshold"),
+        tuple(v.fails + v.borderline + v.undecided),
+        floor_kind=out.get("floor_kind"),
+        floor_rel_l2=out.get("floor_rel_l2"),
+        judged=out.get("judged"),
+        value=out.get("value"),
+        interval=out.get("interval"),
+        limit=out.get("limit"),
+        notes=tuple(v.notes),
+        borderline=bool(v.borderline) and not v.fails,
+    )
 
 
 def _nonfinite(mode: str, m: TensorMetrics, blocks: BlockSums | None, v: _Verdicts) -> None:
@@ -301,13 +357,9 @@ def _against_floor(
         out.update(judged="x floor", value=math.inf)
         return
     ratio = m.rel_l2 / floor.rel_l2
-    if blocks is not None and floor.blocks is not None:
-        ci = bootstrap_interval(blocks, floor.blocks)
-    else:
-        ci = (ratio, ratio)
-    out.update(judged="x floor", value=ratio, interval=ci)
-    shown = f"{ratio:.3g}x {floor.kind} floor [{ci[0]:.3g}, {ci[1]:.3g}]"
-    v.judge(shown, ratio, ci, multiple, f"{multiple:g}x")
+    out.update(judged="x floor", value=ratio)
+    sums = (blocks, floor.blocks) if blocks is not None and floor.blocks is not None else None
+    v.pending.append(_Pending(f"{ratio:.3g}x {floor.kind} floor", ratio, multiple, f"{multiple:g}x", sums, True))
 
 
 def _ratio(x: float, floor: float) -> float:

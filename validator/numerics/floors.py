@@ -47,6 +47,7 @@ __all__ = [
     "rounding_sums",
     "more_precise",
     "bootstrap_interval",
+    "bootstrap_intervals",
 ]
 
 BLOCKS = 64  # row blocks per tensor (fewer when the tensor has fewer rows)
@@ -175,33 +176,48 @@ def bootstrap_interval(
     blocks) both are resampled with the same draws, otherwise independently. A resample whose value is
     undefined (every drawn reference block zero) counts as infinite: it can widen an interval, never hide
     a failure. Nearest-rank percentiles, so no value is interpolated between finite and infinite ones."""
+    return bootstrap_intervals([(cand, floor)], level=level, resamples=resamples)[0]
+
+
+def bootstrap_intervals(
+    wanted: Sequence[tuple[BlockSums, BlockSums | None]], *, level: float = LEVEL, resamples: int = RESAMPLES
+) -> list[tuple[float, float]]:
+    """:func:`bootstrap_interval` of each ``(cand, floor)``, in order: the pairs drawn alike (the same numbers
+    of blocks, paired or not) are resampled in one call of the compiled code and sorted together, each with
+    the code and the bits of one alone."""
     # numba, imported only where intervals are drawn
     from validator.numerics.compiled import first_call
-    from validator.numerics.resample import ratios, resample_sums, resampled_rel_l2
+    from validator.numerics.resample import ratios_many, resampled_rel_l2_many
 
-    n = len(cand.d2)
-    if n == 0:
-        return (0.0, 0.0)
-    d2, a2 = np.asarray(cand.d2, np.float64), np.asarray(cand.a2, np.float64)
-    if floor is None:
-        draws, _ = _draws(n, None, resamples)
-        with first_call((resampled_rel_l2, draws.dtype)):  # numba's cache: compiled.py
-            values = resampled_rel_l2(draws, d2, a2)
-    else:
-        m = len(floor.d2)
-        paired = m == n and floor.rows == cand.rows
-        draws, other = _draws(n, None if paired else max(m, 1), resamples)
-        fdraws = draws if other is None else other
-        zeros = np.zeros(resamples)
-        with first_call((ratios, draws.dtype, fdraws.dtype)):
-            fd2, fa2 = resample_sums(fdraws, np.asarray(floor.d2, np.float64), np.asarray(floor.a2, np.float64)) if m else (zeros, zeros)
-            sd, sa = resample_sums(draws, d2, a2)
-            values = ratios(sd, sa, fd2, fa2)
+    alike: dict[tuple[int, int | None, bool], list[int]] = {}  # (blocks, floor blocks, paired) -> requests
+    for i, (cand, floor) in enumerate(wanted):
+        m = None if floor is None else len(floor.d2)
+        paired = floor is not None and m == len(cand.d2) and floor.rows == cand.rows
+        alike.setdefault((len(cand.d2), m, paired), []).append(i)
+    out = [(0.0, 0.0)] * len(wanted)
     ranks = _ranks(level, resamples)
-    # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples are
-    # +inf; no -0.0); NumPy's vectorised sort of 1,000 values takes a third of the time of a partition
-    lo, hi = np.sort(values)[ranks].tolist()
-    return lo, hi
+    for (n, m, paired), idx in alike.items():
+        if n == 0:
+            continue
+        cands = [wanted[i][0] for i in idx]
+        d2, a2 = np.array([c.d2 for c in cands], np.float64), np.array([c.a2 for c in cands], np.float64)
+        if m is None:
+            draws, _ = _draws(n, None, resamples)
+            with first_call((resampled_rel_l2_many, draws.dtype)):  # numba's cache: compiled.py
+                values = resampled_rel_l2_many(draws, d2, a2)
+        else:
+            floors = [f for i in idx if (f := wanted[i][1]) is not None]
+            fd2, fa2 = np.array([f.d2 for f in floors], np.float64), np.array([f.a2 for f in floors], np.float64)
+            draws, other = _draws(n, None if paired or m == 0 else m, resamples)
+            # paired: the same draws; a floor of no blocks: none (its resampled sums are zero)
+            fdraws = draws if paired else other if other is not None else np.zeros((0, resamples), draws.dtype)
+            with first_call((ratios_many, draws.dtype, fdraws.dtype)):
+                values = ratios_many(draws, d2, a2, fdraws, fd2, fa2)
+        # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples
+        # are +inf; no -0.0); NumPy's vectorised sort of 1,000 values takes a third of the time of a partition
+        for i, (lo, hi) in zip(idx, np.sort(values, axis=1)[:, ranks].tolist()):
+            out[i] = (lo, hi)
+    return out
 
 
 @functools.lru_cache(maxsize=16)

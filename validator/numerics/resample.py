@@ -3,7 +3,8 @@
 A resample draws each of ``n`` blocks ``counts[j, k]`` times (``counts``: ``[n, resamples]``, small unsigned
 integers, exact in float64); its sums are
 added block after block in that order, the same order for every resample, every pair and every machine (a BLAS
-matrix-vector product picks its own order).
+matrix-vector product picks its own order). The ``_many`` kernels run the same code for each row of many pairs'
+block sums (``[pairs, n]``), in one call.
 """
 
 # mypy: disallow-untyped-defs=False, disallow-untyped-calls=False, disallow-untyped-decorators=False
@@ -49,4 +50,25 @@ def ratios(sd, sa, fd, fa):
         scale = 1.0 if fa[k] == sa[k] else fa[k] / sa[k]
         v = np.sqrt(err * scale)
         out[k] = np.inf if np.isnan(v) else v
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def resampled_rel_l2_many(counts, d2, a2):
+    """:func:`resampled_rel_l2` of each pair's blocks (rows of d2 and a2): ``[pairs, resamples]``."""
+    out = np.empty((d2.shape[0], counts.shape[1]))
+    for p in range(d2.shape[0]):
+        out[p] = resampled_rel_l2(counts, d2[p], a2[p])
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def ratios_many(counts, d2, a2, fcounts, fd2, fa2):
+    """:func:`ratios` of each pair's resampled sums (rows of d2, a2 drawn by ``counts``) over its floor's (rows
+    of fd2, fa2 drawn by ``fcounts``): ``[pairs, resamples]``."""
+    out = np.empty((d2.shape[0], counts.shape[1]))
+    for p in range(d2.shape[0]):
+        fd, fa = resample_sums(fcounts, fd2[p], fa2[p])
+        sd, sa = resample_sums(counts, d2[p], a2[p])
+        out[p] = ratios(sd, sa, fd, fa)
     return out

@@ -13,7 +13,15 @@ from safetensors.torch import save_file
 
 from tests.paths import ROOT
 from validator.app.cli import main
-from validator.numerics.floors import BLOCKS, block_sums, bootstrap_interval, more_precise, rounding_sums
+from validator.numerics.floors import (
+    BLOCKS,
+    BlockSums,
+    block_sums,
+    bootstrap_interval,
+    bootstrap_intervals,
+    more_precise,
+    rounding_sums,
+)
 
 EXAMPLE_POLICY = ROOT / "examples" / "policies" / "k3-dflash-pp-pd.toml"
 
@@ -105,6 +113,55 @@ def test_interval_ends_are_the_nearest_ranks_of_the_resampled_values(blocks: int
     for got, want in ((lo, values[24]), (hi, values[974])):
         assert got == want or math.isclose(got, want, rel_tol=1e-12)
     assert math.isinf(hi) == (blocks == 3 and zero_reference_blocks == 2)  # (2/3)^3 of the resamples undefined
+
+
+def _sums(rng: np.random.Generator, blocks: int, rows: int, zero_reference_blocks: int = 0) -> BlockSums:
+    d2, a2 = rng.random(blocks) * 1e-4, rng.random(blocks) + 0.5
+    a2[:zero_reference_blocks] = 0.0
+    return BlockSums(d2, a2, rows)
+
+
+def test_intervals_drawn_together_are_each_pairs_alone() -> None:
+    """bootstrap_intervals of pairs drawn alike and not (no floor, a paired floor, floors of other block or
+    row counts, a floor of no blocks, no blocks at all), mixed in one call: each one's interval alone."""
+    rng = np.random.default_rng(11)
+    wanted: list[tuple[BlockSums, BlockSums | None]] = []
+    for blocks, rows in ((64, 640), (64, 640), (3, 3), (64, 64), (0, 0)):
+        cand = _sums(rng, blocks, rows, zero_reference_blocks=blocks // 3)
+        for floor in (None, _sums(rng, blocks, rows), _sums(rng, blocks, rows + 1), _sums(rng, 5, 5), _sums(rng, 0, 0)):
+            wanted.append((cand, floor))
+    alone = [bootstrap_interval(cand, floor) for cand, floor in wanted]
+    assert bootstrap_intervals(wanted) == alone
+    assert bootstrap_intervals(wanted[::-3]) == alone[::-3]
+    assert alone[-1] == (0.0, 0.0) and len(set(alone)) > 15
+
+
+def test_decisions_of_many_pairs_are_each_pairs_alone() -> None:
+    """Policy.decide_many: the decisions of Policy.decide one by one, whichever intervals each pair draws."""
+    from validator.judging.policy import Floor, Policy
+    from validator.numerics.floors import measure_blocks
+
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(128, 32, generator=g, dtype=torch.float64)
+    floor_m, floor_b = measure_blocks(ref, ref + 1e-3 * torch.randn(128, 32, generator=g, dtype=torch.float64))
+    floors = [None, Floor("measured", floor_m.rel_l2, floor_b), Floor("rounding", floor_m.rel_l2), Floor("none", reason="no")]
+    pairs = []
+    for i, scale in enumerate((0.0, 5e-4, 1e-3, 2e-3, 1e-2)):
+        m, blocks = measure_blocks(ref, ref + scale * torch.randn(128, 32, generator=g, dtype=torch.float64))
+        for j, floor in enumerate(floors):
+            pairs.append((f"x{i}", m, floor, ("float64", "bfloat16"), blocks if (i + j) % 3 else None))
+    rules = [{"match": "x1", "rel_l2_max": 2e-3, "floor_multiple": 2.0, "cosine_min": 0.9999},
+             {"match": "x2", "floor_multiple": 1.2, "floor_min_rel_l2": 1e-3, "rounding_multiple": 2.0},
+             {"match": "x3", "max_abs_max": 0.01, "rel_l2_max": 1e-3}]  # fmt: skip
+    seen = []
+    for policy in (Policy(), Policy.from_dict({"rule": rules})):
+        for have_floor in (False, True):
+            alone = [policy.decide(n, m, f, have_floor=have_floor, dtypes=d, blocks=b) for n, m, f, d, b in pairs]
+            assert policy.decide_many(pairs, have_floor=have_floor) == alone
+            seen += alone
+    assert {d.status for d in seen} == {"pass", "fail", "inconclusive"}
+    assert {d.judged for d in seen} == {None, "rel_l2", "x floor"}
+    assert sum(d.interval is not None and d.interval[0] < d.interval[1] for d in seen) > 10
 
 
 # -- the bugs of issue 16 --------------------------------------------------------------------------

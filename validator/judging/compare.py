@@ -235,25 +235,33 @@ def _floor_pairs(floor: tuple[RunView, RunView] | None, executor: PairExecutor |
 
 
 def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[Measured]:
-    """``_measure`` of each pair, in order, with the same bits: when every pair is small (at most SMALL_PAIR
-    elements), BATCH_ELEMS elements of pairs at a time in one pass of the engine; else several pairs at a
-    time on threads (the kernels release the GIL).
+    """``_measure`` of each pair, in order, with the same bits (:func:`_measure_batches`, one by one)."""
+    for batch in _measure_batches(pairs, executor):
+        yield from batch
+
+
+def _measure_batches(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[list[Measured]]:
+    """``_measure`` of each pair, in order, with the same bits, in lists: when every pair is small (at most
+    SMALL_PAIR elements), BATCH_ELEMS elements of pairs at a time, measured in one pass of the engine; else a
+    pair at a time, several pairs at once on threads (the kernels release the GIL).
 
     At most ``workers`` pairs (or one batch) are loaded at once, so memory stays bounded by the largest
     pairs, not by the run; safetensors inputs are memory-mapped and read lazily. With ``executor``, it maps
     ``_measure`` over the pairs instead (the same function on each pair, so the same results).
     """
     if executor is not None:
-        yield from executor(_measure, pairs)
+        for got in executor(_measure, pairs):
+            yield [got]
         return
     workers = _pair_workers(len(pairs))
     if workers <= 1 or max(_elements(la) for la, _, _ in pairs) <= SMALL_PAIR:
         # small pairs: measured in the calling thread, BATCH_ELEMS at a time in one pass of the engine
         for batch in _batches(pairs):
-            yield from _measure_batch(batch)
+            yield _measure_batch(batch)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
-        yield from ex.map(lambda p: _measure(*p), pairs)
+        for got in ex.map(lambda p: _measure(*p), pairs):
+            yield [got]
 
 
 SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling thread
@@ -292,7 +300,7 @@ def compare_runs(
     progress: Callable[[int, int], None] | None = None,
     executor: PairExecutor | None = None,
 ) -> Comparison:
-    """``executor``: where the pairs are measured (default: this process, see ``_measure_all``)."""
+    """``executor``: where the pairs are measured (default: this process, see ``_measure_batches``)."""
     policy = policy or Policy()
     ga, gb = group_logical(a.tensors), group_logical(b.tensors)
     floor_m = _floor_pairs(floor, executor)
@@ -302,10 +310,8 @@ def compare_runs(
     have = floor is not None
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
     work = [(ga[k], gb[k], r) for k, r in zip(keys, rounding)]
-    measured = iter(_measure_all(work, executor))
-    for batch in _batches(work):  # judged a batch at a time: its bootstrap intervals drawn together
-        done = len(pairs)
-        got = [(key, next(measured)) for key in keys[done : done + len(batch)]]
+    for batch in _measure_batches(work, executor):  # judged as measured, a batch at a time: its intervals drawn together
+        got = list(zip(keys[len(pairs) : len(pairs) + len(batch)], batch))
         judging = [
             (ga[key].name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), (ga[key].dtype, gb[key].dtype), g.blocks)
             for key, g in got

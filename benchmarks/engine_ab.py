@@ -3,9 +3,10 @@
     git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_ab.py /tmp/old_cuda.py
 
-Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``), one call of each in turn, 40 rounds; each call ends with its result on the
-host. Prints the median and the fastest call of each, and whether both gave the same counts, max_abs and
-ULP results. The other module must import from this checkout's ``validator.numerics.backends`` (it is
+Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``;
+and 8192x7168 with differences of 5%, whose ULP distances above 2 send every row to the second kernel and the p99
+to a refining pass), one call of each in turn, 40 rounds; each call ends with its result on the host. Prints the
+median and the fastest call of each, and whether both gave the same counts, max_abs and ULP results. The other module must import from this checkout's ``validator.numerics.backends`` (it is
 loaded by path, as a module of its own).
 """
 
@@ -37,8 +38,8 @@ def load_module(path: str, name: str = "other_cuda") -> ModuleType:
     return module
 
 
-def run_pair(name: str, n: int, other: ModuleType) -> None:
-    a, b = make_pair(n, "cuda")
+def run_pair(name: str, n: int, other: ModuleType, noise: float = 1e-3) -> None:
+    a, b = make_pair(n, "cuda", noise=noise)
     calls = {
         label: (lambda m=m: m.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26))
         for label, m in (("other", other), ("this checkout", this))
@@ -62,8 +63,8 @@ def run_pair(name: str, n: int, other: ModuleType) -> None:
 
 def main() -> None:
     other = load_module(sys.argv[1])
-    for name, n in [("8192x7168", 8192 * 7168), ("1 GiB per tensor", 1 << 29)]:
-        run_pair(name, n, other)
+    for name, n, noise in [("8192x7168", 8192 * 7168, 1e-3), ("8192x7168, 5%", 8192 * 7168, 0.05), ("1 GiB per tensor", 1 << 29, 1e-3)]:
+        run_pair(name, n, other, noise)
         torch.cuda.empty_cache()
 
 

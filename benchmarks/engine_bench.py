@@ -60,10 +60,11 @@ def sglang_rel_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum())
 
 
-def make_pair(n: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_pair(n: int, device: str, seed: int = 0, noise: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 pair of n normal values, b = a * (1 + noise * normal) (1e-3: ULP distances 0-2)."""
     g = torch.Generator(device=device).manual_seed(seed)
     a = torch.randn(n, generator=g, device=device)
-    b = (a * (1 + 1e-3 * torch.randn(n, generator=g, device=device))).to(torch.bfloat16)
+    b = (a * (1 + noise * torch.randn(n, generator=g, device=device))).to(torch.bfloat16)
     return a.to(torch.bfloat16), b
 
 

@@ -53,11 +53,11 @@ BLOCK = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
 PROGRAMS = 1024  # programs of a pair at most (one per block of the edges at least)
 NUM_WARPS = 4
-FIX_ROWS = 4  # rows per program of the second kernel (most rows need nothing there)
+FIX_ROWS = 1  # rows per program of the second kernel
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
 FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
-REFINE_BINS = 256  # bins of one refining pass (a tl.histogram per tile)
+REFINE_BINS = 256  # bins of one refining pass at most (a tl.histogram per tile)
 # BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
@@ -451,7 +451,7 @@ def _refine_kernel(
     BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, NBINS: tl.constexpr,
 ):  # fmt: skip
     """Counts of (d - lo) >> shift in bins [0, NBINS) over the positions finite in both; the rest go
-    to bin NBINS (of 2 * NBINS), which the host does not read."""
+    to bin NBINS (of 2 * NBINS), which the host does not read. NBINS: a power of two, 16 or more."""
     pid = tl.program_id(0)
     hist = tl.zeros([2 * NBINS], dtype=tl.int32)
     for t in tl.range(TILES):
@@ -570,11 +570,12 @@ def compare_cuda(
             binned[(1 << KEY_BITS) + (1 << (KEY_BITS - 1))] += n2  # key of distance 2
 
             def refine(lo: int, shift: int, bins: int) -> list[int]:
-                found = torch.zeros(2 * REFINE_BINS, dtype=torch.int32, device=device)
+                nbins = max(16, triton.next_power_of_2(bins))  # bins of this pass (a compiled kernel per power of 2)
+                found = torch.zeros(2 * nbins, dtype=torch.int32, device=device)
                 for ca, cb in pieces:
                     _refine_kernel[(triton.cdiv(ca.numel(), BLOCK * MIN_TILES),)](
                         ca, cb, ca.numel(), lo, shift, found, BLOCK=BLOCK, TILES=MIN_TILES, BITS=bits, A8=pass_args["A8"],
-                        NBINS=REFINE_BINS, num_warps=NUM_WARPS,
+                        NBINS=nbins, num_warps=NUM_WARPS,
                     )  # fmt: skip
                 return found[:bins].cpu().tolist()
 

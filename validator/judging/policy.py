@@ -154,16 +154,21 @@ class Decision:
 
 
 class _Pending(NamedTuple):
-    """A value to judge once its interval is drawn (:meth:`Policy.decide_many`): shown as ``shown [lo, hi]``;
-    ``sums``: the block sums the interval is drawn from (None: the interval is the value alone); ``kept``: the
-    interval is the decision's."""
+    """A value to judge against its limit once its interval is drawn (:meth:`Policy.decide_many`): rel_l2, or
+    with ``floor_kind`` its multiple of that floor; ``sums``: the block sums the interval is drawn from (None:
+    the interval is the value alone); ``kept``: the interval is the decision's."""
 
-    shown: str
     value: float
     limit: float
-    limit_text: str
+    floor_kind: str | None
     sums: tuple[BlockSums, BlockSums | None] | None
     kept: bool
+
+    def words(self, ci: tuple[float, float]) -> tuple[str, str]:
+        """How a reason shows the value with its interval, and the limit."""
+        if self.floor_kind is None:
+            return f"rel_l2 {self.value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]", f"{self.limit:.3g}"
+        return f"{self.value:.3g}x {self.floor_kind} floor [{ci[0]:.3g}, {ci[1]:.3g}]", f"{self.limit:g}x"
 
 
 @dataclass
@@ -174,11 +179,14 @@ class _Verdicts:
     notes: list[str] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
 
-    def judge(self, shown: str, value: float, ci: tuple[float, float], limit: float, limit_text: str) -> None:
+    def judge(self, p: _Pending, ci: tuple[float, float]) -> None:
         """Interval entirely within the limit: fine; entirely beyond: fail; across it: borderline."""
+        value, limit = p.value, p.limit
         if ci[0] > limit or (value > limit and ci[0] == ci[1]):
+            shown, limit_text = p.words(ci)
             self.fails.append(f"{shown} > {limit_text}")
         elif not ci[1] <= limit or not value <= limit:  # an infinite or undefined bound never passes
+            shown, limit_text = p.words(ci)
             self.borderline.append(f"borderline: {shown} straddles {limit_text}")
 
 
@@ -275,7 +283,7 @@ class Policy:
                 if kept:
                     out.update(judged="rel_l2", value=m.rel_l2, limit=bound)
                 sums = None if blocks is None else (blocks, None)
-                v.pending.append(_Pending(f"rel_l2 {m.rel_l2:.3g}", m.rel_l2, bound, f"{bound:.3g}", sums, kept))
+                v.pending.append(_Pending(m.rel_l2, bound, None, sums, kept))
         return _Judging(rule, m, v, out)
 
 
@@ -295,7 +303,7 @@ def _finish(j: _Judging, intervals: Iterator[tuple[float, float]]) -> Decision:
         ci = next(intervals) if p.sums is not None else (p.value, p.value)
         if p.kept:
             out["interval"] = ci
-        v.judge(f"{p.shown} [{ci[0]:.3g}, {ci[1]:.3g}]", p.value, ci, p.limit, p.limit_text)
+        v.judge(p, ci)
     if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
         v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
     if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
@@ -359,7 +367,7 @@ def _against_floor(
     ratio = m.rel_l2 / floor.rel_l2
     out.update(judged="x floor", value=ratio)
     sums = (blocks, floor.blocks) if blocks is not None and floor.blocks is not None else None
-    v.pending.append(_Pending(f"{ratio:.3g}x {floor.kind} floor", ratio, multiple, f"{multiple:g}x", sums, True))
+    v.pending.append(_Pending(ratio, multiple, floor.kind, sums, True))
 
 
 def _ratio(x: float, floor: float) -> float:

@@ -311,15 +311,15 @@ def compare_runs(
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
     work = [(ga[k], gb[k], r) for k, r in zip(keys, rounding)]
     for batch in _measure_batches(work, executor):  # judged as measured, a batch at a time: its intervals drawn together
-        got = list(zip(keys[len(pairs) : len(pairs) + len(batch)], batch))
+        done = len(pairs)
+        got = list(zip(keys[done : done + len(batch)], work[done : done + len(batch)], batch))
         judging = [
-            (ga[key].name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), (ga[key].dtype, gb[key].dtype), g.blocks)
-            for key, g in got
+            (la.name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), (la.dtype, lb.dtype), g.blocks)
+            for key, (la, lb, _), g in got
             if g.metrics is not None
         ]
         decisions = iter(policy.decide_many(judging, have_floor=have))
-        for key, g in got:
-            la, lb = ga[key], gb[key]
+        for key, (la, lb, _), g in got:
             d = next(decisions) if g.metrics is not None else Decision("fail", None, (g.error or "",))
             pairs.append(
                 PairResult(

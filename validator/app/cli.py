@@ -237,6 +237,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(settings, host=args.host, port=args.port, allow_open=args.insecure_no_token)
 
 
+def cmd_warm(args: argparse.Namespace) -> int:
+    from validator.numerics.warm import warm_up
+
+    seconds = warm_up(lambda line: print(f"  {line}", file=sys.stderr))
+    print(f"compiled the CPU engine for every float format in {seconds:.1f} s (numba's on-disk cache keeps it)")
+    return 0
+
+
 def _client(args: argparse.Namespace) -> Any:
     from validator.app.client import Client
 
@@ -405,6 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow serving on a non-loopback address without any token (anyone can write)",
     )
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser(
+        "warm", help="compile the CPU comparison engine for every float format now, not at its first comparison"
+    )
+    s.set_defaults(func=cmd_warm)
 
     s = sub.add_parser("demo", help="run the projection probe on CPU at reduced shapes, store and compare the paths")
     s.add_argument("--out", help="where to write the bundles (default: a temporary directory)")

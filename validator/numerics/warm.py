@@ -1,0 +1,42 @@
+"""Compiling the CPU engine ahead of the first comparison.
+
+numba compiles a kernel for a set of argument types at its first call and keeps the machine code in its
+on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later process loads it instead.
+On a machine whose cache is empty, the first comparison of a format waits for the compiler: 12-18 s for
+bfloat16 on the 2-core dev box. :func:`warm_up` makes those first calls, for every float format, so that no
+comparison waits: ``validator warm`` runs it (``scripts/setup`` does, once; run it after installing a
+server, whose read routes never import torch and so cannot warm it themselves). Nothing it computes is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "float64")  # the usual first
+
+
+def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
+    """Calls every CPU kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass and its
+    refining pass on the calling thread (a small pair) and on numba's threads (a pair above
+    ``cpu.SMALL``), the batched pass, and the bootstrap's resampling with and without a floor. ``report``
+    gets a line per format. Returns the seconds it took."""
+    import torch
+
+    from validator.numerics.backends.cpu import SMALL
+    from validator.numerics.floors import bootstrap_intervals, measure_blocks, measure_blocks_many
+
+    start = time.perf_counter()
+    for name in FORMATS:
+        began = time.perf_counter()
+        dtype = getattr(torch, name)
+        for n in (4096, SMALL + 4096):
+            a = torch.linspace(-3.0, 3.0, n).reshape(-1, 64)
+            b = a * 4  # two binades apart: a p99 ULP distance whose key bin holds several distances
+            a[0, 0] = float("nan")  # a block with NaN: the float64 path
+            _, sums = measure_blocks(a.to(dtype), b.to(dtype))
+        small = [(a[:4].to(dtype), b[:4].to(dtype)), (a[4:8].to(dtype), b[4:8].to(dtype))]
+        measure_blocks_many(small)
+        bootstrap_intervals([(sums, None), (sums, sums)])
+        report(f"{name}: {time.perf_counter() - began:.1f} s")
+    return time.perf_counter() - start

@@ -147,11 +147,6 @@ def _load(a_ptr, b_ptr, n, t, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _int(row, i):
-    return tl.load(row + i).to(tl.int64, bitcast=True)
-
-
-@triton.jit
 def _put(row, i, value):
     tl.store(row + i, value.to(tl.int64).to(tl.float64, bitcast=True))
 

@@ -254,9 +254,10 @@ def _measure_batches(pairs: list[Pair], executor: PairExecutor | None = None) ->
             yield [got]
         return
     workers = _pair_workers(len(pairs))
-    if workers <= 1 or max(_elements(la) for la, _, _ in pairs) <= SMALL_PAIR:
+    sizes = [_elements(la) for la, _, _ in pairs]
+    if workers <= 1 or max(sizes) <= SMALL_PAIR:
         # small pairs: measured in the calling thread, BATCH_ELEMS at a time in one pass of the engine
-        for batch in _batches(pairs):
+        for batch in _batches(pairs, sizes):
             yield _measure_batch(batch)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="compare-pair") as ex:
@@ -268,12 +269,11 @@ SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling th
 BATCH_ELEMS = 1 << 20  # elements of the pairs loaded and measured together (bounds the memory a batch holds)
 
 
-def _batches(pairs: list[Pair]) -> Iterator[list[Pair]]:
-    """The pairs in order, in runs of at most BATCH_ELEMS elements (a larger pair alone)."""
+def _batches(pairs: list[Pair], sizes: list[int]) -> Iterator[list[Pair]]:
+    """The pairs in order, in runs of at most BATCH_ELEMS elements (``sizes``: each pair's; a larger pair alone)."""
     batch: list[Pair] = []
     size = 0
-    for p in pairs:
-        n = _elements(p[0])
+    for p, n in zip(pairs, sizes):
         if batch and size + n > BATCH_ELEMS:
             yield batch
             batch, size = [], 0

@@ -215,7 +215,8 @@ def bootstrap_intervals(
                 values = ratios_many(draws, d2, a2, fdraws, fd2, fa2)
         # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples
         # are +inf; no -0.0); NumPy's vectorised sort of 1,000 values takes a third of the time of a partition
-        for i, (lo, hi) in zip(idx, np.sort(values, axis=1)[:, ranks].tolist()):
+        values.sort(axis=1)
+        for i, (lo, hi) in zip(idx, values[:, ranks].tolist()):
             out[i] = (lo, hi)
     return out
 

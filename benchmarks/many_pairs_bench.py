@@ -9,9 +9,9 @@ The runs are written and ingested into the embedded store at ``--home`` once (no
 time, the medians and (many - one) / 4,464: the overhead per pair (also from the fastest repetition of
 each). ``--save-json DIR`` writes the JSON report of each comparison (``DIR/many.json``, ``DIR/one.json``,
 from the last repetition): a change that must keep the results bit for bit compares them byte for byte
-(``cmp``) with the ones saved before it. ``--profile``
-then prints where one more comparison of the 4,464 pairs spends its time (``cProfile``, 25 functions by their
-own time, then 50 by the time of their calls; the profiler's cost is in the figures).
+(``cmp``) with the ones saved before it. ``--profile`` then prints where one more comparison of the 4,464
+pairs spends its time (``cProfile``, 25 functions by their own time, then 50 by the time of their calls; the
+profiler's cost is in the figures).
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from validator.numerics.warm import warm_up
 
     seconds = warm_up(lambda line: print(f"  {line}", file=sys.stderr))
-    print(f"compiled the CPU engine for every float format in {seconds:.1f} s (numba's on-disk cache keeps it)")
+    print(f"the CPU engine is compiled for every float format ({seconds:.1f} s; numba's on-disk cache keeps it)")
     return 0
 
 

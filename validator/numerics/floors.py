@@ -209,8 +209,10 @@ def bootstrap_intervals(
             floors = [f for i in idx if (f := wanted[i][1]) is not None]
             fd2, fa2 = np.array([f.d2 for f in floors], np.float64), np.array([f.a2 for f in floors], np.float64)
             draws, other = _draws(n, None if paired or m == 0 else m, resamples)
-            # paired: the same draws; a floor of no blocks: none (its resampled sums are zero)
-            fdraws = draws if paired else other if other is not None else np.zeros((0, resamples), draws.dtype)
+            if not paired and other is None:  # a floor of no blocks: no draws (its resampled sums are zero), and
+                other = np.zeros((0, resamples), draws.dtype)  # read-only as the draws are: one compiled signature
+                other.flags.writeable = False
+            fdraws = draws if paired or other is None else other  # paired: the same draws
             with first_call((ratios_many, draws.dtype, fdraws.dtype)):
                 values = ratios_many(draws, d2, a2, fdraws, fd2, fa2)
         # the values at those ranks are the same whether sorted or partitioned (no NaN: undefined resamples

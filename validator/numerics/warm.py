@@ -4,8 +4,10 @@ numba compiles a kernel for a set of argument types at its first call and keeps 
 on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later process loads it instead.
 On a machine whose cache is empty, the first comparison of a format waits for the compiler: 12-18 s for
 bfloat16 on the 2-core dev box. :func:`warm_up` makes those first calls, for every float format, so that no
-comparison waits: ``validator warm`` runs it (``scripts/setup`` does, once; run it after installing a
-server, whose read routes never import torch and so cannot warm it themselves). Nothing it computes is kept.
+comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a kernel's cached code when
+its source file changes, so run it after each install or upgrade, as the user (and with the
+``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and
+so cannot warm it themselves. Nothing it computes is kept.
 """
 
 from __future__ import annotations

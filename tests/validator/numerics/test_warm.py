@@ -2,20 +2,62 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
+import subprocess
+import sys
 
+from tests.paths import ROOT
+
+# In a fresh interpreter (a test process has compiled kernels of its own before): warm_up, then every kind of
+# comparison the CPU engine serves; no numba kernel may get a signature it did not have after warm_up.
+CHILD = r"""
+import json
+import numba
+import torch
+from validator.numerics import ranges, resample
 from validator.numerics.backends import cpu
+from validator.numerics.floors import BlockSums, bootstrap_intervals, measure_blocks, measure_blocks_many, rounding_sums
 from validator.numerics.warm import FORMATS, warm_up
 
 
-def test_warm_up_compiles_every_kernel_for_every_format() -> None:
-    lines: list[str] = []
-    warm_up(lines.append)
-    assert [line.split(":")[0] for line in lines] == list(FORMATS)
-    # the pass and the refining pass, on the calling thread and on numba's threads, for the bits of each
-    # format (float8_e5m2 shares float8_e4m3fn's uint8; float64 has no refining pass: no ULP metrics)
-    bits = {np.dtype(t).name for t in set(cpu._BITS.values())}
-    for kernel in (cpu._pass, cpu._pass_serial):
-        assert bits <= {sig[0].dtype.name for sig in kernel.signatures}, kernel
-    for kernel in (cpu._refine, cpu._refine_serial):
-        assert bits - {"float64"} <= {sig[0].dtype.name for sig in kernel.signatures}, kernel
+def signatures():
+    return {f"{m.__name__}.{k}": {str(s) for s in v.signatures} for m in (cpu, resample)
+            for k, v in vars(m).items() if isinstance(v, numba.core.dispatcher.Dispatcher)}
+
+
+lines = []
+warm_up(lines.append)
+before = signatures()
+g = torch.Generator().manual_seed(0)
+for name in FORMATS:
+    dtype = getattr(torch, name)
+    for n in (1000, cpu.SMALL + 5000):
+        a = torch.randn(n // 50, 50, generator=g)
+        b = a * (1 + 0.3 * torch.randn(a.shape, generator=g))
+        b[0, :3] = torch.tensor([float("nan"), float("inf"), 1e30])
+        x, y = a.to(dtype), b.to(dtype)
+        _, sums = measure_blocks(x, y)
+        measure_blocks(x.t(), y.t())  # not contiguous
+        measure_blocks(x, y.to(torch.float32) if dtype != torch.float32 else y.to(torch.bfloat16))  # two formats
+        k = next(k for k in range(1, x.numel() + 1) if ranges.is_cut(x.shape, k))  # the first range (Ray's)
+        ranges.measure_range(x.reshape(-1)[:k], y.reshape(-1)[:k], x.shape, 0)
+        if name != "float64":  # no ULP metrics, nothing to refine
+            ranges.refine_range(x.reshape(-1)[:k], y.reshape(-1)[:k], 0, 0, 16)
+        bootstrap_intervals([(sums, None), (sums, sums), (sums, BlockSums(sums.d2[:3], sums.a2[:3], 3, 0, 0, 0)),
+                             (sums, BlockSums(sums.d2[:0], sums.a2[:0], 0, 0, 0, 0))])
+    rounding_sums(a, name) if name != "float64" else None
+    pairs = [(a[i : i + 20].to(dtype), b[i : i + 20].to(dtype)) for i in range(0, 2000, 20)]
+    measure_blocks_many(pairs[:3])  # a small batch, on the calling thread
+    measure_blocks_many(pairs * 60)  # a batch above cpu.SMALL, on numba's threads
+after = signatures()
+print(json.dumps({"lines": lines, "formats": list(FORMATS),
+                  "new": {k: sorted(after[k] - before.get(k, set())) for k in after if after[k] - before.get(k, set())}}))
+"""
+
+
+def test_warm_up_leaves_nothing_to_compile() -> None:
+    run = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert [line.split(":")[0] for line in out["lines"]] == out["formats"]
+    assert out["new"] == {}, out["new"]

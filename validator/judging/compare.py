@@ -320,13 +320,17 @@ def compare_runs(
         ]
         decisions = iter(policy.decide_many(judging, have_floor=have))
         for key, (la, lb, _), g in got:
-            d = next(decisions) if g.metrics is not None else Decision("fail", None, (g.error or "",))
+            if g.metrics is None:
+                status, d = "error", Decision("fail", None, (g.error or "",))
+            else:
+                d = next(decisions)
+                status = d.status
             pairs.append(
                 PairResult(
                     name=la.name,
                     coords=la.coords.to_dict(),
                     label=la.label,
-                    status=d.status if g.metrics is not None else "error",
+                    status=status,
                     metrics=g.metrics,
                     decision=d,
                     shape_a=la.shape(),

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from tests.validator.app.dashboard import large
 from tests.validator.app.dashboard.browser import browser_for_tests, serve
 from tests.validator.app.dashboard.sample import build_store
 from validator.app.api import create_app
+from validator.numerics.warm import warm_up
 from validator.service import Service
 from validator.settings import Settings
 
@@ -70,22 +70,12 @@ def browser() -> Iterator[Any]:
     yield from browser_for_tests()
 
 
-def warm_engine(sample: Sample, work: Path) -> None:
-    """The browser tests' first comparison, on a copy of the sample store, in this process: numba compiles the
-    CPU engine for a format at its first use (12-18 s on the 2-core box) and keeps it in its on-disk cache,
-    which the server process then loads instead of compiling within a page's 15 s."""
-    shutil.copytree(sample.home, work / "home")
-    svc = Service(Settings(home=work / "home"))
-    try:
-        svc.compare(sample.names["ref"], sample.names["drift"], floor=(sample.names["ref"], sample.names["rerun"]))
-    finally:
-        svc.close()
-
-
 @pytest.fixture(scope="module")
 def server(browser: Any, sample: Sample, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `validator serve` process over the sample store; yields its origin (http://127.0.0.1:PORT)."""
-    warm_engine(sample, tmp_path_factory.mktemp("warm"))
+    """A real `validator serve` process over the sample store; yields its origin (http://127.0.0.1:PORT). The CPU
+    engine is warmed first, as the README asks of a server's user (``validator warm``): a format's first
+    comparison would otherwise compile it inside a page's 15 s."""
+    warm_up()
     log = tmp_path_factory.mktemp("server") / "server.log"
     with serve(sample.home, log) as url:
         yield url

@@ -238,17 +238,18 @@ def _ulp_keys(
 
 
 @triton.jit
-def _layout(buf_ptr, ibuf_ptr, nseg, NKEYS: tl.constexpr):
-    """Where a call's one buffer (float64 at buf_ptr, the same memory as int64 at ibuf_ptr) keeps what: the
+def _layout(buf_ptr, nseg, NKEYS: tl.constexpr):
+    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the
     totals (a ROW), the key histogram, the segments' d² and a², the count of finished programs, then from a
     multiple of ROW on the rows of partials. Returns the rows, histogram, segments and count."""
     head = (16 + NKEYS + 2 * nseg + 1 + 15) // 16 * 16  # ROW = 16
+    ibuf_ptr = buf_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     return buf_ptr + head, ibuf_ptr + 16, buf_ptr + 16 + NKEYS, ibuf_ptr + 16 + NKEYS + 2 * nseg
 
 
 @triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, ibuf_ptr, first, nseg, zero,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, NKEYS: tl.constexpr, STAGES: tl.constexpr,
     FLUSH: tl.constexpr, ALIGN: tl.constexpr,
@@ -256,7 +257,7 @@ def _pass_kernel(
     """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials in float32, or its
     marks. With ``zero``, program 0 also clears the key histogram and the count of finished programs, for
     _fix_kernel."""
-    part_ptr, keys_ptr, _, count_ptr = _layout(buf_ptr, ibuf_ptr, nseg, NKEYS)
+    part_ptr, keys_ptr, _, count_ptr = _layout(buf_ptr, nseg, NKEYS)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + (first + tl.program_id(0)) * 16
@@ -379,14 +380,14 @@ def _fix_row(
 
 @triton.jit
 def _fix_kernel(
-    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, ibuf_ptr, first, programs, fixers, nseg,
+    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
     KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
     again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to finish adds the rows
     (:func:`_finish`)."""
-    part_ptr, keys_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, ibuf_ptr, nseg, NKEYS)
+    part_ptr, keys_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, nseg, NKEYS)
     cols = tl.arange(0, 16)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     for j in tl.range(ROWS):
@@ -463,9 +464,10 @@ def _refine_kernel(
 
 
 def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Flat contiguous pieces on ``device``: the whole pair when it is already there and contiguous."""
+    """Contiguous pieces on ``device`` (the kernels read them flat): the whole pair when it is already there
+    and contiguous."""
     if a.device == b.device == device and a.is_contiguous() and b.is_contiguous():
-        return [(a.reshape(-1), b.reshape(-1))] if a.numel() else []
+        return [(a, b)] if a.numel() else []
     return [(ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems)]
 
 
@@ -533,18 +535,17 @@ def compare_cuda(
     pass_args, fix_args = _constants(a.dtype, b.dtype, p99, plan.align, band)
     nkeys, hist, bits = pass_args["NKEYS"], pass_args["HIST"], pass_args["BITS"]  # keys of the distances below 2**bits
     head = -(-(ROW + nkeys + 2 * nseg + 1) // ROW) * ROW  # see _layout
-    ibuf = torch.empty(head + ROW * total, dtype=torch.int64, device=device)
-    buf = ibuf.view(torch.float64)
+    buf = torch.empty(head + ROW * total, dtype=torch.float64, device=device)
     tol = _tolerances(atol, rtol, device)
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, ibuf, first, nseg, first == 0, **pass_args)
+        _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, first, nseg, first == 0, **pass_args)
         first += rows
     first, fixers = 0, sum(-(-rows // FIX_ROWS) for rows in plan.rows)
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, ibuf, first, total, fixers, nseg, **fix_args)
+        _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, first, total, fixers, nseg, **fix_args)
         first += rows
-    res = ibuf[:head].cpu().numpy()
+    res = buf[:head].cpu().numpy().view(np.int64)
     floats, ints = res[:6].view(np.float64).tolist(), res[7 : ROW + nkeys].tolist()
     seg = res[ROW + nkeys : ROW + nkeys + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block

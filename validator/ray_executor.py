@@ -170,15 +170,16 @@ def plan_ranges(shape: tuple[int, ...], bytes_per_element: int, bound: int) -> l
 
 
 def _portable_ref(r: TensorRef, blob_url: str | None) -> TensorRef:
-    """``r`` with a loader a worker can run: from its file (by absolute path) or from the blob store."""
+    """``r`` with a loader a worker can run: from its file (by absolute path) or from the blob store (no
+    ``read_into``: it holds this process's blob store)."""
     loader: Callable[[], Any]
     if r.location is not None:
         path, offset = r.location
         loader = functools.partial(open_file_tensor, str(Path(path).resolve()), offset, r.nbytes, r.dtype, r.shape)
-        return replace(r, loader=loader, location=(Path(path).resolve(), offset))
+        return replace(r, loader=loader, location=(Path(path).resolve(), offset), read_into=None)
     if r.sha256 is not None and blob_url is not None:
         loader = functools.partial(open_blob_tensor, blob_url, r.sha256, r.dtype, r.shape, r.nbytes)
-        return replace(r, loader=loader)
+        return replace(r, loader=loader, read_into=None)  # the store's reader stays here
     raise InputError(
         f"{r.origin}: tensor {r.name!r} cannot be read by Ray workers: they read stored runs from the blob store "
         "and bundles or .safetensors files from a filesystem they share; compare this run without --executor ray, "

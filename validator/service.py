@@ -372,7 +372,7 @@ class Service:
         with self.session() as s:
             rows = store.run_tensors(s, run_id=run.id)
         refs = []
-        run_name, open_blob = run.name, self._open_blob  # once, not per record
+        run_name, open_blob, read_blob = run.name, self._open_blob, self.blobs.read_into  # once, not per record
         for name, slot, dtype, shape_text, sha256, nbytes in rows:  # the columns of run_tensors, in order
             shape = _shape(shape_text)
             check_dtype(dtype, where=f"run {run_name!r} tensor {name!r}: ")
@@ -388,6 +388,7 @@ class Service:
                     nbytes=nbytes,
                     origin=f"run {run_name!r} blob {sha256[:12]}",
                     loader=functools.partial(open_blob, sha256, dtype, shape, nbytes),
+                    read_into=functools.partial(read_blob, sha256),
                 )
             )
         acc = next((a for a in run.artifacts if a.kind == "acceptance"), None)

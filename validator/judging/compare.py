@@ -17,7 +17,7 @@ from validator.errors import InputError
 from validator.judging.policy import Decision, Floor, Policy
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
 from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
-from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical
+from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical, materialize_many
 from validator.runs.view import RunView
 
 if TYPE_CHECKING:
@@ -78,8 +78,8 @@ class PairResult:
             "rel_l2": m["rel_l2"] if m else None,
             "cosine": m["cosine"] if m else None,
             "max_abs": m["max_abs"] if m else None,
-            "threshold": _json_safe(self.decision.threshold) if self.decision else None,
-            "floor_rel_l2": _json_safe(self.floor_rel_l2),
+            "threshold": _json_safe(d.threshold) if d else None,
+            "floor_rel_l2": _json_safe(d.floor_rel_l2) if d else None,
             "floor_ratio": _json_safe(self.floor_ratio),
             "limit_ratio": _json_safe(self.ratio),
             "floor_kind": d.floor_kind if d else None,
@@ -89,7 +89,7 @@ class PairResult:
             "limit": _json_safe(d.limit) if d else None,
             "borderline": d.borderline if d else False,
             "reasons": list(d.reasons) if d else [],
-            "notes": list(self.notes) + (list(d.notes) if d else []),
+            "notes": [*self.notes, *d.notes] if d else list(self.notes),
             "shape_a": list(self.shape_a),
             "shape_b": list(self.shape_b),
             "capture_index": self.capture_index,
@@ -203,12 +203,18 @@ def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool)
 
 
 def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Measured:
-    return _measure_batch([(la, lb, rounding)])[0]
+    return _measure_loaded([(la, lb, rounding)], [la.materialize()], [lb.materialize()])[0]
 
 
 def _measure_batch(pairs: list[Pair]) -> list[Measured]:
-    """``_measure`` of each pair, the pairs loaded together and measured in one pass of the engine."""
-    loaded = [(la.materialize(), lb.materialize(), lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for la, lb, r in pairs]
+    """``_measure`` of each pair, the pairs' tensors read side by side (``materialize_many``: small pairs) and
+    measured in one pass of the engine."""
+    return _measure_loaded(pairs, materialize_many([la for la, _, _ in pairs]), materialize_many([lb for _, lb, _ in pairs]))
+
+
+def _measure_loaded(pairs: list[Pair], ta: list[torch.Tensor], tb: list[torch.Tensor]) -> list[Measured]:
+    """``_measure`` of each pair, its tensors loaded already (``ta``, ``tb``)."""
+    loaded = [(a, b, lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for a, b, (la, lb, r) in zip(ta, tb, pairs)]
     got = measure_tensors_many(loaded)
     for m, (la, lb, _) in zip(got, pairs):
         if la.notes or lb.notes:

@@ -53,7 +53,10 @@ class TensorMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: non-finite floats become the strings "inf", "-inf" and "nan"."""
-        return {name: _json_safe(getattr(self, name)) for name in _FIELD_NAMES}
+        d = {name: getattr(self, name) for name in _FIELD_NAMES}
+        for name in _FLOAT_NAMES:  # the others are ints, strings or None
+            d[name] = _json_safe(d[name])
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorMetrics:
@@ -66,6 +69,7 @@ class TensorMetrics:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(TensorMetrics))
+_FLOAT_NAMES = tuple(f.name for f in fields(TensorMetrics) if f.type == "float")
 
 
 def _json_safe(value: object) -> object:

@@ -10,8 +10,9 @@ compare tensor for tensor.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from validator.runs.view import TensorRef
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LogicalTensor", "group_logical", "logical_key"]
+__all__ = ["LogicalTensor", "group_logical", "logical_key", "materialize_many"]
 
 LogicalKey = tuple[str, tuple[Any, ...]]
 
@@ -114,6 +115,43 @@ class LogicalTensor:
             self.notes.append(
                 f"replicas disagree: {r.origin} ({r.shard}) differs from {ref0.origin} ({ref0.shard}), max |diff| {worst:.3g}"
             )
+
+
+def materialize_many(tensors: Sequence[LogicalTensor]) -> list[torch.Tensor]:
+    """:meth:`LogicalTensor.materialize` of each, in order; those of one full stored shard that can be read into
+    a buffer (``TensorRef.read_into``) are read side by side into one buffer per dtype, each a view of it, which
+    the CPU engine measures without copying them together (``numerics.backends.cpu.compare_cpu_many``). Meant
+    for a batch of small tensors: their bytes are read into memory, not memory-mapped; a tensor alone is loaded as
+    it is stored (a large blob: memory-mapped)."""
+    import torch
+
+    if len(tensors) == 1:
+        return [tensors[0].materialize()]
+
+    from validator.runs.tensorfile import dtype_name, torch_dtype
+
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    together: dict[str, list[tuple[int, TensorRef, Callable[[memoryview], None]]]] = {}  # dtype -> its tensors
+    for i, t in enumerate(tensors):
+        r = t.shards[0]
+        if len(t.shards) == 1 and r.read_into is not None:  # one shard: the logical tensor is that shard's
+            together.setdefault(r.dtype, []).append((i, r, r.read_into))
+        else:
+            out[i] = t.materialize()
+    for dtype, refs in together.items():
+        sizes = [math.prod(r.shape) for _, r, _ in refs]
+        flat = torch.empty(sum(sizes), dtype=torch_dtype(dtype))
+        raw, width, named = flat.view(torch.uint8).numpy().data, flat.itemsize, dtype_name(flat.dtype) == dtype
+        at = 0
+        for (i, r, read_into), n, piece in zip(refs, sizes, flat.split_with_sizes(sizes)):
+            if not named or r.nbytes != n * width:  # a record at odds with itself: TensorRef.load names the problem
+                out[i] = tensors[i].materialize()
+            else:
+                if n:
+                    read_into(raw[at * width : (at + n) * width])
+                out[i] = piece.view(r.shape)
+            at += n
+    return out
 
 
 def _validate(name: str, coords: Coords, refs: list[TensorRef]) -> list[str]:

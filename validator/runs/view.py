@@ -33,6 +33,9 @@ class TensorRef:
     origin: str  # where it came from, for messages: "path/file.safetensors[t000003]"
     loader: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     location: tuple[Path, int] | None = field(default=None, repr=False, compare=False)  # (file, byte offset)
+    # reads the tensor's raw bytes into a buffer of ``nbytes`` (a stored blob): how a batch of small tensors is
+    # read side by side into one buffer (validator.runs.reassembly.materialize_many); None: only ``load``
+    read_into: Callable[[memoryview], None] | None = field(default=None, repr=False, compare=False)
 
     def byte_chunks(self) -> Iterator[bytes | memoryview]:
         """The tensor's raw bytes (as ``probes.bundle.tensor_bytes(self.load())``), streamed in bounded

@@ -128,6 +128,11 @@ class BlobStore(Protocol):
 
     def open_tensor(self, sha256: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
 
+    def read_into(self, sha256: str, out: memoryview) -> None:
+        """The blob's bytes into ``out``, which is as long as the blob (a batch of small tensors read side by
+        side into one buffer: ``runs.reassembly.materialize_many``)."""
+        ...
+
 
 def temp_prefix(kind: str = "tmp") -> str:
     """Prefix of a temporary file or directory: it names the owning process, so that a later process can
@@ -303,20 +308,25 @@ class LocalBlobStore:
 
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
-        path = self._file(sha256)
-        try:
-            if nbytes > SMALL_BLOB:
-                return raw_tensor(Path(path), 0, nbytes, dtype, shape)
-            # os.open and one readv into a bytearray the tensor is made on: no file object, no fstat, and two
-            # torch calls fewer than a uint8 tensor viewed as the dtype (~3.5 us of a 32 KB blob's ~18)
-            buf = bytearray(nbytes)
-            fd = os.open(path, os.O_RDONLY)
+        if nbytes > SMALL_BLOB:
             try:
-                got = os.readv(fd, [buf])
-            finally:
-                os.close(fd)
+                return raw_tensor(Path(self._file(sha256)), 0, nbytes, dtype, shape)
+            except FileNotFoundError:
+                raise InputError(f"blob {sha256} is missing from {self.root}") from None
+        # a bytearray the tensor is made on: two torch calls fewer than a uint8 tensor viewed as the dtype
+        buf = bytearray(nbytes)
+        self.read_into(sha256, memoryview(buf))
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def read_into(self, sha256: str, out: memoryview) -> None:
+        # os.open and one readv: no file object, no fstat (a small blob's read costs little more than those calls)
+        try:
+            fd = os.open(self._file(sha256), os.O_RDONLY)
         except FileNotFoundError:
             raise InputError(f"blob {sha256} is missing from {self.root}") from None
-        if got != nbytes:
-            raise InputError(f"blob {sha256} in {self.root} is shorter than its record's {nbytes} bytes")
-        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+        try:
+            got = os.readv(fd, [out])
+        finally:
+            os.close(fd)
+        if got != len(out):
+            raise InputError(f"blob {sha256} in {self.root} is shorter than its record's {len(out)} bytes")

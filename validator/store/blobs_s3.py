@@ -111,3 +111,8 @@ class S3BlobStore:
             return torch.empty(shape, dtype=dtype)
         self.path(sha256)
         return self.cache.open_tensor(sha256, dtype, shape, nbytes)
+
+    def read_into(self, sha256: str, out: memoryview) -> None:
+        if len(out):
+            self.path(sha256)
+            self.cache.read_into(sha256, out)

@@ -144,3 +144,60 @@ def test_compare_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
     assert bits([vars(m) for m in batched]) == bits([vars(_measure(*p)) for p in pairs])
     by_pair = compare_runs(va, vb, executor=lambda fn, ps: (fn(*p) for p in ps)).to_dict()  # one by one, as Ray does
     assert bits(compare_runs(va, vb).to_dict()) == bits(by_pair)
+
+
+def test_pairs_side_by_side_in_one_buffer_are_measured_where_they_lie() -> None:
+    """Tensors that lie end to end in one buffer (a batch of stored tensors: ``materialize_many``) are measured
+    without being copied together, with the bits of separate tensors."""
+    from validator.numerics.backends.cpu import _end_to_end
+
+    shapes = [(16, 64), (3, 5), (80, 8), (1, 7), (16, 64)]
+    sizes = [math.prod(s) for s in shapes]
+    flat_a, flat_b = pair(torch.bfloat16, sum(sizes), seed=7, noise=0.02)
+    cuts = np.cumsum([0] + sizes).tolist()
+    views = [(flat_a[lo:hi].view(s), flat_b[lo:hi].view(s), block_edges(s)) for lo, hi, s in zip(cuts, cuts[1:], shapes)]
+    copies = [(a.clone(), b.clone(), e) for a, b, e in views]
+    assert _end_to_end([a for a, _, _ in views]).data_ptr() == flat_a.data_ptr()
+    assert torch.equal(_end_to_end([a for a, _, _ in views]), flat_a)
+    apart = [a for a, _, _ in views[::2]]  # gaps between them: a copy
+    assert torch.equal(_end_to_end(apart), torch.cat([a.reshape(-1) for a in apart]))
+    one = [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in copies]
+    assert bits(compare_cpu_many(views, atol=1e-5, rtol=1e-3)) == bits(one)
+    assert bits(compare_cpu_many(copies, atol=1e-5, rtol=1e-3)) == bits(one)
+
+
+def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
+    """Stored runs: a batch's tensors read side by side into one buffer per dtype (``materialize_many``) give
+    the tensors and the report of the pairs loaded and measured one by one."""
+    from probes import BundleWriter, ShardSpec
+    from validator.runs.reassembly import group_logical, materialize_many
+    from validator.service import Service
+    from validator.settings import Settings
+
+    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.bfloat16]
+    svc = Service(Settings(home=tmp_path / "home"))
+    try:
+        for name, seed in (("a", 1), ("b", 2)):
+            noise = torch.Generator().manual_seed(seed)
+            with BundleWriter(tmp_path / name, run_name=name, part="rank0") as w:
+                for i in range(40):
+                    shape = [(16, 64), (3, 5), (80, 8), (0, 4)][i % 4]
+                    x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
+                    x = x * (1 + 1e-2 * torch.randn(shape, generator=noise))
+                    if i == 5:
+                        x[0, 0] = math.inf
+                    w.add(f"t{i:02d}", x.to(dtypes[i % 4]), step=i % 3)
+                full = torch.randn(8, 6, generator=torch.Generator().manual_seed(99)).to(torch.bfloat16)
+                for rank, piece in enumerate(full.chunk(2, dim=1)):  # a logical tensor of two shards
+                    w.add("split", piece.contiguous(), shard=ShardSpec.split(1, rank, 2))
+            svc.ingest(tmp_path / name, name=name)
+        va, vb = svc.resolve("a", allow_paths=False), svc.resolve("b", allow_paths=False)
+        logical = list(group_logical(va.tensors).values())
+        together = materialize_many(logical)
+        assert all(torch.equal(t, lt.materialize()) and t.dtype == lt.materialize().dtype for t, lt in zip(together, logical))
+        bf16 = [t for t, lt in zip(together, logical) if t.dtype == torch.bfloat16 and len(lt.shards) == 1 and t.numel()]
+        assert len({t.untyped_storage().data_ptr() for t in bf16}) == 1  # one buffer for the bfloat16 tensors
+        by_pair = compare_runs(va, vb, executor=lambda fn, ps: (fn(*p) for p in ps)).to_dict()  # loaded one by one
+        assert bits(svc.compare("a", "b", allow_paths=False).to_dict()) == bits(by_pair)
+    finally:
+        svc.close()

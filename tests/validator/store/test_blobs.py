@@ -73,6 +73,18 @@ def test_open_tensor_round_trip(blob_store: BlobStore) -> None:
     assert torch.equal(back, t)
 
 
+def test_read_into_fills_a_slice_of_a_larger_buffer(blob_store: BlobStore) -> None:
+    raw = bytes(range(256)) * 3
+    sha, n, _ = blob_store.put([raw])
+    buf = bytearray(b"x" * (n + 8))
+    blob_store.read_into(sha, memoryview(buf)[4 : 4 + n])
+    assert bytes(buf) == b"xxxx" + raw + b"xxxx"
+    with pytest.raises(InputError, match="shorter than"):
+        blob_store.read_into(sha, memoryview(bytearray(n + 1)))
+    with pytest.raises(InputError, match="missing"):
+        blob_store.read_into("0" * 64, memoryview(bytearray(4)))
+
+
 @pytest.mark.parametrize("bad", ["../../etc/passwd", "ab/../../x", "A" * 64, ""])
 def test_names_are_never_paths(blob_store: BlobStore, bad: str) -> None:
     with pytest.raises(InputError, match="not a sha256"):

@@ -618,8 +618,7 @@ def compare_cpu_many(
     starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
     starts[:-1] += np.repeat(at[:-1], rows)  # each pair's rows moved to where the pair is
     owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
-    xa = _bits(torch.cat([a.reshape(-1) for a, _, _ in pairs]), form.a)
-    xb = _bits(torch.cat([b.reshape(-1) for _, b, _ in pairs]), form.b)
+    xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.a), _bits(_end_to_end([b for _, b, _ in pairs]), form.b)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
     # the key histograms up to the last bin any pair uses: p99_from_keys stops at or before a pair's last bin
     used = np.flatnonzero(got.keys.any(axis=0))
@@ -631,6 +630,21 @@ def compare_cpu_many(
                _refiner(a, b, 1 << 22), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip
         for p, (a, b, _) in enumerate(pairs)
     ]
+
+
+def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
+    """The elements of the (contiguous) tensors one after another, flat: a view of the memory they lie in when
+    they already lie so inside the first one's storage (a batch of stored tensors read side by side:
+    ``runs.reassembly.materialize_many``), else a copy."""
+    first = ts[0]
+    at, end = first.data_ptr(), first.untyped_storage().data_ptr() + first.untyped_storage().nbytes()
+    for t in ts:
+        if t.data_ptr() != at or t.dtype != first.dtype:
+            return torch.cat([t.reshape(-1) for t in ts])
+        at += t.nbytes
+    if at > end:
+        return torch.cat([t.reshape(-1) for t in ts])
+    return first.as_strided((sum(t.numel() for t in ts),), (1,))
 
 
 # ---------------------------------------------------------------- ranges of a pair (validator.numerics.ranges)

@@ -373,9 +373,12 @@ class Service:
             rows = store.run_tensors(s, run_id=run.id)
         refs = []
         run_name, open_blob, read_blob = run.name, self._open_blob, self.blobs.read_into  # once, not per record
+        known: set[str] = set()  # the dtypes checked (a run has a few)
         for name, slot, dtype, shape_text, sha256, nbytes in rows:  # the columns of run_tensors, in order
             shape = _shape(shape_text)
-            check_dtype(dtype, where=f"run {run_name!r} tensor {name!r}: ")
+            if dtype not in known:
+                check_dtype(dtype, where=f"run {run_name!r} tensor {name!r}: ")
+                known.add(dtype)
             coords, shard = _placement(slot)
             refs.append(
                 TensorRef(

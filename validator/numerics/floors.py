@@ -134,7 +134,8 @@ def measure_blocks_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> l
 def _block_sums(a: torch.Tensor, b: torch.Tensor, m: TensorMetrics, totals: Totals) -> BlockSums:
     """The pair's BlockSums from its pass, with the NaN and matched infinity counts the pass does not tell apart."""
     nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if m.nonfinite_a or m.nonfinite_b else (0, 0, 0)
-    return BlockSums(np.array(totals.block_d2), np.array(totals.block_a2), _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
+    d2, a2 = np.array(totals.block_d2, np.float64), np.array(totals.block_a2, np.float64)  # dtype given: not inferred
+    return BlockSums(d2, a2, _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
 
 
 def nonfinite_counts(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:

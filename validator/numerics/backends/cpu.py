@@ -560,7 +560,7 @@ def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Refine:
 
 
 def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int, keys: list[int] | None,
-           refine: Refine, block_d2: list[float], block_a2: list[float]) -> Totals:  # fmt: skip
+           refine: Refine, block_d2: Sequence[float], block_a2: Sequence[float]) -> Totals:  # fmt: skip
     """The ``Totals`` of a pair from what its pass added up (``keys``: its ULP key histogram, None without
     ULP metrics; ``refine`` is called only when the p99's key bin holds more than one distance)."""
     ulp = None if keys is None else (max_ulp, p99_from_keys(keys, counts[0], refine, REFINE_BINS))
@@ -624,7 +624,7 @@ def compare_cpu_many(
     used = np.flatnonzero(got.keys.any(axis=0))
     hist = got.keys[:, : used[-1] + 1 if len(used) else 0]
     sums, counts, tops, max_ulp, keys = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, hist))
-    (d2, a2), at = got.blocks.tolist(), edge_at.tolist()
+    (d2, a2), at = map(tuple, got.blocks.tolist()), edge_at.tolist()  # tuples: a pair's slices are its Totals' own
     return [
         totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p], keys[p] if form.ulp else None,
                _refiner(a, b, 1 << 22), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip

@@ -55,7 +55,8 @@ class TensorMetrics:
         """JSON-safe dict: non-finite floats become the strings "inf", "-inf" and "nan"."""
         d = {name: getattr(self, name) for name in _FIELD_NAMES}
         for name in _FLOAT_NAMES:  # the others are ints, strings or None
-            d[name] = _json_safe(d[name])
+            if not math.isfinite(d[name]):
+                d[name] = _json_safe(d[name])
         return d
 
     @classmethod

@@ -314,18 +314,20 @@ def compare_runs(
     captured = {k: i for i, k in enumerate(ga)}  # run A's records in the order they were written
     pairs: list[PairResult] = []
     have = floor is not None
-    rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], (ga[k].dtype, gb[k].dtype), have_floor=have).floor_multiple is not None for k in keys]
-    work = [(ga[k], gb[k], r) for k, r in zip(keys, rounding)]
+    both = [(ga[k], gb[k]) for k in keys]
+    dtypes = [(la.dtype, lb.dtype) for la, lb in both]
+    rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], dt, have_floor=have).floor_multiple is not None for k, dt in zip(keys, dtypes)]
+    work = [(la, lb, r) for (la, lb), r in zip(both, rounding)]
     for batch in _measure_batches(work, executor):  # judged as measured, a batch at a time: its intervals drawn together
         done = len(pairs)
-        got = list(zip(keys[done : done + len(batch)], work[done : done + len(batch)], batch))
+        got = list(zip(keys[done : done + len(batch)], work[done : done + len(batch)], batch, dtypes[done : done + len(batch)]))
         judging = [
-            (la.name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), (la.dtype, lb.dtype), g.blocks)
-            for key, (la, lb, _), g in got
+            (la.name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), dt, g.blocks)
+            for key, (la, _, _), g, dt in got
             if g.metrics is not None
         ]
         decisions = iter(policy.decide_many(judging, have_floor=have))
-        for key, (la, lb, _), g in got:
+        for key, (la, lb, _), g, _ in got:
             if g.metrics is None:
                 status, d = "error", Decision("fail", None, (g.error or "",))
             else:

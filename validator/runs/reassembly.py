@@ -56,10 +56,12 @@ class LogicalTensor:
         return self.shards[0].dtype
 
     def shape(self) -> tuple[int, ...]:
-        s = list(self.shards[0].shape)
-        if self.kind == "split":
-            dim = self.shards[0].shard.dim or 0
-            s[dim] = sum(r.shape[dim] for r in self._split_pieces())
+        first = self.shards[0]
+        if first.shard.kind != "split":  # every shard has the logical tensor's shape
+            return first.shape
+        s = list(first.shape)
+        dim = first.shard.dim or 0
+        s[dim] = sum(r.shape[dim] for r in self._split_pieces())
         return tuple(s)
 
     def _split_pieces(self) -> list[TensorRef]:

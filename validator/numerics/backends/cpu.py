@@ -290,9 +290,9 @@ def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
         n_lo, n_hi, n1, n2 = n_lo + cnt[0, j], n_hi + cnt[1, j], n1 + cnt[3, j], n2 + cnt[4, j]
         top_ulp = max(top_ulp, cnt[2, j])
     # a zero passes when 0 <= the low (high) atol
-    n_lo -= pad * (0 <= np.float32(tol[2]))
+    n_lo -= pad * int(0 <= np.float32(tol[2]))
     passed = n_lo
-    if tol[6] == 0 or n_lo != n_hi - pad * (0 <= np.float32(tol[4])):
+    if tol[6] == 0 or n_lo != n_hi - pad * int(0 <= np.float32(tol[4])):
         passed = 0
         for j in range(m):
             x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
@@ -18,6 +19,9 @@ from validator.numerics.backends import Totals, compare, compare_many
 from validator.numerics.backends.cpu import batchable, compare_cpu, compare_cpu_many
 from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
 from validator.numerics.metrics import MetricInputError
+
+if TYPE_CHECKING:
+    from probes import BundleWriter
 
 
 def bits(x: object) -> object:
@@ -121,6 +125,18 @@ def test_measure_tensors_many_equals_measure_tensors() -> None:
     assert got[2].error and got[4].error and got[0].rounding is not None
 
 
+def add_noisy_tensors(w: BundleWriter, dtypes: list[torch.dtype], count: int, noise: torch.Generator, odd: tuple[int, float]) -> None:
+    """``count`` tensors of four shapes (one empty) in ``dtypes`` by turns into bundle writer ``w``, the same
+    values in every run but for 1% noise drawn from the run's ``noise``; tensor ``odd[0]`` holds ``odd[1]`` first."""
+    for i in range(count):
+        shape = [(16, 64), (3, 5), (80, 8), (0, 4)][i % 4]
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
+        x = x * (1 + 1e-2 * torch.randn(shape, generator=noise))
+        if i == odd[0]:
+            x[0, 0] = odd[1]
+        w.add(f"t{i:02d}", x.to(dtypes[i % 4]), step=i % 3)
+
+
 def test_compare_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
     from probes import BundleWriter
     from validator.runs.reassembly import group_logical
@@ -128,15 +144,8 @@ def test_compare_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
 
     dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e5m2]
     for name, seed in (("a", 1), ("b", 2)):
-        noise = torch.Generator().manual_seed(seed)
         with BundleWriter(tmp_path / name, run_name=name) as w:
-            for i in range(60):
-                shape = [(16, 64), (3, 5), (80, 8), (0, 4)][i % 4]
-                x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
-                x = x * (1 + 1e-2 * torch.randn(shape, generator=noise))
-                if i == 6:
-                    x[0, 0] = math.nan
-                w.add(f"t{i:02d}", x.to(dtypes[i % 4]), step=i % 3)
+            add_noisy_tensors(w, dtypes, 60, torch.Generator().manual_seed(seed), odd=(6, math.nan))
     va, vb = open_path(tmp_path / "a"), open_path(tmp_path / "b")
     ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
     pairs = [(ga[k], gb[k], i % 2 == 0) for i, k in enumerate(sorted(ga, key=lambda k: (k[0], repr(k[1]))))]
@@ -178,15 +187,8 @@ def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
     svc = Service(Settings(home=tmp_path / "home"))
     try:
         for name, seed in (("a", 1), ("b", 2)):
-            noise = torch.Generator().manual_seed(seed)
             with BundleWriter(tmp_path / name, run_name=name, part="rank0") as w:
-                for i in range(40):
-                    shape = [(16, 64), (3, 5), (80, 8), (0, 4)][i % 4]
-                    x = torch.randn(shape, generator=torch.Generator().manual_seed(i))
-                    x = x * (1 + 1e-2 * torch.randn(shape, generator=noise))
-                    if i == 5:
-                        x[0, 0] = math.inf
-                    w.add(f"t{i:02d}", x.to(dtypes[i % 4]), step=i % 3)
+                add_noisy_tensors(w, dtypes, 40, torch.Generator().manual_seed(seed), odd=(5, math.inf))
                 full = torch.randn(8, 6, generator=torch.Generator().manual_seed(99)).to(torch.bfloat16)
                 for rank, piece in enumerate(full.chunk(2, dim=1)):  # a logical tensor of two shards
                     w.add("split", piece.contiguous(), shard=ShardSpec.split(1, rank, 2))

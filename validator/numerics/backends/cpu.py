@@ -156,8 +156,13 @@ def _dist_of(x, y):
         return lambda x, y: np.int64(0)
     if x == types.uint32:
         return lambda x, y: abs(_ordinal(np.int64(x), 31) - _ordinal(np.int64(y), 31))
-    sign = x.bitwidth - 1  # bfloat16's int16 bits are read unsigned
-    return lambda x, y: np.int32(abs(np.int32(_ordinal(np.int32(np.uint16(x)), sign) - _ordinal(np.int32(np.uint16(y)), sign))))
+    sign = x.bitwidth - 1
+
+    def narrow(x, y):  # bfloat16's int16 bits are read unsigned
+        d = np.int32(_ordinal(np.int32(np.uint16(x)), sign) - _ordinal(np.int32(np.uint16(y)), sign))
+        return np.int32(abs(d))
+
+    return narrow
 
 
 def _counters(x):  # pragma: no cover - numba's implementation follows

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_tensors
+from validator.numerics.metrics import MetricInputError, TensorMetrics, compare_tensors, measure_many
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
 ULP_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -304,6 +304,8 @@ def test_requires_grad_inputs() -> None:
     a = torch.randn(10, requires_grad=True)
     m = compare_tensors(a, a * 1.001)
     assert math.isclose(m.rel_l2, 1e-3, rel_tol=1e-4)
+    [got] = measure_many([(a, a * 1.001, ())])
+    assert not isinstance(got, MetricInputError) and got[0] == m
 
 
 # ---------------------------------------------------------------- streaming

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from probes import BundleWriter
-from validator.judging.report import comparison_json
+from validator.judging.report import comparison_doc, dumps
 from validator.service import Service
 from validator.settings import Settings
 from validator.store.bulk import cycle_collector_paused
@@ -67,7 +67,7 @@ def timed(svc: Service, a: str, b: str) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     c = svc.compare(a, b, allow_paths=False)
     with cycle_collector_paused():  # as the service builds a stored comparison's report
-        report = comparison_json(c)
+        report = dumps(comparison_doc(c), indent=True)  # as `validator compare --json` prints it
     return time.perf_counter() - t0, len(c.pairs), report
 
 

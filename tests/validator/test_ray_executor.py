@@ -211,9 +211,9 @@ def test_stored_runs_bitwise_equal(
         c = svc.compare("ra", "rb", floor=("rfa", "rfb"), allow_paths=False)  # in this process
     finally:
         svc.close()
-    from validator.judging.report import EXIT_CODES, comparison_doc
+    from validator.judging.report import EXIT_CODES, comparison_doc, dumps
 
-    local = json.dumps(comparison_doc(c), indent=1) + "\n"  # as `validator compare --json` prints it
+    local = dumps(comparison_doc(c), indent=True) + "\n"  # as `validator compare --json` prints it
     names = {k: f"r{k}" for k in runs}
     got = _cli([*_compare_args(names), "--executor", f"ray={cluster.address}"], env)
     assert got.returncode == EXIT_CODES[c.verdict], got.stderr

@@ -188,18 +188,18 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from validator.judging.report import EXIT_CODES, format_comparison, write_junit
+    from validator.judging.report import EXIT_CODES, dumps, format_comparison, write_junit
 
     doc, tables = _comparison(args, args.a, args.b)
     if args.junit:
         write_junit(doc, args.junit)
-    print(json.dumps(doc, indent=1) if args.json else format_comparison(doc, tables=tables))
+    print(dumps(doc, indent=True) if args.json else format_comparison(doc, tables=tables))
     return EXIT_CODES[doc["verdict"]]
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Like compare, for CI: prints Markdown, appends it to $GITHUB_STEP_SUMMARY, optional JUnit."""
-    from validator.judging.report import EXIT_CODES, markdown_summary, write_junit
+    from validator.judging.report import EXIT_CODES, dumps, markdown_summary, write_junit
 
     doc, _ = _comparison(args, args.baseline, args.candidate)
     link = f"{args.server.rstrip('/')}/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
@@ -210,7 +210,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if summary:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(md + "\n")
-    print(json.dumps(doc, indent=1) if args.json else md)
+    print(dumps(doc, indent=True) if args.json else md)
     return EXIT_CODES[doc["verdict"]]
 
 

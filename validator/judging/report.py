@@ -71,24 +71,25 @@ def comparison_json(c: Comparison) -> str:
 
 
 def dumps(doc: Any, *, indent: bool = False) -> str:
-    """``doc`` (a JSON document: ``comparison_doc``) as JSON text, compact or indented by two spaces, encoded
-    by orjson: a report of thousands of pairs is ~1 KB of numbers a pair, which ``json.dumps`` encodes in
-    30 us a pair, or 120 us indented (its Python encoder), and orjson in 2-3 us. Values as ``json`` writes
-    them: float and int subclasses (NumPy scalars) as numbers, other objects as ``str``, keys as strings."""
-    import orjson  # only where a report is encoded
-
-    option = orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)
-    return orjson.dumps(doc, default=_plain, option=option).decode()
+    """``doc`` (a JSON document: ``comparison_doc``) as JSON text, compact or indented by two spaces. orjson
+    encodes it: a report of thousands of pairs is ~1 KB of numbers a pair, which ``json.dumps`` encodes in
+    30 us a pair, or 120 us indented (its Python encoder), and orjson in 2-3 us. Values as ``json.dumps(doc,
+    default=str)`` writes them: float subclasses (NumPy float64) as numbers, other objects as ``str``, keys as
+    strings. What orjson refuses (integers past 64 bits, lone surrogates, nesting past 255 levels), or an
+    environment without orjson, goes to ``json``, which writes the same values (and refuses NaN and
+    infinities, which a document never holds: ``metrics._json_safe``)."""
+    try:
+        import orjson  # only where a report is encoded
+    except ImportError:
+        return json.dumps(doc, default=str, allow_nan=False, indent=2 if indent else None)
+    try:
+        return orjson.dumps(doc, default=_plain, option=orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(doc, default=str, allow_nan=False, indent=2 if indent else None)
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, int):
-        return int(value)
-    return str(value)
-
-
+    return float(value) if isinstance(value, float) else str(value)
 
 
 def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: dict[str, str] | None = None) -> str:

@@ -1,7 +1,7 @@
 """Run a script in a fresh interpreter, which records what it imports: the test process has long imported torch.
 
-The script ends by calling ``report(**fields)``; :func:`run_child` returns those fields plus ``torch`` and
-``alembic`` (whether each was imported) and ``where`` (the stack that first imported torch, for a failure
+The script ends by calling ``report(**fields)``; :func:`run_child` returns those fields plus ``torch``,
+``alembic`` and ``sqlalchemy`` (whether each was imported) and ``where`` (the stack that first imported torch, for a failure
 message). The child sees no ``VALIDATOR_*`` variable, so a store is the one its arguments name.
 """
 
@@ -32,7 +32,7 @@ PRELUDE = textwrap.dedent(
     sys.meta_path.insert(0, _Watch())
 
     def report(**fields):
-        loaded = {m: m in sys.modules for m in ("torch", "alembic")}
+        loaded = {m: m in sys.modules for m in ("torch", "alembic", "sqlalchemy")}
         print(json.dumps({**fields, **loaded, "where": _first_torch[:1]}))
     """
 )

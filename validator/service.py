@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from probes.shards import Coords, ShardSpec
+from validator.comparing import Progress, compare_resolved
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError
 from validator.runs.reassembly import group_logical
 from validator.runs.sources import open_path
@@ -39,9 +40,8 @@ if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not 
     from validator.judging.rl_kl import KLReport, KLSettings
     from validator.store.expiry import Collected
 
-__all__ = ["Service", "RunSummary", "Progress", "compare_refs"]
+__all__ = ["Service", "RunSummary", "Progress"]
 
-Progress = Callable[[int, int], None]
 BACKGROUND_BYTES = 256 << 20  # comparisons of more input bytes than this run in the background
 
 
@@ -455,8 +455,8 @@ class Service:
         # thousands of records, tensor references and pair results stay alive until the end: the cycle
         # collector's full passes over them cost more than the measuring of small pairs (many_pairs_bench.md)
         with cycle_collector_paused():
-            return _compare(resolve, a, b, policy=policy, floor=floor, progress=progress, executor=executor,
-                            blob_url=blob_url)
+            return compare_resolved(resolve, a, b, policy=policy, floor=floor, progress=progress, executor=executor,
+                                    blob_url=blob_url)
 
     def cached_comparison(
         self,
@@ -545,41 +545,3 @@ def _placement(slot: str) -> tuple[Coords, ShardSpec]:
     immutable): the records of one layer and step, and both runs of a comparison, share them."""
     coords, shard = store.slot_parts(slot)
     return Coords.from_dict(coords), ShardSpec.from_dict(shard)
-
-
-def compare_refs(
-    a: str,
-    b: str,
-    *,
-    open_store: Callable[[], Service],
-    policy: Policy | None = None,
-    floor: tuple[str, str] | None = None,
-    progress: Progress | None = None,
-    executor: str | None = None,
-) -> Comparison:
-    """:meth:`Service.compare` for a local caller. When every reference is an existing path (bundles,
-    ``.safetensors`` files, folders of them) the store is never opened: no database, no migrations. Otherwise
-    ``open_store()`` opens it, and references resolve as in :meth:`Service.resolve` (a path first, then a run)."""
-    if all(Path(r).exists() for r in (a, b, *(floor or ()))):
-        return _compare(open_path, a, b, policy=policy, floor=floor, progress=progress, executor=executor)
-    return open_store().compare(a, b, policy=policy, floor=floor, progress=progress, executor=executor)
-
-
-def _compare(
-    resolve: Callable[[str], RunView],
-    a: str,
-    b: str,
-    *,
-    policy: Policy | None,
-    floor: tuple[str, str] | None,
-    progress: Progress | None,
-    executor: str | None = None,
-    blob_url: str | None = None,
-) -> Comparison:
-    from validator.ray_executor import make_executor, parse_executor
-
-    ex = make_executor(parse_executor(executor), blob_url=blob_url)  # first: a bad --executor or no cluster fails fast
-    from validator.judging.compare import compare_runs
-
-    fl = (resolve(floor[0]), resolve(floor[1])) if floor else None
-    return compare_runs(resolve(a), resolve(b), policy=policy, floor=fl, progress=progress, executor=ex)

@@ -176,9 +176,9 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
             return client.compare(a, b, floor=floor, policy=policy), {}
         finally:
             client.close()
+    from validator.comparing import compare_refs
     from validator.judging.policy import Policy
     from validator.judging.report import comparison_doc
-    from validator.service import compare_refs
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store

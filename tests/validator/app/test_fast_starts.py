@@ -3,8 +3,8 @@
 `validator --help`, `runs` and `show`, and the API's and dashboard's read routes, run in a fresh interpreter
 (this one has long imported torch) that records where torch was first imported from, for the failure message.
 The store they read is written here, in the parent. A comparison of two .safetensors files (and a noise floor
-of two more) runs with a home that does not exist: it must still not exist afterwards, and Alembic must not
-have been imported.
+of two more) runs with a home that does not exist: it must still not exist afterwards, and neither Alembic nor
+SQLAlchemy must have been imported.
 """
 
 from __future__ import annotations
@@ -118,4 +118,5 @@ def test_comparing_plain_files_never_opens_the_store(tmp_path: Path) -> None:
     assert rc in (0, 1) and rc_floor in (0, 1), out["results"]
     assert {p["label"] for p in json.loads(text)["pairs"]} == {"hidden", "k"}
     assert not out["alembic"], "the store was opened (Alembic imported)"
+    assert not out["sqlalchemy"], "the store's stack was imported (SQLAlchemy)"
     assert not home.exists(), sorted(p.name for p in home.rglob("*"))

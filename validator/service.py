@@ -505,8 +505,6 @@ class Service:
         return self.get_comparison(rec_id)
 
     def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None, executor: str | None = None) -> None:
-        import orjson
-
         from validator.judging.report import comparison_json
 
         with self.session() as s, s.begin():
@@ -517,7 +515,7 @@ class Service:
             floor = tuple(request["floor"]) if request["floor"] else None
             c = self.compare(request["a"], request["b"], policy=policy, floor=floor, allow_paths=False, executor=executor)
             with cycle_collector_paused():  # the report's ~10 dicts and lists a pair die by reference counting
-                result, verdict, status, error = orjson.loads(comparison_json(c)), c.verdict, "done", None
+                result, verdict, status, error = json.loads(comparison_json(c)), c.verdict, "done", None
         except Exception as exc:  # recorded, shown to the client; never lost
             result, verdict, status, error = None, None, "error", f"{type(exc).__name__}: {exc}"[:2000]
         with self.session() as s, s.begin():

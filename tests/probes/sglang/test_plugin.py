@@ -117,7 +117,8 @@ def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: P
     rc = main(["--home", str(tmp_path / "home"), "compare", str(a), str(b), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 3 and doc["verdict"] == "inconclusive"  # 4 verify steps: too few to judge acceptance
-    assert "all 54 pairs within their limits" in doc["reasons"]
+    # "(closest: ...)" follows where a pair's rel_l2 is not 0: the two TP layouts' GEMMs round alike on some CPUs only
+    assert any(r.startswith("all 54 pairs within their limits") for r in doc["reasons"]), doc["reasons"]
 
 
 PP_POINTS = "target.hidden,ctx.project,ctx.partial,ctx.write,pp.send,draft.kv"

@@ -80,11 +80,9 @@ def dumps(doc: Any, *, indent: bool = False) -> str:
     infinities, which a document never holds: ``metrics._json_safe``)."""
     try:
         import orjson  # only where a report is encoded
-    except ImportError:
-        return json.dumps(doc, default=str, allow_nan=False, indent=2 if indent else None)
-    try:
+
         return orjson.dumps(doc, default=_plain, option=orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)).decode()
-    except orjson.JSONEncodeError:
+    except (ImportError, TypeError):  # no orjson, or a value it refuses (its JSONEncodeError is a TypeError)
         return json.dumps(doc, default=str, allow_nan=False, indent=2 if indent else None)
 
 

@@ -57,7 +57,7 @@ class LogicalTensor:
 
     def shape(self) -> tuple[int, ...]:
         first = self.shards[0]
-        if first.shard.kind != "split":  # every shard has the logical tensor's shape
+        if self.kind != "split":  # every shard has the logical tensor's shape
             return first.shape
         s = list(first.shape)
         dim = first.shard.dim or 0

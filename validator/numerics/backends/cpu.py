@@ -12,7 +12,8 @@ whole small pair (:func:`compare_cpu_many`). Each block is read once, in one loo
 (:func:`_lanes_of`; a block cut short by an edge is read in pieces of :data:`PIECE`, the last with zeros
 after it):
 
-- sums of a², b², d², |d|, a·d in :data:`LANES` float32 lanes, added in float64 per block;
+- float32 sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
+  ``reassoc``: the order is the compiled loop's, fixed on one machine), added in float64 per piece;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
 - the ULP distances: their maximum and the counts of distances 1 and 2; where a block's maximum is above
@@ -65,13 +66,12 @@ from validator.numerics.compiled import first_call
 
 BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
 GROUP = 32  # blocks per prange iteration
-LANES = 32  # float32 accumulators per sum within a block
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
 PARTS = 16  # fixed slices of a refining pass, each with its own histogram
 REFINE_BINS = 1 << 12
 SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
-# BLOCK, GROUP, LANES, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and LANES
-# fix the float32 summation order, nothing else in a result depends on them
+# BLOCK, GROUP, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and PIECE fix
+# what the float32 sums run over, nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
 _BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
@@ -165,16 +165,18 @@ def _dist_of(x, y):
     return narrow
 
 
-def _counters(x):  # pragma: no cover - numba's implementation follows
-    """The integer lanes :func:`_lanes` counts in for elements typed as ``x``'s: int64 where ULP
-    distances reach 2**32 (float32), else int32 (the loop vectorizes twice as wide)."""
+def _acc(x, v):  # pragma: no cover - numba's implementation follows
+    """The value ``v`` of an element whose bits are typed as ``x``, as :func:`_lanes_of` sums it: float64 for
+    float32's (LLVM vectorizes their loop four elements a vector, so each float32 sum would run over four
+    times as many elements as a bfloat16 one's), else ``v``."""
     raise NotImplementedError
 
 
-@overload(_counters)
-def _counters_of(x):
-    dtype = np.int64 if x.dtype in (types.uint32, types.float64) else np.int32
-    return lambda x: np.empty((5, LANES), dtype)
+@overload(_acc)
+def _acc_of(x, v):
+    if x == types.uint32:
+        return lambda x, v: np.float64(v)
+    return lambda x, v: v
 
 
 def _values(x, table, out):  # pragma: no cover - numba's implementations follow
@@ -205,34 +207,42 @@ def _key(d):
 
 
 def _lanes_of(n: int) -> Callable[..., None]:
-    """A kernel adding ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`) lane by
-    lane: element k + j into lane j of the float32 sums a², b², d², |d|, a·d and largest |d| (``lanes``), and
-    of the counts of the tolerance test against the band's low and high tolerances, the largest ULP distance,
-    the distances 1 and 2 (``cnt``). ``n`` is a constant of the compiled loop: LLVM then vectorizes all of
-    it, in half the time of a loop of any length."""
+    """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the float32
+    (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[6] to the largest float32 |d|; adds to ``cnt`` the
+    counts of the tolerance test against the band's low and high tolerances and of the ULP distances 1 and 2,
+    and raises cnt[2] to the largest distance. The sums stay in registers: numba's ``fastmath`` flag
+    ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's, the same at every
+    call on one machine), ``contract`` fuses each product into its sum. ``n`` is a constant of the compiled loop:
+    LLVM then vectorizes all of it, in half the time of a loop of any length."""
 
-    @njit(cache=True)
-    def lanes_of_n(va, vb, xa, xb, tol, lanes, cnt):
-        s_a2, s_b2, s_d2, s_abs, s_ad, s_top = lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5]
-        n_lo, n_hi, top, n1, n2 = cnt[0], cnt[1], cnt[2], cnt[3], cnt[4]
+    @njit(cache=True, fastmath={"reassoc", "contract"})
+    def lanes_of_n(va, vb, xa, xb, tol, f, cnt):
         a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
-        for k in range(0, n, LANES):
-            for j in range(LANES):
-                x, y = _float(va[k + j], va), _float(vb[k + j], vb)
-                d = y - x
-                ad, aa = abs(d), abs(x)
-                s_a2[j] += x * x
-                s_b2[j] += y * y
-                s_d2[j] += d * d
-                s_abs[j] += ad
-                s_ad[j] += x * d
-                s_top[j] = max(s_top[j], ad)
-                n_lo[j] += np.int32(ad <= aa * r_lo + a_lo)
-                n_hi[j] += np.int32(ad <= aa * r_hi + a_hi)
-                u = _dist(xa[k + j], xb[k + j])
-                top[j] = max(top[j], u)
-                n1[j] += np.int32(u == 1)
-                n2[j] += np.int32(u == 2)
+        s_a2 = s_b2 = s_d2 = s_abs = s_ad = _acc(xa[0], np.float32(0))
+        top = n_lo = n_hi = n1 = n2 = np.int32(0)  # top: the bits of the largest |d| (they order as the values)
+        top_ulp = _dist(xa[0], xa[0])  # 0, of the distances' type
+        for k in range(n):
+            x, y = _float(va[k], va), _float(vb[k], vb)
+            d = y - x
+            ad, aa = abs(d), abs(x)
+            sx, sy = _acc(xa[k], x), _acc(xa[k], y)
+            sd = sy - sx
+            s_a2 += sx * sx
+            s_b2 += sy * sy
+            s_d2 += sd * sd
+            s_abs += abs(sd)
+            s_ad += sx * sd
+            top = max(top, np.float32(ad).view(np.int32))
+            n_lo = np.int32(n_lo + np.int32(ad <= aa * r_lo + a_lo))  # int32 throughout: numba would widen
+            n_hi = np.int32(n_hi + np.int32(ad <= aa * r_hi + a_hi))
+            u = _dist(xa[k], xb[k])
+            top_ulp = max(top_ulp, u)
+            n1 = np.int32(n1 + np.int32(u == 1))
+            n2 = np.int32(n2 + np.int32(u == 2))
+        f[0], f[1], f[2], f[3], f[4] = f[0] + s_a2, f[1] + s_b2, f[2] + s_d2, f[3] + s_abs, f[4] + s_ad
+        f[6] = max(f[6], np.float64(np.int32(top).view(np.float32)))
+        cnt[0], cnt[1], cnt[3], cnt[4] = cnt[0] + n_lo, cnt[1] + n_hi, cnt[3] + n1, cnt[4] + n2
+        cnt[2] = max(cnt[2], top_ulp)
 
     return lanes_of_n
 
@@ -242,18 +252,18 @@ _piece = _lanes_of(PIECE)  # a piece of a block cut short by an edge
 
 
 @njit(cache=True)
-def _short(va, vb, xa, xb, tol, lanes, cnt):
+def _short(va, vb, xa, xb, tol, f, cnt):
     """A block of fewer than BLOCK elements in pieces of PIECE (the last with zeros up to PIECE, which add
     nothing but to the tolerance counts); returns how many zeros."""
     m = xa.size
     whole = m - m % PIECE
     for p in range(0, whole, PIECE):
-        _piece(va[p : p + PIECE], vb[p : p + PIECE], xa[p : p + PIECE], xb[p : p + PIECE], tol, lanes, cnt)
-    return 0 if whole == m else _tail(va, vb, xa, xb, tol, lanes, cnt, whole)
+        _piece(va[p : p + PIECE], vb[p : p + PIECE], xa[p : p + PIECE], xb[p : p + PIECE], tol, f, cnt)
+    return 0 if whole == m else _tail(va, vb, xa, xb, tol, f, cnt, whole)
 
 
 @njit(cache=True)
-def _tail(va, vb, xa, xb, tol, lanes, cnt, whole):
+def _tail(va, vb, xa, xb, tol, f, cnt, whole):
     """:func:`_short`'s last piece, from element ``whole`` on, with zeros up to PIECE (a function of its own:
     inlined in _short, its buffers cost every block 0.2-0.3 us, the time of 256 elements)."""
     m = xa.size
@@ -261,39 +271,28 @@ def _tail(va, vb, xa, xb, tol, lanes, cnt, whole):
     pa, pb = np.zeros(PIECE, xa.dtype), np.zeros(PIECE, xb.dtype)
     qa[: m - whole], qb[: m - whole] = va[whole:m], vb[whole:m]
     pa[: m - whole], pb[: m - whole] = xa[whole:], xb[whole:]
-    _piece(qa, qb, pa, pb, tol, lanes, cnt)
+    _piece(qa, qb, pa, pb, tol, f, cnt)
     return whole + PIECE - m
 
 
 @njit(cache=True)
-def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
-    """A block in float32 lanes (:func:`_lanes`): sums and largest |d| into row f, counts into row c, ULP
-    keys into hist if ``ulp``. False: the block needs float64 (c and hist untouched)."""
+def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c, hist):
+    """A block in float32 (:func:`_lanes`): sums and largest |d| into row f, counts into row c, ULP keys
+    into hist if ``ulp``. False: the block needs float64 (c and hist untouched)."""
     m = xa.size
-    lanes[:] = 0
+    f[:] = 0
     cnt[:] = 0
     va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
     pad = 0
     if m == BLOCK:
-        _lanes(va, vb, xa, xb, tol, lanes, cnt)
+        _lanes(va, vb, xa, xb, tol, f, cnt)
     else:
-        pad = _short(va, vb, xa, xb, tol, lanes, cnt)
-    f0 = f1 = f2 = f3 = f4 = 0.0  # each sum lane by lane, the five side by side
-    for j in range(LANES):
-        f0 += np.float64(lanes[0, j])
-        f1 += np.float64(lanes[1, j])
-        f2 += np.float64(lanes[2, j])
-        f3 += np.float64(lanes[3, j])
-        f4 += np.float64(lanes[4, j])
-    f[0], f[1], f[2], f[3], f[4] = f0, f1, f2, f3, f4
-    top = np.float64(lanes[5].max())
+        pad = _short(va, vb, xa, xb, tol, f, cnt)
+    top = f[6]
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
-    if not (SAFE_LO <= f0 <= SAFE_HI and SAFE_LO <= f1 <= SAFE_HI and (SAFE_LO <= f2 <= SAFE_HI or top == 0)):
+    if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
         return False
-    n_lo = n_hi = top_ulp = n1 = n2 = 0  # the counts, in one loop (integers: any order)
-    for j in range(LANES):
-        n_lo, n_hi, n1, n2 = n_lo + cnt[0, j], n_hi + cnt[1, j], n1 + cnt[3, j], n2 + cnt[4, j]
-        top_ulp = max(top_ulp, cnt[2, j])
+    n_lo, n_hi, top_ulp, n1, n2 = cnt
     # a zero passes when 0 <= the low (high) atol
     n_lo -= pad * int(0 <= np.float32(tol[2]))
     passed = n_lo
@@ -302,7 +301,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, hist):
         for j in range(m):
             x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
-    f[5], f[6] = 0.0, top  # the float32 max: made exact at the end of _pass
+    f[5] = 0.0  # the exact max: found at the end of _unit
     c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, 0
     if ulp:
         c[5] = top_ulp
@@ -380,11 +379,11 @@ def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, 
     its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
     a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
     every block in float64."""
-    lanes, cnt, scratch = np.empty((6, LANES), np.float32), _counters(xa), np.empty((2, BLOCK), np.uint32)
+    cnt, scratch = np.empty(5, np.int64), np.empty((2, BLOCK), np.uint32)
     for blk in range(units[u], units[u + 1]):
         ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
         f, c = part_f[blk], part_i[blk]
-        if wide or not _fast(ya, yb, ta, tb, ulp, tol, lanes, cnt, scratch, f, c, keys[u]):
+        if wide or not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c, keys[u]):
             _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c, keys[u])
     tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
 

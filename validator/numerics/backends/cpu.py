@@ -207,13 +207,13 @@ def _key(d):
 
 
 def _lanes_of(n: int) -> Callable[..., None]:
-    """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the float32
-    (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[6] to the largest float32 |d|; adds to ``cnt`` the
-    counts of the tolerance test against the band's low and high tolerances and of the ULP distances 1 and 2,
-    and raises cnt[2] to the largest distance. The sums stay in registers: numba's ``fastmath`` flag
-    ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's, the same at every
-    call on one machine), ``contract`` fuses each product into its sum. ``n`` is a constant of the compiled loop:
-    LLVM then vectorizes all of it, in half the time of a loop of any length."""
+    """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the
+    float32 (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[6] to the largest float32 |d|;
+    adds to ``cnt`` the counts of the tolerance test against the band's low and high tolerances and of the ULP
+    distances 1 and 2, and raises cnt[2] to the largest distance. The sums stay in registers: numba's
+    ``fastmath`` flag ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's,
+    the same at every call on one machine), ``contract`` fuses each product into its sum. ``n`` is a constant
+    of the compiled loop: LLVM then vectorizes all of it, in half the time of a loop of any length."""
 
     @njit(cache=True, fastmath={"reassoc", "contract"})
     def lanes_of_n(va, vb, xa, xb, tol, f, cnt):

@@ -75,6 +75,9 @@ def cases() -> dict[str, Case]:
         a = (torch.rand(9001, generator=g) + 0.5).to(dt)
         step = torch.randint(0, 3, (9001,), generator=g).to(torch.int16 if dt == torch.bfloat16 else torch.int8)
         out[f"close-{_name(dt)}"] = (a, (a.view(step.dtype) + step).view(dt), 1e-5, 1e-3)
+    for dt in (torch.float16, torch.bfloat16):  # one value repeated: each float32 sum rounds the same way every step
+        a = torch.full((3 * 2048 + 700,), 1.39453125, dtype=dt)
+        out[f"repeated-{_name(dt)}"] = (a, (a.double() * 1.01).to(dt), 1e-5, 1e-3)
     a, b = pair(torch.float32, 4000, seed=4)
     b[:80] = -a[:80]
     out["p99-beyond-2**16-float32"] = (a, b, 1e-5, 1e-3)

@@ -12,14 +12,15 @@ whole small pair (:func:`compare_cpu_many`). Each block is read once, in one loo
 (:func:`_lanes_of`; a block cut short by an edge is read in pieces of :data:`PIECE`, the last with zeros
 after it):
 
-- float32 sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
-  ``reassoc``: the order is the compiled loop's, fixed on one machine), added in float64 per piece;
+- sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
+  ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
+  float64 for float16 and float32 (:func:`_acc`), added in float64 per span or piece;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
 - the ULP distances: their maximum and the counts of distances 1 and 2; where a block's maximum is above
   2, each distance's key (``common.ulp_key``) is added to the unit's histogram in a second loop.
 
-A block whose float32 sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
+A block whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. Pairs read as float64 take that path for every block. ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
@@ -66,12 +67,14 @@ from validator.numerics.compiled import first_call
 
 BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
 GROUP = 32  # blocks per prange iteration
+SPAN = 512  # elements: a whole block is read in spans of this many, each span's float32 sums added in float64
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
 PARTS = 16  # fixed slices of a refining pass, each with its own histogram
 REFINE_BINS = 1 << 12
 SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
-# BLOCK, GROUP, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md); BLOCK and PIECE fix
-# what the float32 sums run over, nothing else in a result depends on them
+# BLOCK, GROUP, SPAN, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md). BLOCK, SPAN and
+# PIECE fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
+# 64 elements each); nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
 _BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
@@ -167,14 +170,15 @@ def _dist_of(x, y):
 
 def _acc(x, v):  # pragma: no cover - numba's implementation follows
     """The value ``v`` of an element whose bits are typed as ``x``, as :func:`_lanes_of` sums it: float64 for
-    float32's (LLVM vectorizes their loop four elements a vector, so each float32 sum would run over four
-    times as many elements as a bfloat16 one's), else ``v``."""
+    float16's and float32's, whose squares have more bits than a float32 sum of 64 of them can keep exact
+    (float16: 22; a float16 tensor of one repeated value then lost 2e-6 of its norm), else ``v`` (bfloat16,
+    float8: the squares of one binade add up exactly)."""
     raise NotImplementedError
 
 
 @overload(_acc)
 def _acc_of(x, v):
-    if x == types.uint32:
+    if x in (types.uint32, types.uint16):
         return lambda x, v: np.float64(v)
     return lambda x, v: v
 
@@ -247,7 +251,7 @@ def _lanes_of(n: int) -> Callable[..., None]:
     return lanes_of_n
 
 
-_lanes = _lanes_of(BLOCK)  # a whole block
+_lanes = _lanes_of(SPAN)  # a whole block, SPAN elements at a time
 _piece = _lanes_of(PIECE)  # a piece of a block cut short by an edge
 
 
@@ -285,7 +289,8 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c, hist):
     va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
     pad = 0
     if m == BLOCK:
-        _lanes(va, vb, xa, xb, tol, f, cnt)
+        for p in range(0, BLOCK, SPAN):
+            _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
     else:
         pad = _short(va, vb, xa, xb, tol, f, cnt)
     top = f[6]

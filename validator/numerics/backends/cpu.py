@@ -8,9 +8,9 @@ exact). numba compiles the pass for a format at its first use.
 
 A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
 hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
-whole small pair (:func:`compare_cpu_many`). Each block is read once, in one loop of constant length
-(:func:`_lanes_of`; a block cut short by an edge is read in pieces of :data:`PIECE`, the last with zeros
-after it):
+whole small pair (:func:`compare_cpu_many`). Each block is read once, in spans of :data:`SPAN` elements,
+each one loop of constant length (:func:`_lanes_of`; a block cut short by an edge in pieces of :data:`PIECE`,
+the last with zeros after it):
 
 - sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
@@ -170,9 +170,9 @@ def _dist_of(x, y):
 
 def _acc(x, v):  # pragma: no cover - numba's implementation follows
     """The value ``v`` of an element whose bits are typed as ``x``, as :func:`_lanes_of` sums it: float64 for
-    float16's and float32's, whose squares have more bits than a float32 sum of 64 of them can keep exact
-    (float16: 22; a float16 tensor of one repeated value then lost 2e-6 of its norm), else ``v`` (bfloat16,
-    float8: the squares of one binade add up exactly)."""
+    float16's and float32's, whose squares have more bits than a float32 sum of many of them keeps (float16:
+    22; in float32 sums of 256, a float16 tensor of one repeated value lost 2e-6 of its norm), else ``v``
+    (bfloat16, float8: 64 squares of one binade add up exactly in float32)."""
     raise NotImplementedError
 
 

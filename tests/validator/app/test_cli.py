@@ -134,6 +134,14 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     assert r.stderr == ""  # no progress bar when not on a terminal
     r = subprocess.run([str(exe), "compare", "a", str(a), "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "pass"
+    # `python -m validator`, the same entry: a failing verdict and a usage error keep their exit codes to the end
+    save_file({"x": torch.ones(8)}, str(tmp_path / "a.safetensors"))
+    save_file({"x": torch.full((8,), 2.0)}, str(tmp_path / "b.safetensors"))
+    cmd = [sys.executable, "-m", "validator", "compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(cmd[:4], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "usage:" in r.stderr
 
 
 def test_an_empty_listing_names_the_store_it_read(tmp_path: Path, capsys) -> None:

@@ -20,7 +20,7 @@ from validator.errors import InputError, ValidatorError
 from validator.judging.text import format_rows
 from validator.settings import Settings, parse_labels
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "entry", "build_parser"]
 
 
 
@@ -564,8 +564,10 @@ def entry() -> NoReturn:
     """The ``validator`` command and ``python -m validator``: :func:`main`, then the exit. ``gc.freeze()`` keeps the
     interpreter's last garbage collections off the millions of objects torch and numba leave behind: 0.55 s of a
     3 s ``validator compare`` of two files on the 2-core box (``benchmarks/file_compare_bench.md``). The process
-    is ending: ``main`` has closed what it opened, ``atexit`` handlers and ``weakref.finalize`` still run, and an
-    object without a reference cycle is still freed as before; only a cycle of objects is left to the exit."""
+    is ending and ``main`` has closed what it opened (its ``finally``). What changes at exit: objects in a reference
+    cycle, or reachable only through one, are no longer freed or finalized (``__del__``, ``weakref.ref`` callbacks);
+    objects freed by reference counting still are, and ``atexit`` handlers, ``weakref.finalize`` among them, still
+    run. Nothing here needs the former: the store, clients and temporary directories are closed explicitly."""
     code = main()
     gc.freeze()
     sys.exit(code)

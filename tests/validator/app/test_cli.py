@@ -138,8 +138,9 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     save_file({"x": torch.ones(8)}, str(tmp_path / "a.safetensors"))
     save_file({"x": torch.full((8,), 2.0)}, str(tmp_path / "b.safetensors"))
     cmd = [sys.executable, "-m", "validator", "compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert r.returncode == 1 and "verdict: FAIL" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*cmd, "--junit", "j.xml"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout and r.stderr == "", r.stdout + r.stderr
+    assert ET.parse(tmp_path / "j.xml").getroot().get("failures") == "1"  # written whole before the exit
     r = subprocess.run(cmd[:4], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and "usage:" in r.stderr
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
+from validator.judging.frontier import Frontier, Node, divergence_frontier
 from validator.judging.policy import Decision, Floor, Policy
+from validator.judging.text import frontier_note
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
 from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical, materialize_many
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts",
-    "VERDICT_EXIT",
+    "VERDICT_EXIT", "pair_frontier",
 ]
 
 VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
@@ -110,6 +112,11 @@ class Comparison:
     policy: str = "defaults"
     sections: dict[str, Any] = field(default_factory=dict)  # e.g. "acceptance"
     headline: str = ""  # the deciding reason of the verdict, one line
+    frontier: Frontier | None = None  # where the runs first part (judging.frontier); None: of ``pairs``, when asked
+
+    def divergence(self) -> Frontier:
+        """The frontier stored with the comparison, or that of its pairs (one built by hand)."""
+        return self.frontier if self.frontier is not None else pair_frontier(self.pairs)
 
     def __bool__(self) -> bool:
         return self.verdict == "pass"
@@ -129,6 +136,7 @@ class Comparison:
             "verdict": self.verdict,
             "headline": self.headline,
             "reasons": self.reasons,
+            **self.divergence().to_dict(),
             "a": self.a,
             "b": self.b,
             "floor": list(self.floor) if self.floor else None,
@@ -352,12 +360,13 @@ def compare_runs(
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
     only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())
     pairs.sort(key=lambda p: (_STATUS_ORDER[p.status], -(p.ratio or 0.0), p.label))
+    front = pair_frontier(pairs)
     sections: dict[str, Any] = {}
     verdicts: list[str] = []
     reasons: list[str] = []
     deciding: list[tuple[str, str]] = []  # (a section's verdict, its deciding reason)
     if ga or gb:
-        v, r = _verdict(pairs, only_a, only_b, policy)
+        v, r = _verdict(pairs, only_a, only_b, policy, front)
         verdicts.append(v)
         reasons += r
         deciding.append((v, r[0] if r else v))
@@ -409,6 +418,16 @@ def compare_runs(
         floor=(floor[0].name, floor[1].name) if floor else None,
         policy=policy.source,
         sections=sections,
+        frontier=front,
+    )
+
+
+def pair_frontier(pairs: list[PairResult]) -> Frontier:
+    """The divergence frontier of a comparison's pairs (``judging.frontier``), each known by its index in ``pairs``."""
+    return divergence_frontier(
+        Node(i, p.name, p.label, p.coords, p.status, p.capture_index, p.floor_ratio,
+             tuple(p.decision.reasons) if p.decision else ())
+        for i, p in enumerate(pairs)
     )
 
 
@@ -457,8 +476,11 @@ def _pair_reason(p: PairResult) -> str:
     return f"{p.label}: {'; '.join(p.decision.reasons) if p.decision and p.decision.reasons else p.status}"
 
 
-def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy) -> tuple[str, list[str]]:
-    """The tensor verdict and its reasons, the deciding one first."""
+def _verdict(
+    pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy, front: Frontier
+) -> tuple[str, list[str]]:
+    """The tensor verdict and its reasons, the deciding one first: when pairs fail, the first divergence
+    (with what follows it), then the worst failing pairs."""
     reasons: list[str] = []
     failed = [p for p in pairs if p.status in ("fail", "error")]
     missing = []
@@ -467,9 +489,10 @@ def _verdict(pairs: list[PairResult], only_a: list[str], only_b: list[str], poli
     if only_b:
         missing.append(f"{len(only_b)} tensor(s) only in B")
     if failed:
-        more = f" (and {len(failed) - 1} more failing pair(s))" if len(failed) > 1 else ""
-        reasons.append(_pair_reason(failed[0]) + more)
-        reasons += [_pair_reason(p) for p in failed[1:20]]
+        first = pairs[front.first_divergence.index] if front.first_divergence is not None else failed[0]
+        note = f" ({frontier_note(front.to_dict())})" if len(failed) > 1 else ""
+        reasons.append(_pair_reason(first) + note)
+        reasons += [_pair_reason(p) for p in [p for p in failed if p is not first][:19]]
         if len(failed) > 20:
             reasons.append(f"... and {len(failed) - 20} more failing pairs")
     if missing and policy.missing == "fail":

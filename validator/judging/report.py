@@ -17,6 +17,8 @@ from validator.judging.text import (
     floor_cell,
     fmt_num,
     format_rows,
+    frontier_lines,
+    frontier_note,
     headline,
     judged_cell,
     limit_cell,
@@ -129,8 +131,17 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
     for name, text in (tables or {}).items():
         lines += ["", f"[{name}]", text]
     lines += ["", f"verdict: {headline(doc)}", f"  {counts_line(doc)}"]
+    lines += [f"  {f}" for f in _frontier(doc)]
     lines += [f"  - {r}" for r in [r for r in doc.get("reasons", []) if r != doc.get("headline")][:25]]
     return "\n".join(lines)
+
+
+def _frontier(doc: dict[str, Any]) -> list[str]:
+    """The frontier's lines (``text.frontier_lines``); a passing verdict's 'no pair fails' goes without saying."""
+    got = frontier_lines(doc)
+    if doc["verdict"] == "pass" and got and got[0].startswith("first divergence: none"):
+        got = got[1:]
+    return got
 
 
 def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None = None) -> str:
@@ -138,6 +149,9 @@ def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None =
     icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(doc["verdict"], "")
     out = [f"### validator: {icon} {doc['verdict'].upper()} — `{doc['b']}` vs reference `{doc['a']}`", ""]
     out += [f"**{headline(doc)}**", "", counts_line(doc), ""]
+    front = _frontier(doc)
+    if front:
+        out += [f"- **{front[0]}**" if doc.get("first_divergence") else f"- {front[0]}", *[f"- {f}" for f in front[1:]], ""]
     if doc.get("floor"):
         out.append(f"Noise floor: `{doc['floor'][0]}` vs `{doc['floor'][1]}`\n")
     out += [f"- {r}" for r in [r for r in doc.get("reasons", []) if r != doc.get("headline")][:10]]
@@ -155,15 +169,37 @@ def markdown_summary(doc: dict[str, Any], *, limit: int = 20, link: str | None =
     return "\n".join(out) + "\n"
 
 
+def _leading(doc: dict[str, Any]) -> list[int]:
+    """The pairs' indices with the frontier's first: the first divergence, the other problem nodes, the rest."""
+    first = [p["index"] for p in doc.get("problem_nodes") or []]
+    seen = set(first)
+    return first + [i for i in range(len(doc["pairs"])) if i not in seen]
+
+
 def write_junit(doc: dict[str, Any], path: str | Path) -> None:
-    """One testcase per pair, per one-sided tensor and per extra section with a verdict."""
+    """One testcase per pair, per one-sided tensor and per extra section with a verdict. The frontier leads:
+    the first divergence's testcase comes first, its failure message says so and what follows it, then the
+    other problem nodes'; the suite's properties name the first divergence and count the problem nodes."""
     suite = ET.Element("testsuite", name=f"validator compare {doc['a']} vs {doc['b']}")
+    front = doc.get("first_divergence")
+    if "first_divergence" in doc:
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="first_divergence", value=front["label"] if front else "")
+        ET.SubElement(props, "property", name="problem_nodes", value=str(len(doc.get("problem_nodes") or [])))
+        ET.SubElement(props, "property", name="downstream_pairs", value=str((doc.get("downstream") or {}).get("pairs", 0)))
+    problems = {p["index"] for p in doc.get("problem_nodes") or []}
     n_fail = 0
-    for p in doc["pairs"]:
+    for i in _leading(doc):
+        p = doc["pairs"][i]
         case = ET.SubElement(suite, "testcase", classname="validator.tensors", name=p["label"])
         if p["status"] in ("fail", "error"):
             n_fail += 1
-            ET.SubElement(case, "failure", message="; ".join(p.get("reasons", [])) or p["status"]).text = json.dumps(p)
+            message = "; ".join(p.get("reasons", [])) or p["status"]
+            if front and i == front["index"]:
+                message = f"first divergence: {front['where']}: {message} ({frontier_note(doc)})"
+            elif i in problems:
+                message = f"problem node (its upstream pairs pass): {message}"
+            ET.SubElement(case, "failure", message=message).text = json.dumps(p)
         elif p["status"] == "inconclusive":
             ET.SubElement(case, "skipped", message="inconclusive: " + "; ".join(p.get("reasons", [])))
     for side in ("a", "b"):
@@ -180,6 +216,6 @@ def write_junit(doc: dict[str, Any], path: str | Path) -> None:
             ET.SubElement(case, "failure", message="; ".join(sec.get("reasons", [])))
         elif sec["verdict"] == "inconclusive":
             ET.SubElement(case, "skipped", message="inconclusive")
-    suite.set("tests", str(len(suite)))
+    suite.set("tests", str(len(suite.findall("testcase"))))
     suite.set("failures", str(n_fail))
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -4,6 +4,7 @@ prints them, aligned tables, and a comparison document's verdict (headline, floo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -15,6 +16,10 @@ __all__ = [
     "floor_cell",
     "judged_cell",
     "limit_cell",
+    "counted",
+    "frontier_note",
+    "frontier_lines",
+    "acceptance_parting_line",
 ]
 
 
@@ -93,3 +98,92 @@ def limit_cell(p: dict[str, Any]) -> str:
     if lim is None:
         return "-"
     return f"{fmt_num(lim)}x" if p.get("judged") == "x floor" else fmt_num(lim)
+
+
+# -- the divergence frontier (judging.frontier), as the headline, the CLI, Markdown and JUnit name it ----
+
+
+def counted(items: Iterable[tuple[str, int]], limit: int = 4) -> str:
+    """'draft.mlp x 5,102, draft.logits x 4,210, and 3 more': the first ``limit`` of (what, count)."""
+    got = list(items)
+    text = ", ".join(f"{what} x {n:,}" for what, n in got[:limit])
+    return text + (f", and {len(got) - limit} more" if len(got) > limit else "")
+
+
+def _layered(name: str, layer: Any) -> str:
+    return name if layer is None else f"{name} layer {layer}"
+
+
+def _by(rows: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(what, count) summed by ``what``, the largest first (ties: first seen first)."""
+    out: dict[str, int] = {}
+    for what, n in rows:
+        out[what] = out.get(what, 0) + n
+    return sorted(out.items(), key=lambda kv: -kv[1])
+
+
+def _problem_groups(front: Mapping[str, Any]) -> list[tuple[str, int]]:
+    return _by((_layered(p["name"], (p.get("coords") or {}).get("layer")), 1) for p in front.get("problem_nodes") or [])
+
+
+def frontier_note(front: Mapping[str, Any]) -> str:
+    """What follows a failing verdict's first divergence, for its headline: 'first divergence; 24 problem
+    nodes: target.k layer 1 x 24; then 12,195 pairs downstream: draft.mlp x 5,102, ...' (``front``: a
+    comparison document, or ``Frontier.to_dict()``)."""
+    text = "first divergence"
+    problems = front.get("problem_nodes") or []
+    if len(problems) > 1:
+        text += f"; {len(problems):,} problem nodes: {counted(_problem_groups(front), 3)}"
+    down = front.get("downstream") or {}
+    n = down.get("pairs") or 0
+    if n:
+        names = _by((g["name"], g["pairs"]) for g in down.get("groups") or [])
+        text += f"; then {n:,} pair{'s' if n != 1 else ''} downstream: {counted(names)}"
+    return text
+
+
+def frontier_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The frontier of a comparison document, a line each: the first divergence, the problem nodes, what is
+    downstream (by capture point and layer) and where acceptance and greedy output first part. Empty for a
+    document without them (written before comparisons stored the frontier)."""
+    out: list[str] = []
+    first = doc.get("first_divergence")
+    if "first_divergence" in doc:
+        if first:
+            out.append(f"first divergence: {first['where']}")
+        else:
+            out.append("first divergence: none (no pair fails)")
+    problems = doc.get("problem_nodes") or []
+    if len(problems) > 1:
+        out.append(f"problem nodes (failing, every upstream pair passing): {len(problems):,}: {counted(_problem_groups(doc), 6)}")
+    down = doc.get("downstream") or {}
+    if down.get("pairs"):
+        groups = [(_layered(g["name"], g.get("layer")), g["pairs"]) for g in down.get("groups") or []]
+        out.append(f"then {down['pairs']:,} pair{'s' if down['pairs'] != 1 else ''} downstream: {counted(groups, 8)}")
+    acc = doc.get("acceptance")
+    if isinstance(acc, dict) and isinstance(acc.get("frontier"), dict):
+        out.append(acceptance_parting_line(acc["frontier"]))
+    return out
+
+
+def acceptance_parting_line(f: Mapping[str, Any]) -> str:
+    """An acceptance frontier (``judging.acceptance.first_parting``, its ``to_dict()``) in one line: 'acceptance
+    first parts at verify step 3, position 1 (request q002; 5/24 requests); greedy output at step 3, token 14
+    (request q002; 4/24 requests)'."""
+    n = f.get("requests") or 0
+    if not n:
+        return "acceptance: no paired requests"
+    fa = f.get("first_acceptance")
+    if isinstance(fa, dict):
+        pos = "a step only one run has" if fa.get("acceptance_position") is None else f"position {fa['acceptance_position']}"
+        text = (f"acceptance first parts at verify step {fa['acceptance_step']}, {pos} "
+                f"(request {fa['request_a']}; {f.get('acceptance_parted')}/{n} requests)")
+    else:
+        text = f"acceptance never parts ({n} paired requests: every verify step decided alike)"
+    fo = f.get("first_output")
+    if isinstance(fo, dict):
+        text += (f"; greedy output at step {fo['output_step']}, token {fo['output_token']} "
+                 f"(request {fo['request_a']}; {f.get('output_parted')}/{n} requests)")
+    elif f.get("output_source") is not None:
+        text += "; greedy output identical"
+    return text

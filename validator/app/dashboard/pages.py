@@ -25,6 +25,7 @@ from validator.app.dashboard.views import (
     steps,
 )
 from validator.errors import InputError, NotFoundError
+from validator.judging.text import frontier_lines
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.service import Service
 from validator.store.models import Run
@@ -153,9 +154,11 @@ _MAP_KEYS = ("name", "coords", "label", "status", *METRICS)  # what the map need
 class _Prepared:
     summary: dict[str, Any]  # the comparison record, its document without the _HEAVY sections
     doc_pairs: list[dict[str, Any]]  # the document's pairs, only what the map needs (_MAP_KEYS)
+    stored_first: dict[str, Any]  # the document's first_divergence and first_above_floor, when it holds them
     order: dict[str, int]
     rows: list[dict[str, Any]]
     first: dict[str, Any] | None
+    frontier: list[str]  # text.frontier_lines of the document, after the first divergence (which the page links)
     steps: list[dict[str, int]]
     acceptance_view: bool
     heatmaps: dict[tuple[str, int | None], dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -163,7 +166,8 @@ class _Prepared:
     def heatmap(self, metric: str, step: int | None) -> dict[str, Any]:
         key = (metric, step)
         if key not in self.heatmaps:
-            self.heatmaps[key] = heatmap({"pairs": self.doc_pairs}, metric=metric, order=self.order, step=step)
+            doc = {"pairs": self.doc_pairs, **self.stored_first}
+            self.heatmaps[key] = heatmap(doc, metric=metric, order=self.order, step=step)
         return self.heatmaps[key]
 
 
@@ -180,9 +184,11 @@ def _prepare(svc: Service, rec: dict[str, Any]) -> _Prepared:
     return _Prepared(
         summary={**rec, "result": {k: v for k, v in doc.items() if k not in _HEAVY}},
         doc_pairs=[{k: p[k] for k in _MAP_KEYS if k in p} for p in doc.get("pairs", [])],
+        stored_first={k: doc[k] for k in ("first_divergence", "first_above_floor") if k in doc},
         order=order,
         rows=pair_rows(doc),
         first=first_exceedance(doc, order),
+        frontier=[line for line in frontier_lines(doc) if not line.startswith("first divergence:")],  # the page says it
         steps=steps(doc),
         acceptance_view="acceptance" in doc or _has_gsm8k(svc, doc),
     )
@@ -217,7 +223,9 @@ def comparison_page(
     full: bool = True,
 ) -> dict[str, Any]:
     """``GET /api/v1/comparisons/{id}`` plus the heatmap (every step's worst, or one ``step``), the first
-    exceedance, the steps, every pair's row (``pairs``) and one page of the pairs table (``table``).
+    exceedance (the stored first divergence), the frontier's lines (``frontier``: first divergence, problem
+    nodes, downstream, where acceptance first parts), the steps, every pair's row (``pairs``) and one page of
+    the pairs table (``table``).
 
     ``full=False`` (the HTML page) leaves out what the page does not show: ``comparison.result`` without
     its pairs, acceptance and GSM8K sections, and no ``pairs``.
@@ -246,6 +254,7 @@ def comparison_page(
         "heatmap": got.heatmap(metric, step),
         "first": first,
         "first_pair": got.rows[first["index"]] if first else None,
+        "frontier": got.frontier,
         "table": pair_table(got.rows, query, metric=metric),
         "acceptance_view": got.acceptance_view,
     }

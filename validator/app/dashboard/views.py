@@ -3,13 +3,15 @@
 - the heatmap: one row per capture point (tensor name), one column per place in the model (layer, and
   any extra coordinates such as a PP stage); a cell holding several pairs (other steps, requests or
   token ranges) shows the worst of them, or only one step's pairs (``step``);
-- the first point, in capture order, where the drift exceeds what the policy allows (with a noise floor:
-  its multiple of the floor); when nothing fails, the first point above 1x the floor;
+- the first point, in data-flow order (``validator.judging.frontier``: step, then capture order), where the
+  drift exceeds what the policy allows: the comparison's first divergence, read from its document (computed
+  by the frontier's rules only for documents written before comparisons stored it, and for one step's
+  map); when nothing fails, the first point above 1x the floor;
 - the rows of the pairs table, and one page of them (:func:`pair_table`: filtered, sorted, failing and
   worst first by default), so that a page never carries thousands of rows.
 
-Capture order is the order in which run A's records were written (``order``: pair label -> rank); without
-it, pairs are ordered by layer, then name.
+Capture order is the order in which run A's records were written (each pair's ``capture_index``, or
+``order``: pair label -> rank, for older documents); without it, pairs are ordered by layer, then name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from validator.judging.frontier import Node, first_above_floor, first_failing, nodes_from_doc
 from validator.judging.text import judged_cell
 
 __all__ = [
@@ -112,28 +115,43 @@ def column_of(coords: Mapping[str, Any]) -> tuple[tuple[Any, ...], str]:
 
 
 def _order_key(p: Mapping[str, Any], order: Mapping[str, int] | None) -> tuple[Any, ...]:
+    """The heatmap's row order: capture order (``capture_index``, else ``order``), then step, layer, name."""
     coords = p.get("coords") or {}
     fallback = (coords.get("step") or 0, coords.get("layer") if coords.get("layer") is not None else -1, p["name"], p["label"])
-    if order is not None and p["label"] in order:
-        return (0, order[p["label"]], *fallback)
+    rank = p.get("capture_index")
+    if not isinstance(rank, int) and order is not None:
+        rank = order.get(p["label"])
+    if isinstance(rank, int):
+        return (0, rank, *fallback)
     return (1, 0, *fallback)
 
 
 def first_exceedance(doc: Mapping[str, Any], order: Mapping[str, int] | None = None) -> dict[str, Any] | None:
-    """The first pair in capture order that fails (``kind`` 'limit'); when none does, the first whose
-    rel_l2 is above its noise floor's (``kind`` 'floor'). ``index`` is the pair's index in ``doc['pairs']``."""
-    return _first(list(enumerate(doc.get("pairs", []))), order)
+    """The comparison's first divergence (``kind`` 'limit'); when no pair fails, the first pair above its
+    noise floor (``kind`` 'floor'). ``index`` is the pair's index in ``doc['pairs']``. Read from the document
+    (``first_divergence``, ``first_above_floor``); a document written before comparisons stored them gets
+    them computed by the same rules (``judging.frontier``, ``order`` standing in for capture indices)."""
+    if "first_divergence" in doc:
+        first = doc["first_divergence"]
+        if first:
+            return {"index": first["index"], "label": first["label"], "kind": "limit", "status": first["status"],
+                    "where": first.get("where"), "reasons": first.get("reasons", [])}
+        above = doc.get("first_above_floor")
+        if above:
+            return {"index": above["index"], "label": above["label"], "kind": "floor", "status": above["status"],
+                    "where": above.get("where"), "floor_ratio": _num(above.get("floor_ratio"))}
+        return None
+    return _first(nodes_from_doc(doc.get("pairs", []), order))
 
 
-def _first(pairs: list[tuple[int, Mapping[str, Any]]], order: Mapping[str, int] | None) -> dict[str, Any] | None:
-    indexed = sorted(pairs, key=lambda ip: _order_key(ip[1], order))
-    for i, p in indexed:
-        if p["status"] in _BAD:
-            return {"index": i, "label": p["label"], "kind": "limit", "status": p["status"], "reasons": p.get("reasons", [])}
-    for i, p in indexed:
-        r = _num(p.get("floor_ratio"))
-        if r is not None and r > 1:
-            return {"index": i, "label": p["label"], "kind": "floor", "status": p["status"], "floor_ratio": r}
+def _first(nodes: list[Node]) -> dict[str, Any] | None:
+    """``first_exceedance`` of these nodes, by ``judging.frontier``'s rules."""
+    n = first_failing(nodes)
+    if n is not None:
+        return {"index": n.index, "label": n.label, "kind": "limit", "status": n.status, "reasons": list(n.reasons)}
+    n = first_above_floor(nodes)
+    if n is not None:
+        return {"index": n.index, "label": n.label, "kind": "floor", "status": n.status, "floor_ratio": n.floor_ratio}
     return None
 
 
@@ -167,8 +185,9 @@ def heatmap(
 ) -> dict[str, Any]:
     """The grid: ``z`` holds log10 of the metric (None: no pair there, or no value), ``value`` the metric,
     ``pair`` the index into ``doc['pairs']`` a cell opens, ``status`` its pair's status, ``step`` its step,
-    ``count`` how many pairs the cell holds and ``fails`` how many of them fail. With ``step``, only that
-    step's pairs are drawn (and ``first`` is the first exceedance among them)."""
+    ``count`` how many pairs the cell holds and ``fails`` how many of them fail. ``first`` marks the
+    comparison's first exceedance (:func:`first_exceedance`, read from ``doc`` when it holds it); with
+    ``step``, only that step's pairs are drawn, and ``first`` is the first exceedance among them."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     pairs = [(i, p) for i, p in enumerate(doc.get("pairs", [])) if step is None or _step(p) == step]
@@ -225,7 +244,11 @@ def heatmap(
             tr.append("" if cell_pair[r][c] is None else _fmt(v))
         z.append(zr)
         text.append(tr)
-    first = _first(pairs, order)
+    if step is None:
+        first = first_exceedance(doc, order)
+    else:
+        nodes = nodes_from_doc(doc.get("pairs", []), order)
+        first = _first([nodes[i] for i, _ in pairs])
     mark = None
     if first is not None:
         p = doc["pairs"][first["index"]]

@@ -17,6 +17,7 @@ draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_v
 """
 
 from validator.judging.acceptance.comparison import acceptance_verdict, compare_acceptance
+from validator.judging.acceptance.first_parting import AcceptanceFrontier, RequestParting, acceptance_frontier
 from validator.judging.acceptance.primitives import (
     chi2_homogeneity,
     equivalence_verdict,
@@ -45,6 +46,7 @@ from validator.judging.acceptance.steps import StepArrays, summarize_run
 
 __all__ = [
     "AcceptanceComparison",
+    "AcceptanceFrontier",
     "AcceptanceSummary",
     "ComparisonSettings",
     "DivergenceSummary",
@@ -55,7 +57,9 @@ __all__ = [
     "Multiplicity",
     "PositionComparison",
     "RequestDivergence",
+    "RequestParting",
     "StepArrays",
+    "acceptance_frontier",
     "acceptance_verdict",
     "chi2_homogeneity",
     "compare_acceptance",

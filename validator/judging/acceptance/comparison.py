@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from validator.judging.acceptance.first_parting import AcceptanceFrontier, acceptance_frontier
 from validator.judging.acceptance.pairing import (
     divergence_summary,
     logprob_comparisons,
@@ -372,9 +373,11 @@ def compare_acceptance(
 
     rows_a = rows_b = np.zeros(0, dtype=np.int64)
     divergence = None
+    frontier: AcceptanceFrontier | None = None
     if mode != "none":
         rows_a, rows_b = step_pairs(sa, sb, ma, mb)
         divergence = divergence_summary(sa, sb, ma, mb, mode)
+        frontier = acceptance_frontier(sa, sb, ma, mb, mode, divergence)
         notes.append(
             f"paired by {mode}: {len(ma)} requests, {len(rows_a)} steps"
             + ("" if joint else "; the request sets differ, so the bootstrap resamples each run on its own")
@@ -421,6 +424,7 @@ def compare_acceptance(
         divergence=divergence,
         settings=settings,
         multiplicity=multiplicity,
+        frontier=frontier,
     )
 
 

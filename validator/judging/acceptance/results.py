@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from validator.judging.text import acceptance_parting_line
+
+if TYPE_CHECKING:
+    from validator.judging.acceptance.first_parting import AcceptanceFrontier
 
 Verdict = Literal["equivalent", "different", "inconclusive", "no_data"]
 Overall = Literal["pass", "fail", "inconclusive"]
@@ -295,6 +300,7 @@ class AcceptanceComparison(_Result):
     divergence: DivergenceSummary | None
     settings: ComparisonSettings
     multiplicity: Multiplicity | None = None
+    frontier: AcceptanceFrontier | None = None  # where acceptance and greedy output first part (paired runs)
 
     def __bool__(self) -> bool:
         return self.verdict == "pass"
@@ -366,6 +372,8 @@ def _format_table(c: AcceptanceComparison) -> str:
             f"{'greedy divergence':<28} {d.diverged}/{d.requests} requests diverge,"
             f" median first step {_f(d.median_first_step, 'g')} (from {d.source})"
         )
+    if c.frontier is not None:
+        lines.append(f"{'first parting':<28} " + acceptance_parting_line(c.frontier.to_dict()))
     lp = [p.logprobs for p in c.positions if p.logprobs is not None]
     if lp:
         lines.append(

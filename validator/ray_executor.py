@@ -373,29 +373,14 @@ def _measure_range(la: LogicalTensor, lb: LogicalTensor, rounding_dtype: str | N
     return [RangeResult(part, rounding, checks_a, checks_b)]
 
 
-def _refine_range(la: LogicalTensor, lb: LogicalTensor, start: int, stop: int, blob_url: str | None, lo: int, shift: int, bins: int) -> list[Any]:
-    """The body of a refining task: one range's counts of a p99 refinement (``numerics.ranges.refine_range``)."""
-    from validator.numerics.ranges import refine_range
-
-    _use_assigned_cpus()
-    try:
-        ta, _ = assemble_range(la, start, stop, blob_url)
-        tb, _ = assemble_range(lb, start, stop, blob_url)
-    except (ValidatorError, OSError) as exc:
-        return [_Failed(exc)]
-    return [refine_range(ta, tb, lo, shift, bins)]
-
-
-def merge_measured(pair: Pair, results: list[RangeResult], refine: Callable[[int, int, int], list[int]]) -> Measured:
+def merge_measured(pair: Pair, results: list[RangeResult]) -> Measured:
     """A split pair's ``Measured`` from its ranges' results in order: the bits ``compare._measure`` gives
-    for the whole pair (``numerics.ranges.merge``; ``refine``: the p99 ULP's counting passes over the whole
-    pair, the sum of :func:`_refine_range` over the ranges, called only when needed), the replica notes
-    rebuilt from the ranges' checks."""
+    for the whole pair (``numerics.ranges.merge``), the replica notes rebuilt from the ranges' checks."""
     from validator.judging.compare import Measured
     from validator.numerics.ranges import merge
 
     la, lb, _ = pair
-    m, blocks = merge([x.pair for x in results], refine)
+    m, blocks = merge([x.pair for x in results])
     rounding = merge([x.rounding for x in results])[1] if results[0].rounding is not None else None
     notes = [f"A: {n}" for n in replica_notes(la, [x.checks_a for x in results])]
     notes += [f"B: {n}" for n in replica_notes(lb, [x.checks_b for x in results])]
@@ -686,10 +671,6 @@ class RayExecutor:
         slots = max(1, int(cpus / self.cpus_per_task))
         batch_bytes = max(1, min(self.batch_bytes, total // (4 * slots)))
         jobs = self._plan(pairs, batch_bytes)
-        spans_of: dict[int, list[tuple[int, int]]] = {}  # a split pair's ranges, in order
-        for job in jobs:
-            if job.span is not None:
-                spans_of.setdefault(job.pairs[0], []).append(job.span)
         worst = max(range(len(jobs)), key=lambda j: jobs[j].memory)
         if node_mem and jobs[worst].memory > node_mem:
             la = pairs[jobs[worst].pairs[0]][0]
@@ -698,7 +679,7 @@ class RayExecutor:
                 f"offers ({node_mem / 2**30:.1f} GiB of its memory resource)"
             )
         remote = ray.remote(max_calls=1) if self.fresh_workers else ray.remote
-        batch_task, range_task, refine_task = remote(_measure_batch), remote(_measure_range), remote(_refine_range)
+        batch_task, range_task = remote(_measure_batch), remote(_measure_range)
         measure_ref = ray.put(measure)
         window = self.in_flight or max(2, int(2 * cpus / self.cpus_per_task))
         pending: dict[Any, int] = {}
@@ -741,7 +722,7 @@ class RayExecutor:
                 got.append(results[0])
                 if job.last:
                     del ranges[job.pairs[0]]
-                    yield self._merge(ray, refine_task, options, pairs[job.pairs[0]], spans_of[job.pairs[0]], got)
+                    yield merge_measured(pairs[job.pairs[0]], got)
         except rex.RayTaskError as exc:  # an error in our code on a worker: not a fault Ray retries
             raise ValidatorError(f"a comparison task failed on the Ray cluster: {exc.cause!r}") from None
         except (rex.RayError, ConnectionError) as exc:  # worker or node gone past its retries, object lost, GCS gone
@@ -762,14 +743,6 @@ class RayExecutor:
                 f"the Ray cluster was lost during the comparison: its head at {_GCS} no longer answers; nothing was stored"
             )
 
-    def _gather(self, ray: Any, refs: list[Any]) -> list[Any]:
-        """The results of ``refs`` in their order, watching the head as the main loop does."""
-        got: dict[Any, Any] = {}
-        watch = _Watch()
-        while len(got) < len(refs):
-            got.update(self._wait(ray, [r for r in refs if r not in got], watch))
-        return [got[r] for r in refs]
-
     def _wait(self, ray: Any, refs: list[Any], watch: _Watch) -> list[tuple[Any, Any]]:
         """Up to a second's wait for any of ``refs``: the results that came, as (ref, value). Without one, the
         head is checked every HEAD_CHECK_S and the workers after LOST_AFTER_S without a result."""
@@ -786,25 +759,6 @@ class RayExecutor:
             self._check_alive(ray)
             watch.last_progress = time.monotonic()
         return got
-
-    def _merge(
-        self, ray: Any, refine_task: Any, options: Callable[[str, int], dict[str, Any]], pair: Pair,
-        spans: list[tuple[int, int]], results: list[RangeResult],
-    ) -> Measured:  # fmt: skip
-        """:func:`merge_measured` of a split pair, its p99 refined by rounds of tasks over the ranges."""
-        la, lb, _ = pair
-
-        def refine(lo: int, shift: int, bins: int) -> list[int]:
-            refs = [
-                refine_task.options(**options(f"validator.measure[refine {k}]", range_memory(la, lb, False, s0, s1))).remote(
-                    la, lb, s0, s1, self.blob_url, lo, shift, bins
-                )
-                for k, (s0, s1) in enumerate(spans)
-            ]
-            self.tasks_submitted += len(refs)
-            return [sum(c) for c in zip(*(_checked(got)[0] for got in self._gather(ray, refs)))]
-
-        return merge_measured(pair, results, refine)
 
     def _check_alive(self, ray: Any) -> None:
         try:

@@ -3,8 +3,8 @@
 ``a`` is always the reference run and ``b`` the candidate. :func:`compare_tensors` checks its
 inputs, has :mod:`validator.numerics.backends` read the pair once (a fused Triton pass on a GPU, a fused
 numba pass on the CPU, the float64 reference elsewhere) and turns the totals into a :class:`TensorMetrics` with the
-formulas of :func:`metrics_from_totals`, the same for every backend. ``docs/metrics.md`` defines
-every field.
+formulas of :func:`metrics_from_totals`, the same for every backend. The exact p99 ULP distance is opt-in
+(``p99=True``): it reads the pair again, and no verdict reads it. ``docs/metrics.md`` defines every field.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from validator.errors import InputError
 from validator.numerics.backends import Totals, compare, compare_many
+from validator.numerics.backends.common import p99_ulp, ulp_spec
+from validator.numerics.backends.reference import chunk_pairs
 
 __all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "measure", "measure_many", "metrics_from_totals"]
 
@@ -49,7 +51,7 @@ class TensorMetrics:
     nonfinite_b: int
     nonfinite_mismatch: int
     max_ulp: int | None
-    p99_ulp: int | None
+    p99_ulp: int | None = None  # asked for with p99=True (a second read of the pair)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: non-finite floats become the strings "inf", "-inf" and "nan"."""
@@ -86,15 +88,17 @@ def compare_tensors(
     atol: float = 1e-5,
     rtol: float = 1e-3,
     chunk_elems: int = 1 << 22,
+    p99: bool = False,
 ) -> TensorMetrics:
     """Compare candidate ``b`` against reference ``a`` (same shape, any real dtypes).
 
     ``chunk_elems`` bounds the elements the float64 reference and non-contiguous inputs process at
-    once; results do not depend on it beyond float64 summation order.
+    once; results do not depend on it beyond float64 summation order. ``p99``: also the exact p99 ULP
+    distance (``p99_ulp``; a second read of the pair, the float32 pairs' a third).
     Raises :class:`MetricInputError` for non-tensors, complex/quantized/sparse/meta tensors,
     shape mismatch, negative or non-finite tolerances and ``chunk_elems < 1``.
     """
-    return measure(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems)[0]
+    return measure(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99)[0]
 
 
 def measure(
@@ -105,13 +109,19 @@ def measure(
     rtol: float = 1e-3,
     chunk_elems: int = 1 << 22,
     edges: Sequence[int] = (),
+    p99: bool = False,
 ) -> tuple[TensorMetrics, Totals]:
     """:func:`compare_tensors` and the totals of its pass, with d² and a² summed per block of ``edges``
     (element offsets in row-major order, 0 first and ``numel`` last; one block by default)."""
     _check_inputs(a, b, atol, rtol, chunk_elems)
     edges = _checked_edges(tuple(edges), a.numel())
-    totals = compare(_values(a), _values(b), atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
-    return metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol), totals
+    a, b = _values(a), _values(b)
+    totals = compare(a, b, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
+    metrics = metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol)
+    spec = ulp_spec(a.dtype, b.dtype)
+    if p99 and spec is not None:
+        metrics = replace(metrics, p99_ulp=p99_ulp(lambda: chunk_pairs(a, b, chunk_elems), spec))
+    return metrics, totals
 
 
 def measure_many(
@@ -200,7 +210,6 @@ def metrics_from_totals(
     else:
         sqnr_db = -20.0 * math.log10(rel_l2)
     denom = sum_a2 + sum_b2
-    ulp = totals.ulp
     return TensorMetrics(
         numel=numel,
         dtype_a=_dtype_name(dtype_a),
@@ -219,8 +228,7 @@ def metrics_from_totals(
         nonfinite_a=nonfinite_a,
         nonfinite_b=nonfinite_b,
         nonfinite_mismatch=mismatch,
-        max_ulp=None if ulp is None else ulp[0],
-        p99_ulp=None if ulp is None else ulp[1],
+        max_ulp=totals.max_ulp,
     )
 
 

@@ -10,10 +10,8 @@ per at most :data:`ROW` elements, rows laid from each row-block edge, and adds t
 one chain (``cpu.merge_rows`` runs the same code). A range that starts where one of the whole pair's rows starts (:func:`is_cut`) has exactly those
 rows; :func:`measure_range` returns them, not their sum, and :func:`merge` runs the chain over all the
 ranges' rows as the whole pass does (and rebuilds the block sums from them, so a cut may fall inside a row
-block). Counts and the ULP key histogram are integers (they add), the largest |d| and ULP distance are
-exact per range (the largest is the pair's). The exact p99 ULP needs, when its key bin holds more than one
-distance, passes counting distances inside the bin over the whole pair: :func:`merge` takes them as
-``refine`` (``common.Refine``), the sum of :func:`refine_range` over the ranges.
+block). Counts are integers (they add), the largest |d| and ULP distance are exact per range (the
+largest is the pair's).
 
 Only pairs the CPU engine measures are cut (float dtypes on the CPU); the whole pair must be contiguous in
 the single-process comparison (assembled tensors are), as a non-contiguous pair is added in chunks.
@@ -32,14 +30,14 @@ import numpy as np
 import torch
 
 from validator.numerics.backends import backend_for
-from validator.numerics.backends.common import FLOAT_DTYPES, Refine, Totals
+from validator.numerics.backends.common import FLOAT_DTYPES, Totals
 from validator.numerics.backends.cpu import BLOCK as ROW
-from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, refine_cpu, row_plan, totals
+from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, row_plan, totals
 from validator.numerics.floors import BlockSums, _edges, _rows, nonfinite_counts
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 
 __all__ = [
-    "ROW", "RangePartials", "is_cut", "measure_range", "merge", "merge_totals", "rangeable", "refine_range", "rounding_range",
+    "ROW", "RangePartials", "is_cut", "measure_range", "merge", "merge_totals", "rangeable", "rounding_range",
 ]
 
 ATOL, RTOL = 1e-5, 1e-3  # the tolerances floors.measure_blocks measures with (metrics.measure's defaults)
@@ -49,8 +47,8 @@ ATOL, RTOL = 1e-5, 1e-3  # the tolerances floors.measure_blocks measures with (m
 class RangePartials:
     """Elements ``start .. stop`` of a pair of ``shape`` measured, nothing added across rows yet: ``rows``
     (float64 ``[rows, 5]``: a², b², d², |d|, a·d), ``counts`` (finite in both, passed, non-finite in a, in b,
-    mismatched), the exact largest |d|, the largest ULP distance, the ULP key histogram (None: no ULP
-    metrics for these dtypes), and NaN in a, in b, and positions with the same infinity on both sides.
+    mismatched), the exact largest |d|, the largest ULP distance (None: no ULP metrics for these dtypes),
+    and NaN in a, in b, and positions with the same infinity on both sides.
     About 40 bytes per ROW elements."""
 
     shape: tuple[int, ...]
@@ -61,8 +59,7 @@ class RangePartials:
     rows: np.ndarray
     counts: tuple[int, int, int, int, int]
     max_abs: float
-    max_ulp: int
-    keys: np.ndarray | None
+    max_ulp: int | None
     nan_a: int = 0
     nan_b: int = 0
     inf_matched: int = 0
@@ -100,10 +97,10 @@ def measure_range(a: torch.Tensor, b: torch.Tensor, shape: Sequence[int], start:
         raise MetricInputError(f"elements {start}..{stop} of a tensor of shape {list(shape)} are not a range of whole rows")
     with torch.no_grad():
         a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-        rows, counts, max_abs, max_ulp, keys = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
+        rows, counts, max_abs, max_ulp = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
         nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if counts[2] or counts[3] else (0, 0, 0)
     return RangePartials(
-        shape, start, stop, a.dtype, b.dtype, rows, tuple(int(c) for c in counts), max_abs, max_ulp, keys,  # type: ignore[arg-type]
+        shape, start, stop, a.dtype, b.dtype, rows, tuple(int(c) for c in counts), max_abs, max_ulp,  # type: ignore[arg-type]
         nan_a, nan_b, inf_matched,
     )  # fmt: skip
 
@@ -112,12 +109,6 @@ def rounding_range(a: torch.Tensor, dtype: str, shape: Sequence[int], start: int
     """The range of the reference's rounding floor (``floors.rounding_sums``): ``a`` against ``a`` rounded to ``dtype``."""
     with torch.no_grad():
         return measure_range(a, a.detach().to(getattr(torch, dtype)), shape, start)
-
-
-def refine_range(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int) -> list[int]:
-    """One range's share of a ``refine`` call (``common.Refine``): the counts over ``a`` and ``b`` only.
-    The pair's counts are the sum over its ranges."""
-    return refine_cpu(a.detach().reshape(-1), b.detach().reshape(-1), lo, shift, bins)
 
 
 def _check_cover(parts: Sequence[RangePartials]) -> tuple[tuple[int, ...], int]:
@@ -135,29 +126,22 @@ def _check_cover(parts: Sequence[RangePartials]) -> tuple[tuple[int, ...], int]:
     return shape, numel
 
 
-def merge_totals(parts: Sequence[RangePartials], refine: Refine | None = None) -> Totals:
+def merge_totals(parts: Sequence[RangePartials]) -> Totals:
     """The ``Totals`` of the whole pair (``backends.compare`` with the pair's row-block edges) from all its
-    ranges, in order. ``refine``: counts over the whole pair (the sum of :func:`refine_range` over the
-    ranges), called only when the p99 ULP's bin holds more than one distance; without it, that case
-    raises ``ValueError``."""
+    ranges, in order."""
     shape, numel = _check_cover(parts)
     edges = _edges(shape)
     _, owner = row_plan(edges, numel)
     sums, blocks = merge_rows(np.concatenate([p.rows for p in parts]), owner, len(edges) - 1)
     counts = np.array([p.counts for p in parts], np.int64).sum(0)
-    keys = None if parts[0].keys is None else np.array([p.keys for p in parts], np.int64).sum(0).tolist()
-
-    def no_refine(lo: int, shift: int, bins: int) -> list[int]:
-        raise ValueError("the p99 ULP needs counting passes over the pair: give merge a refine")
-
-    max_abs, max_ulp = max(p.max_abs for p in parts), max(p.max_ulp for p in parts)
-    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, keys, refine or no_refine, *blocks.tolist())
+    max_abs = max(p.max_abs for p in parts)
+    max_ulp = None if parts[0].max_ulp is None else max(p.max_ulp or 0 for p in parts)
+    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, *blocks.tolist())
 
 
-def merge(parts: Sequence[RangePartials], refine: Refine | None = None) -> tuple[TensorMetrics, BlockSums]:
-    """``floors.measure_blocks`` of the whole pair, bit for bit, from all its ranges in order (``refine``:
-    see :func:`merge_totals`)."""
-    totals = merge_totals(parts, refine)
+def merge(parts: Sequence[RangePartials]) -> tuple[TensorMetrics, BlockSums]:
+    """``floors.measure_blocks`` of the whole pair, bit for bit, from all its ranges in order."""
+    totals = merge_totals(parts)
     shape = parts[0].shape
     m = metrics_from_totals(totals, parts[0].dtype_a, parts[0].dtype_b, ATOL, RTOL)
     nan_a, nan_b, inf_matched = (sum(getattr(p, k) for p in parts) for k in ("nan_a", "nan_b", "inf_matched"))

@@ -19,8 +19,8 @@ FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "fl
 
 
 def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
-    """Calls every CPU kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass and its
-    refining pass on the calling thread (a small pair) and on numba's threads (a pair above
+    """Calls every CPU kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
+    calling thread (a small pair) and on numba's threads (a pair above
     ``cpu.SMALL``), the batched pass, and the bootstrap's resampling with and without a floor. ``report``
     gets a line per format. Returns the seconds it took."""
     import torch
@@ -34,7 +34,7 @@ def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
         dtype = getattr(torch, name)
         for n in (4096, SMALL + 4096):
             a = torch.linspace(-3.0, 3.0, n).reshape(-1, 64)
-            b = a * 4  # two binades apart: a p99 ULP distance whose key bin holds several distances
+            b = a * 4  # two binades apart: wide ULP distances
             a[0, 0] = float("nan")  # a block with NaN: the float64 path
             _, sums = measure_blocks(a.to(dtype), b.to(dtype))
         small = [(a[:4].to(dtype), b[:4].to(dtype)), (a[4:8].to(dtype), b[4:8].to(dtype))]

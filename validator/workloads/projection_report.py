@@ -187,10 +187,10 @@ def build_report(run: ProbeRun, *, atol: float | None = None, rtol: float | None
         rc, rr = run.paths[cand], run.paths[ref]
         for pt in points:
             a, b = _tensor_at(rr, pt), _tensor_at(rc, pt)
-            m = compare_tensors(a, b, atol=atol, rtol=rtol)
+            m = compare_tensors(a, b, atol=atol, rtol=rtol, p99=True)
             ulp = None
             if a.dtype != b.dtype and _ulp_spec_ok(b.dtype):
-                mu = compare_tensors(a.to(b.dtype), b, atol=atol, rtol=rtol)
+                mu = compare_tensors(a.to(b.dtype), b, atol=atol, rtol=rtol, p99=True)
                 ulp = (mu.max_ulp, mu.p99_ulp)
             ratio = None
             if ref == "ref":

@@ -1,23 +1,21 @@
 """validator.numerics.ranges: a pair measured in ranges and merged gives the bits of the whole pair measured at
-once (``floors.measure_blocks``, what a comparison runs): metrics, block sums, NaN counts, the exact p99 ULP
-(refined over the ranges), and the rounding floor."""
+once (``floors.measure_blocks``, what a comparison runs): metrics, block sums, NaN counts, the largest ULP
+distance, and the rounding floor."""
 
 from __future__ import annotations
 
 import math
 import random
 
-import numpy as np
 import pytest
 import torch
 
 from tests.validator.numerics.test_backends import DTYPES, pair, with_nonfinite
 from tests.validator.numerics.test_batched import bits
-from validator.numerics.backends.common import Refine
 from validator.numerics.backends.cpu import row_plan
 from validator.numerics.floors import block_edges, measure_blocks, rounding_sums
 from validator.numerics.metrics import MetricInputError
-from validator.numerics.ranges import ROW, RangePartials, is_cut, measure_range, merge, refine_range, rounding_range
+from validator.numerics.ranges import ROW, RangePartials, is_cut, measure_range, merge, rounding_range
 
 
 def cuts_of(shape: tuple[int, ...]) -> list[int]:
@@ -44,28 +42,15 @@ def ranges_of(shape: tuple[int, ...], how: str, seed: int = 0) -> list[tuple[int
     return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
-def in_ranges(a: torch.Tensor, b: torch.Tensor, spans: list[tuple[int, int]]) -> tuple[list[RangePartials], Refine]:
-    """Each range measured from its own copy of its elements (as a task reads them), and a refine that
-    adds the ranges' counts."""
+def in_ranges(a: torch.Tensor, b: torch.Tensor, spans: list[tuple[int, int]]) -> list[RangePartials]:
+    """Each range measured from its own copy of its elements (as a task reads them)."""
     shape = tuple(a.shape)
     fa, fb = a.reshape(-1), b.reshape(-1)
-    pieces = [(fa[lo:hi].clone(), fb[lo:hi].clone()) for lo, hi in spans]
-    parts = [measure_range(ca, cb, shape, lo) for (ca, cb), (lo, _) in zip(pieces, spans)]
-    calls: list[int] = []
-
-    def refine(lo: int, shift: int, bins: int) -> list[int]:
-        calls.append(lo)
-        total = np.zeros(bins, np.int64)
-        for ca, cb in pieces:
-            total += np.array(refine_range(ca, cb, lo, shift, bins), np.int64)
-        return total.tolist()
-
-    refine.calls = calls  # type: ignore[attr-defined]
-    return parts, refine
+    return [measure_range(fa[lo:hi].clone(), fb[lo:hi].clone(), shape, lo) for lo, hi in spans]
 
 
 def spread(dt: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sign flips and scalings: the p99's key bin holds many distances, so it is refined."""
+    """Sign flips and scalings: wide ULP distances, exponents far apart."""
     a, b = pair(dt, n, seed=3, noise=0.05)
     b[: n // 50] = (-a[: n // 50].double()).to(dt)
     b[n // 50 : n // 25] = (a[n // 50 : n // 25].double() * 37).to(dt)
@@ -102,18 +87,7 @@ CASES = cases()
 def test_ranges_merge_to_the_whole_pairs_bits(name: str, how: str) -> None:
     a, b = CASES[name]
     whole = measure_blocks(a, b)
-    parts, refine = in_ranges(a, b, ranges_of(tuple(a.shape), how, seed=len(name)))
-    assert bits(merge(parts, refine)) == bits(whole)
-
-
-def test_p99_is_refined_over_the_ranges() -> None:
-    a, b = CASES["spread-float32-256x513"]
-    whole = measure_blocks(a, b)
-    parts, refine = in_ranges(a, b, ranges_of(tuple(a.shape), "random", seed=3))
-    assert bits(merge(parts, refine)) == bits(whole)
-    assert refine.calls  # type: ignore[attr-defined]  # the bin needed counting passes
-    with pytest.raises(ValueError, match="give merge a refine"):
-        merge(parts)
+    assert bits(merge(in_ranges(a, b, ranges_of(tuple(a.shape), how, seed=len(name))))) == bits(whole)
 
 
 @pytest.mark.parametrize("name", ["f64-vs-bf16-128x640", "nonfinite-float32-300x77", "plain-float32-20000"])
@@ -139,9 +113,9 @@ def test_many_rows_in_one_chain() -> None:
     edges = block_edges(shape)
     spans = [(lo, hi) for lo, hi in zip(edges, edges[1:])]
     spans = [(lo, lo + 3 * ROW) for lo, _ in spans[:1]] + [(3 * ROW, edges[1])] + spans[1:]
-    parts, refine = in_ranges(a, b, spans)
+    parts = in_ranges(a, b, spans)
     assert sum(len(p.rows) for p in parts) == math.prod(shape) // ROW
-    assert bits(merge(parts, refine)) == bits(whole)
+    assert bits(merge(parts)) == bits(whole)
 
 
 def test_cuts_are_checked() -> None:
@@ -155,7 +129,7 @@ def test_cuts_are_checked() -> None:
         measure_range(a.reshape(-1)[1:100], b.reshape(-1)[1:100], shape, 1)
     with pytest.raises(MetricInputError, match="not measured in ranges"):
         measure_range(torch.arange(10), torch.arange(10), (10,), 0)
-    parts, _ = in_ranges(a, b, ranges_of(shape, "edges"))
+    parts = in_ranges(a, b, ranges_of(shape, "edges"))
     with pytest.raises(ValueError, match="do not follow each other"):
         merge(parts[1:])
     with pytest.raises(ValueError, match="end at element"):

@@ -41,8 +41,6 @@ for name in FORMATS:
         measure_blocks(x, y.to(torch.float32) if dtype != torch.float32 else y.to(torch.bfloat16))  # two formats
         k = next(k for k in range(1, x.numel() + 1) if ranges.is_cut(x.shape, k))  # the first range (Ray's)
         ranges.measure_range(x.reshape(-1)[:k], y.reshape(-1)[:k], x.shape, 0)
-        if name != "float64":  # no ULP metrics, nothing to refine
-            ranges.refine_range(x.reshape(-1)[:k], y.reshape(-1)[:k], 0, 0, 16)
         bootstrap_intervals([(sums, None), (sums, sums), (sums, BlockSums(sums.d2[:3], sums.a2[:3], 3, 0, 0, 0)),
                              (sums, BlockSums(sums.d2[:0], sums.a2[:0], 0, 0, 0, 0))])
     rounding_sums(a, name) if name != "float64" else None

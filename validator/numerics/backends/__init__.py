@@ -9,7 +9,7 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 - ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
   pairs several per pass (:func:`compare_many`), with the same bits.
 
-Counts, ``max_abs`` and the ULP metrics are exact on every backend; the sums agree with the float64
+Counts, ``max_abs`` and the largest ULP distance are exact on every backend; the sums agree with the float64
 reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns
 bit-identical results for the same inputs, whatever ran before and however many threads it has.
 """
@@ -58,18 +58,16 @@ def compare(
     atol: float,
     rtol: float,
     chunk_elems: int,
-    p99: bool = True,
     edges: Sequence[int] = (),
 ) -> Totals:
-    """The totals of ``a`` (reference) against ``b`` (inputs already checked). ``p99=False`` leaves out
-    the exact p99 ULP (``Totals.ulp`` then holds ``(max_ulp, None)``) where that saves time (GPU).
+    """The totals of ``a`` (reference) against ``b`` (inputs already checked), in one read of the pair.
     ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
     a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""
     backend = backend_for(a, b)
     if backend == "cuda":
         cuda = _cuda()
         assert cuda is not None
-        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, p99=p99, edges=edges)
+        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
         return got
     if backend == "cpu":
         from validator.numerics.backends.cpu import compare_cpu

@@ -1,20 +1,20 @@
-"""What every backend shares: the totals a pass produces, the ULP distance and the exact p99.
+"""What every backend shares: the totals a pass produces, the ULP distance, and the exact p99 on request.
 
 A backend reads both tensors once and returns :class:`Totals`: five float64 sums, ``max_abs``, five
-counts and the ULP results. ``validator.numerics.metrics`` turns them into a ``TensorMetrics`` with the formulas
-of ``docs/metrics.md``, the same code for every backend.
+counts and the largest ULP distance. ``validator.numerics.metrics`` turns them into a ``TensorMetrics``
+with the formulas of ``docs/metrics.md``, the same code for every backend.
 
-The p99 of the ULP distances is exact. A pass bins each distance ``d`` by ``ulp_key(d)``: the exponent
-of ``d + 1`` and its :data:`KEY_BITS` leading fraction bits (distances up to ``2**(KEY_BITS + 1) - 2``
-get a bin each, larger ones share a bin with their neighbours). :func:`p99_from_keys` finds the bin
-that holds the nearest rank; if that bin holds more than one distance, further passes count the
-distances inside it (``refine``) until one value is left.
+The p99 of the ULP distances is not part of a pass: no verdict reads it, and an exact percentile needs a
+second read of the pair wherever the distances spread. :func:`p99_ulp` computes it when asked for (plain
+torch on the pair's device): a histogram of every distance, exact for the 8- and 16-bit formats in one
+read; for float32, whose distances reach 2**32, a histogram of the high 16 bits and then one of the low
+16 bits inside the bin that holds the rank.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,22 +36,20 @@ TINY = 2.0**-146
 SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100
 # significand bits (with the implicit one) of the 8- and 16-bit float dtypes: see exact_ulp
 SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
-KEY_BITS = 2  # fraction bits of d + 1 kept in a bin's key
-NUM_KEYS = 32 << KEY_BITS  # keys of every distance below 2**32 (float32's largest is 2**32 - 2)
 
 
 @dataclass(frozen=True)
 class Totals:
     """One pass over a pair. ``sums``: a², b², d², |d|, a·d over the positions finite in both
     (d = b - a); ``counts``: finite in both, passed, non-finite in a, in b, mismatched;
-    ``ulp``: (max, p99) of the ULP distances (p99 ``None`` if not asked for), ``None`` without ULP metrics;
+    ``max_ulp``: the largest ULP distance over those positions, ``None`` without ULP metrics;
     ``block_d2``, ``block_a2``: d² and a² summed over each block of the ``edges`` the pass was given."""
 
     numel: int
     sums: tuple[float, float, float, float, float]
     max_abs: float
     counts: tuple[int, int, int, int, int]
-    ulp: tuple[int, int | None] | None
+    max_ulp: int | None
     block_d2: tuple[float, ...] = ()
     block_a2: tuple[float, ...] = ()
 
@@ -94,52 +92,43 @@ def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, in
     return (ordinal(ca).to(wide) - ordinal(cb)).abs_()
 
 
-def ulp_key(dist: torch.Tensor) -> torch.Tensor:
-    """The bin of each distance: exponent and KEY_BITS leading fraction bits of ``dist + 1``, read
-    from its float32 (int32 distances, below 2**17) or float64 (int64) bits, both exact."""
-    if dist.dtype == torch.int32:
-        bits = (dist + 1).to(torch.float32).view(torch.int32)
-        return (bits >> (23 - KEY_BITS)) - (127 << KEY_BITS)
-    bits = (dist + 1).to(torch.float64).view(torch.int64)
-    return (bits >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
-
-
-def key_range(key: int) -> tuple[int, int]:
-    """(lo, width): the distances ``lo <= d < lo + width`` that share bin ``key``."""
-    exp, frac = key >> KEY_BITS, key & ((1 << KEY_BITS) - 1)
-    if exp <= KEY_BITS:  # every d + 1 below 2**(KEY_BITS + 1) has a bin of its own
-        return (1 << exp) + (frac >> (KEY_BITS - exp)) - 1, 1
-    return (1 << exp) + (frac << (exp - KEY_BITS)) - 1, 1 << (exp - KEY_BITS)
-
-
 def nearest_rank(n: int) -> int:
     """1-based rank of the 99th percentile: ceil(0.99 n), in exact integer arithmetic."""
     return (99 * n + 99) // 100
 
 
-def _first_reaching(hist: list[int], rank: int) -> tuple[int, int]:
-    """(bin, count before it) of the first bin whose cumulative count reaches ``rank``."""
-    before = 0
-    for i, c in enumerate(hist):
-        if before + c >= rank:
-            return i, before
-        before += c
-    raise AssertionError("rank beyond the histogram")
+def _at_rank(hist: torch.Tensor, rank: int) -> tuple[int, int]:
+    """(bin, count before it) of the first bin whose cumulative count reaches ``rank`` (1-based)."""
+    cum = hist.cumsum(0)
+    i = int(torch.searchsorted(cum, torch.tensor([rank], dtype=cum.dtype, device=cum.device))[0])
+    return i, int(cum[i - 1]) if i else 0
 
 
-# refine(lo, shift, bins) -> counts of (d - lo) >> shift for the distances lo <= d < lo + (bins << shift)
-Refine = Callable[[int, int, int], list[int]]
+def p99_ulp(pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]], spec: tuple[torch.dtype, int]) -> int:
+    """Exact nearest-rank p99 of the ULP distances over the positions finite in both, of the pair that
+    ``pieces()`` yields (matching flat pieces, read once for 8- and 16-bit formats, twice for float32); 0
+    where no position is finite in both."""
 
+    def distances() -> Iterator[torch.Tensor]:
+        for ca, cb in pieces():
+            both = torch.isfinite(ca.to(torch.float32)) & torch.isfinite(cb.to(torch.float32))
+            yield ulp_distance(ca, cb, spec)[both]
 
-def p99_from_keys(hist: list[int], n: int, refine: Refine, max_bins: int) -> int:
-    """Exact nearest-rank p99 of ``n`` distances from their key histogram, refining as needed."""
+    wide = spec[0] == torch.int32  # float32: distances up to 2**32 - 2, in two rounds of 16 bits
+    hist: torch.Tensor | None = None
+    for dist in distances():
+        got = torch.bincount(dist >> 16 if wide else dist, minlength=1 << 16)
+        hist = got if hist is None else hist + got
+    n = 0 if hist is None else int(hist.sum())
     if n == 0:
         return 0
-    key, before = _first_reaching(hist, nearest_rank(n))
-    lo, width = key_range(key)
-    rank = nearest_rank(n) - before
-    while width > 1:  # widths and max_bins are powers of two
-        shift = max(0, width.bit_length() - max_bins.bit_length())
-        j, below = _first_reaching(refine(lo, shift, width >> shift), rank)
-        lo, width, rank = lo + (j << shift), 1 << shift, rank - below
-    return lo
+    assert hist is not None
+    top, before = _at_rank(hist, nearest_rank(n))
+    if not wide:
+        return top
+    low: torch.Tensor | None = None
+    for dist in distances():
+        got = torch.bincount(dist[(dist >> 16) == top] & 0xFFFF, minlength=1 << 16)
+        low = got if low is None else low + got
+    assert low is not None
+    return (top << 16) + _at_rank(low, nearest_rank(n) - before)[0]

@@ -17,16 +17,14 @@ the last with zeros after it):
   float64 for float16 and float32 (:func:`_acc`), added in float64 per span or piece;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
-- the ULP distances: their maximum and the counts of distances 1 and 2; where a block's maximum is above
-  2, each distance's key (``common.ulp_key``) is added to the unit's histogram in a second loop.
+- the largest ULP distance.
 
 A block whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. Pairs read as float64 take that path for every block. ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
 each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
-float32 differences exact (``common.exact_ulp``). The p99 bin is refined by further
-passes. A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
+float32 differences exact (``common.exact_ulp``). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
 Each block writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
@@ -48,20 +46,7 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-from validator.numerics.backends.common import (
-    EPS,
-    KEY_BITS,
-    NUM_KEYS,
-    SAFE_HI,
-    SAFE_LO,
-    TINY,
-    Refine,
-    Totals,
-    exact_ulp,
-    p99_from_keys,
-    pieces_of,
-    ulp_spec,
-)
+from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, pieces_of, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.compiled import first_call
 
@@ -69,8 +54,6 @@ BLOCK = 2048  # elements per block: its float32 sums and counts are one row of p
 GROUP = 32  # blocks per prange iteration
 SPAN = 512  # elements: a whole block is read in spans of this many, each span's float32 sums added in float64
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
-PARTS = 16  # fixed slices of a refining pass, each with its own histogram
-REFINE_BINS = 1 << 12
 SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
 # BLOCK, GROUP, SPAN, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md). BLOCK, SPAN and
 # PIECE fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
@@ -78,9 +61,6 @@ SMALL = 1 << 18  # elements: passes over at most this many run on the calling th
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
 _BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
-# the exponent field of each format with ULP metrics: all ones is NaN or Inf (float8_e4m3fn: NaN, S.1111.111)
-_EXPONENT = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
-_EXPONENT |= {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7C}
 _LOCK = threading.Lock()
 # numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
 # is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
@@ -203,18 +183,11 @@ def _values_of(x, table, out):
     return lambda x, table, out: x
 
 
-@njit(cache=True)
-def _key(d):
-    """common.ulp_key: exponent and KEY_BITS leading fraction bits of d + 1 (d < 2**32), read from its
-    float64 bits (exact)."""
-    return (np.float64(d + 1).view(np.int64) >> (52 - KEY_BITS)) - (1023 << KEY_BITS)
-
-
 def _lanes_of(n: int) -> Callable[..., None]:
     """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the
     float32 (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[6] to the largest float32 |d|;
-    adds to ``cnt`` the counts of the tolerance test against the band's low and high tolerances and of the ULP
-    distances 1 and 2, and raises cnt[2] to the largest distance. The sums stay in registers: numba's
+    adds to ``cnt`` the counts of the tolerance test against the band's low and high tolerances, and raises
+    cnt[2] to the largest ULP distance. The sums stay in registers: numba's
     ``fastmath`` flag ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's,
     the same at every call on one machine), ``contract`` fuses each product into its sum. ``n`` is a constant
     of the compiled loop: LLVM then vectorizes all of it, in half the time of a loop of any length."""
@@ -223,7 +196,7 @@ def _lanes_of(n: int) -> Callable[..., None]:
     def lanes_of_n(va, vb, xa, xb, tol, f, cnt):
         a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
         s_a2 = s_b2 = s_d2 = s_abs = s_ad = _acc(xa[0], np.float32(0))
-        top = n_lo = n_hi = n1 = n2 = np.int32(0)  # top: the bits of the largest |d| (they order as the values)
+        top = n_lo = n_hi = np.int32(0)  # top: the bits of the largest |d| (they order as the values)
         top_ulp = _dist(xa[0], xa[0])  # 0, of the distances' type
         for k in range(n):
             x, y = _float(va[k], va), _float(vb[k], vb)
@@ -239,13 +212,10 @@ def _lanes_of(n: int) -> Callable[..., None]:
             top = max(top, np.float32(ad).view(np.int32))
             n_lo = np.int32(n_lo + np.int32(ad <= aa * r_lo + a_lo))  # int32 throughout: numba would widen
             n_hi = np.int32(n_hi + np.int32(ad <= aa * r_hi + a_hi))
-            u = _dist(xa[k], xb[k])
-            top_ulp = max(top_ulp, u)
-            n1 = np.int32(n1 + np.int32(u == 1))
-            n2 = np.int32(n2 + np.int32(u == 2))
+            top_ulp = max(top_ulp, _dist(xa[k], xb[k]))
         f[0], f[1], f[2], f[3], f[4] = f[0] + s_a2, f[1] + s_b2, f[2] + s_d2, f[3] + s_abs, f[4] + s_ad
         f[6] = max(f[6], np.float64(np.int32(top).view(np.float32)))
-        cnt[0], cnt[1], cnt[3], cnt[4] = cnt[0] + n_lo, cnt[1] + n_hi, cnt[3] + n1, cnt[4] + n2
+        cnt[0], cnt[1] = cnt[0] + n_lo, cnt[1] + n_hi
         cnt[2] = max(cnt[2], top_ulp)
 
     return lanes_of_n
@@ -280,9 +250,9 @@ def _tail(va, vb, xa, xb, tol, f, cnt, whole):
 
 
 @njit(cache=True)
-def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c, hist):
-    """A block in float32 (:func:`_lanes`): sums and largest |d| into row f, counts into row c, ULP keys
-    into hist if ``ulp``. False: the block needs float64 (c and hist untouched)."""
+def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
+    """A block in float32 (:func:`_lanes`): sums and largest |d| into row f, counts into row c. False: the
+    block needs float64 (c untouched)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
@@ -297,7 +267,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c, hist):
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
         return False
-    n_lo, n_hi, top_ulp, n1, n2 = cnt
+    n_lo, n_hi, top_ulp = cnt
     # a zero passes when 0 <= the low (high) atol
     n_lo -= pad * int(0 <= np.float32(tol[2]))
     passed = n_lo
@@ -307,21 +277,12 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c, hist):
             x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
     f[5] = 0.0  # the exact max: found at the end of _unit
-    c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, 0
-    if ulp:
-        c[5] = top_ulp
-        if top_ulp <= 2:  # the usual case: three bins
-            hist[_key(0)] += m - n1 - n2
-            hist[_key(1)] += n1
-            hist[_key(2)] += n2
-        else:
-            for j in range(m):
-                hist[_key(np.int64(_dist(xa[j], xb[j])))] += 1
+    c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, top_ulp if ulp else 0
     return True
 
 
 @njit(cache=True)
-def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c, hist):
+def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
     """A block the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
     counted."""
     s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
@@ -341,9 +302,7 @@ def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c, hist):
             both += 1
             passed += ad <= atol + rtol * abs(x)
             if ulp:
-                u = _dist(xa[j], xb[j])
-                top_ulp = max(top_ulp, u)
-                hist[_key(u)] += 1
+                top_ulp = max(top_ulp, _dist(xa[j], xb[j]))
         else:
             nf_a += not fin_a
             nf_b += not fin_b
@@ -377,34 +336,33 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
 
 
 @njit(cache=True, nogil=True)
-def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u):
+def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u):
     """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
     d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
-    max ULP), for unit u of blocks units[u] .. units[u+1]: its ULP keys into keys[u],
-    its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
+    max ULP), for unit u of blocks units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
     a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
     every block in float64."""
-    cnt, scratch = np.empty(5, np.int64), np.empty((2, BLOCK), np.uint32)
+    cnt, scratch = np.empty(3, np.int64), np.empty((2, BLOCK), np.uint32)
     for blk in range(units[u], units[u + 1]):
         ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
         f, c = part_f[blk], part_i[blk]
-        if wide or not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c, keys[u]):
-            _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c, keys[u])
+        if wide or not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c):
+            _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c)
     tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops):
     """:func:`_unit` of every unit, a prange iteration each."""
     for u in prange(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u)
+        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u)
 
 
 @njit(cache=True, nogil=True)
-def _pass_serial(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops):
+def _pass_serial(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops):
     """:func:`_pass` on the calling thread."""
     for u in range(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, keys, tops, u)
+        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u)
 
 
 @njit(cache=True)
@@ -420,32 +378,6 @@ def _add_rows(rows, owner, first, sums, blocks):
         for r in range(first[p], first[p + 1]):
             blocks[0, owner[r]] += rows[r, 2]
             blocks[1, owner[r]] += rows[r, 0]
-
-
-@njit(cache=True, nogil=True)
-def _refine_part(xa, xb, em, lo, shift, out, p):
-    """out[p][i]: over slice p of PARTS, how many positions finite in both (exponent field ``em`` not all
-    ones) have ULP distance d with (d - lo) >> shift == i (integer counts: any order)."""
-    n = xa.size
-    for j in range(p * n // PARTS, (p + 1) * n // PARTS):
-        if (np.int64(xa[j]) & em) != em and (np.int64(xb[j]) & em) != em:
-            k = (np.int64(_dist(xa[j], xb[j])) - lo) >> shift
-            if 0 <= k < out.shape[1]:
-                out[p, k] += 1
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _refine(xa, xb, em, lo, shift, out):
-    """:func:`_refine_part` of every slice, a prange iteration each."""
-    for p in prange(PARTS):
-        _refine_part(xa, xb, em, lo, shift, out, p)
-
-
-@njit(cache=True, nogil=True)
-def _refine_serial(xa, xb, em, lo, shift, out):
-    """:func:`_refine` on the calling thread."""
-    for p in range(PARTS):
-        _refine_part(xa, xb, em, lo, shift, out, p)
 
 
 # ---------------------------------------------------------------- the passes over pairs
@@ -522,11 +454,10 @@ def _rows(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.nd
 
 
 class _Run(NamedTuple):
-    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _block); per unit the ULP keys and
-    the exact largest |d|; per pair the sums, the counts and the largest ULP distance; the block d² and a²."""
+    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
+    |d|; per pair the sums, the counts and the largest ULP distance; the block d² and a²."""
 
     rows: np.ndarray
-    keys: np.ndarray
     tops: np.ndarray
     sums: np.ndarray
     counts: np.ndarray
@@ -545,13 +476,13 @@ def _run(
     ta, tb = _table(form.a), _table(form.b)
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
-    keys, tops = np.zeros((len(units) - 1, NUM_KEYS), np.int64), np.empty(len(units) - 1)
+    tops = np.empty(len(units) - 1)
     args = (xa, xb, ta, tb, form.ulp, form.a == torch.float64, starts, units, _tolerances(atol, rtol), exact)
-    _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, keys, tops)
+    _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
     counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
-    return _Run(part_f, keys, tops, sums, counts, max_ulp, blocks)
+    return _Run(part_f, tops, sums, counts, max_ulp, blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -563,26 +494,10 @@ def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float
     return _run(xa, xb, form, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
 
 
-def _refiner(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Refine:
-    """common.Refine over the pair, read again (:func:`_pieces`) at each call."""
-
-    def refine(lo: int, shift: int, bins: int) -> list[int]:
-        hist = np.zeros(bins, np.int64)
-        for _, xa, xb in _pieces(a, b, chunk_elems, (0, a.numel())):
-            out = np.zeros((PARTS, bins), np.int64)
-            _call(xa.size, _refine, _refine_serial, xa, xb, _EXPONENT[a.dtype], lo, shift, out)
-            hist += out.sum(0)
-        return hist.tolist()
-
-    return refine
-
-
-def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int, keys: list[int] | None,
-           refine: Refine, block_d2: Sequence[float], block_a2: Sequence[float]) -> Totals:  # fmt: skip
-    """The ``Totals`` of a pair from what its pass added up (``keys``: its ULP key histogram, None without
-    ULP metrics; ``refine`` is called only when the p99's key bin holds more than one distance)."""
-    ulp = None if keys is None else (max_ulp, p99_from_keys(keys, counts[0], refine, REFINE_BINS))
-    return Totals(numel, tuple(sums), max_abs, tuple(counts), ulp, tuple(block_d2), tuple(block_a2))  # type: ignore[arg-type]
+def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int | None,
+           block_d2: Sequence[float], block_a2: Sequence[float]) -> Totals:  # fmt: skip
+    """The ``Totals`` of a pair from what its pass added up (``max_ulp``: None without ULP metrics)."""
+    return Totals(numel, tuple(sums), max_abs, tuple(counts), max_ulp, tuple(block_d2), tuple(block_a2))  # type: ignore[arg-type]
 
 
 def compare_cpu(
@@ -594,7 +509,7 @@ def compare_cpu(
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
-    keys, max_abs, max_ulp = np.zeros(NUM_KEYS, np.int64), 0.0, 0.0
+    max_abs, max_ulp = 0.0, 0
     rows = []
     for start, xa, xb in _pieces(a, b, chunk_elems, edges):
         if xa.size:
@@ -603,13 +518,11 @@ def compare_cpu(
             sums += got.sums[0]
             counts += got.counts[0]
             blocks += got.blocks
-            keys += got.keys.sum(0)
             max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
     if len(rows) > 1 and a.is_contiguous() and b.is_contiguous():
         sums, blocks = merge_rows(np.concatenate(rows), _rows(edges, 0, a.numel())[1], len(edges) - 1)
-    keys_l = keys.tolist() if form.ulp else None
-    refine = _refiner(a, b, chunk_elems)
-    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), int(max_ulp), keys_l, refine, *blocks.tolist())
+    ulp = int(max_ulp) if form.ulp else None
+    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), ulp, *blocks.tolist())
 
 
 def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -638,14 +551,10 @@ def compare_cpu_many(
     owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
     xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.a), _bits(_end_to_end([b for _, b, _ in pairs]), form.b)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
-    # the key histograms up to the last bin any pair uses: p99_from_keys stops at or before a pair's last bin
-    used = np.flatnonzero(got.keys.any(axis=0))
-    hist = got.keys[:, : used[-1] + 1 if len(used) else 0]
-    sums, counts, tops, max_ulp, keys = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, hist))
+    sums, counts, tops, max_ulp = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp))
     (d2, a2), at = map(tuple, got.blocks.tolist()), edge_at.tolist()  # tuples: a pair's slices are its Totals' own
     return [
-        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p], keys[p] if form.ulp else None,
-               _refiner(a, b, 1 << 22), d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])  # fmt: skip
+        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p] if form.ulp else None, d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])
         for p, (a, b, _) in enumerate(pairs)
     ]
 
@@ -670,25 +579,17 @@ def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
 
 def compare_cpu_range(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int], start: int
-) -> tuple[np.ndarray, np.ndarray, float, int, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray, float, int | None]:
     """The pass of :func:`compare_cpu` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
     ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
-    ULP distance; the ULP key histogram, None without ULP metrics). ``start`` must be the first element of
+    ULP distance, None without ULP metrics). ``start`` must be the first element of
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
     then the whole pair's, bit for bit."""
     form = _format(a.dtype, b.dtype)
     got = _one(_bits(a, form.a), _bits(b, form.b), form, atol, rtol, tuple(edges), start)
-    keys = got.keys.sum(0) if form.ulp else None
-    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), int(got.max_ulp[0]), keys
-
-
-def refine_cpu(a: torch.Tensor, b: torch.Tensor, lo: int, shift: int, bins: int) -> list[int]:
-    """``common.Refine`` over the elements of ``a`` and ``b`` only (a range of a pair): counts of
-    ``(d - lo) >> shift`` for the distances ``lo <= d < lo + (bins << shift)`` (integers: ranges add)."""
-    if not _format(a.dtype, b.dtype).ulp:
-        raise ValueError(f"no ULP metrics for {a.dtype} against {b.dtype}")
-    return _refiner(a, b, 1 << 22)(lo, shift, bins)
+    max_ulp = int(got.max_ulp[0]) if form.ulp else None
+    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), max_ulp
 
 
 def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:

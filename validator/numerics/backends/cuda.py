@@ -4,15 +4,13 @@ A pair's elements are cut into programs by its size and edges alone, so a pair g
 every call. Two kernels, then one small read back to the host:
 
 1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane float32 sums
-   (a², b², d², |d|, a·d), the largest |d|, two counts of the tolerance test and the ULP distances' largest
-   value and first two moments; it reduces them once and writes one row of partials (see ``ROW``). Whole
+   (a², b², d², |d|, a·d), the largest |d|, two counts of the tolerance test and the largest ULP distance;
+   it reduces them once and writes one row of partials (see ``ROW``). Whole
    tiles are read without a mask (a few instructions an element fewer), a last part-tile under one. Where
    float32 could differ from the float64 reference it marks the row instead:
    - NaN/Inf (float8: by the bits), or squares outside float32's comfortable range (``common.SAFE_LO``,
      ``SAFE_HI``): the whole row; float64 inputs always;
    - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count;
-   - ULP distances above 2 where the exact p99 is asked for: the key histogram (distances 0, 1 and 2 are
-     counted from the two moments);
    - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
      float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is
      exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
@@ -21,8 +19,7 @@ every call. Two kernels, then one small read back to the host:
    float64, as the reference rounds it; the others only read their row. The last program to finish adds
    the rows in a fixed order (sums and counts added, maxima taken) and each block of the edges' d² and a².
 
-The exact p99 comes from the key histogram, refined by ``_refine_kernel`` where a bin holds several
-distances (``common.p99_from_keys``). Integer sums do not depend on order.
+Integer sums do not depend on order.
 """
 
 from __future__ import annotations
@@ -36,18 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from validator.numerics.backends.common import (
-    EPS,
-    KEY_BITS,
-    SAFE_HI,
-    SAFE_LO,
-    TINY,
-    Totals,
-    exact_ulp,
-    p99_from_keys,
-    pieces_of,
-    ulp_spec,
-)
+from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, pieces_of, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 BLOCK = 1024  # elements per tile
@@ -58,7 +44,6 @@ FIX_ROWS = 1  # rows per program of the second kernel
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
 FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
-REFINE_BINS = 256  # bins of one refining pass at most (a tl.histogram per tile)
 # BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
@@ -67,8 +52,7 @@ _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
 _CHUNK = tl.constexpr(256)  # rows read at once
 # a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d| (-1: still to
 # find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed, non-finite
-# in a, in b, mismatched, max ULP, elements with ULP distances 0, 1, 2 only and their two moments; -1 in a
-# count marks work for _fix_kernel
+# in a, in b, mismatched, max ULP, three zeros; -1 in a count marks work for _fix_kernel
 ROW = 16
 
 
@@ -215,59 +199,40 @@ def _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _ulp_keys(
-    a_ptr, b_ptr, n, keys_ptr, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
-    KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr,
-):  # fmt: skip
-    """Largest ULP distance of a program's positions finite in both, and (HIST) the histogram of their
-    keys (``common.ulp_key``) added to keys_ptr; the other positions go to bin NKEYS, which is not added."""
+def _max_ulp(a_ptr, b_ptr, n, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
+    """Largest ULP distance of a program's positions finite in both."""
     top = tl.cast(0, tl.int64)
-    hist = tl.zeros([2 * NKEYS], dtype=tl.int32)
     for t in tl.range(tl.cdiv(n, BLOCK)):
         a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
         both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, B8)
         dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
         top = tl.maximum(top, tl.max(dist).to(tl.int64))
-        if HIST:  # the key: exponent and KEY_BITS leading fraction bits of dist + 1 (exact conversions)
-            if BITS == 32:
-                f = (dist + 1).to(tl.float64).to(tl.int64, bitcast=True)
-                key = ((f >> (52 - KEY_BITS)) - (1023 << KEY_BITS)).to(tl.int32)
-            else:
-                f = (dist + 1).to(tl.float32).to(tl.int32, bitcast=True)
-                key = (f >> (23 - KEY_BITS)) - (127 << KEY_BITS)
-            hist += tl.histogram(tl.where(both, key, NKEYS), 2 * NKEYS)
-    if HIST:
-        bins = tl.arange(0, 2 * NKEYS)
-        tl.atomic_add(keys_ptr + bins, hist.to(tl.int64), mask=(hist > 0) & (bins < NKEYS))
     return top
 
 
 @triton.jit
-def _layout(buf_ptr, nseg, NKEYS: tl.constexpr):
-    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the
-    totals (a ROW), the key histogram, the segments' d² and a², the count of finished programs, then from a
-    multiple of ROW on the rows of partials. Returns the rows, histogram, segments and count."""
-    head = (16 + NKEYS + 2 * nseg + 1 + 15) // 16 * 16  # ROW = 16
+def _layout(buf_ptr, nseg):
+    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the totals (a ROW),
+    the segments' d² and a², the count of finished programs, then from a multiple of ROW on the rows of
+    partials. Returns the rows, segments and count."""
+    head = (16 + 2 * nseg + 1 + 15) // 16 * 16  # ROW = 16
     ibuf_ptr = buf_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    return buf_ptr + head, ibuf_ptr + 16, buf_ptr + 16 + NKEYS, ibuf_ptr + 16 + NKEYS + 2 * nseg
+    return buf_ptr + head, buf_ptr + 16, ibuf_ptr + 16 + 2 * nseg
 
 
 @triton.jit
 def _pass_kernel(
     a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
-    BAND: tl.constexpr, HIST: tl.constexpr, EXACT_ULP: tl.constexpr, NKEYS: tl.constexpr, STAGES: tl.constexpr,
-    FLUSH: tl.constexpr, ALIGN: tl.constexpr,
+    BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials in float32, or its
-    marks. With ``zero``, program 0 also clears the key histogram and the count of finished programs, for
-    _fix_kernel."""
-    part_ptr, keys_ptr, _, count_ptr = _layout(buf_ptr, nseg, NKEYS)
+    marks. With ``zero``, program 0 also clears the count of finished programs, for _fix_kernel."""
+    part_ptr, _, count_ptr = _layout(buf_ptr, nseg)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + (first + tl.program_id(0)) * 16
     if (tl.program_id(0) == 0) & (zero != 0):
-        tl.store(keys_ptr + tl.arange(0, NKEYS), tl.zeros([NKEYS], dtype=tl.int64))
         tl.store(count_ptr, tl.cast(0, tl.int64))
     if F64:  # a float64 input: the reference's float64 throughout, in _fix_kernel
         tl.store(row + 6, -1.0)
@@ -277,7 +242,7 @@ def _pass_kernel(
         a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
         v_top = tl.zeros([BLOCK], dtype=tl.float32)
         v_lo = tl.zeros([BLOCK], dtype=tl.int32)
-        v_hi, v_bad, v_m1, v_m2 = v_lo, v_lo, v_lo, v_lo
+        v_hi, v_bad = v_lo, v_lo
         v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
         s_a2 = tl.cast(0.0, tl.float64)
         s_b2, s_d2, s_abs, s_ad = s_a2, s_a2, s_a2, s_a2
@@ -308,9 +273,6 @@ def _pass_kernel(
                     if BITS != 0:  # valid where the row is clean (checked below)
                         dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
                         v_ulp = tl.maximum(v_ulp, dist)
-                        if HIST:
-                            v_m1 += dist.to(tl.int32)
-                            v_m2 += (dist * dist).to(tl.int32)
                 qa, qb, qd = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2)
                 # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False)
                 over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
@@ -325,10 +287,6 @@ def _pass_kernel(
             c_pass = tl.where(c_pass == tl.sum(v_hi), c_pass, -1)
         else:  # tolerances past the band's range: counted in float64
             c_pass = c_pass * 0 - 1
-        small, m1, m2 = n * 0, n * 0, n * 0
-        if HIST:  # distances 0, 1, 2 only: their counts follow from the two moments; else a histogram
-            small = tl.where(top_ulp <= 2, n, -1)
-            m1, m2 = tl.where(small > 0, tl.sum(v_m1), 0), tl.where(small > 0, tl.sum(v_m2), 0)
         _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, tl.where(top_ulp <= EXACT_ULP, top, -1.0))
         tl.store(row + 6, tl.where(clean, top.to(tl.float64), -1.0))
         _put(row, 7, tl.where(clean, n, -1))
@@ -336,16 +294,14 @@ def _pass_kernel(
         for i in tl.static_range(9, 12):
             _put(row, i, n * 0)
         _put(row, 12, top_ulp)
-        _put(row, 13, small)
-        _put(row, 14, m1)
-        _put(row, 15, m2)
+        for i in tl.static_range(13, 16):
+            _put(row, i, n * 0)
 
 
 @triton.jit
 def _fix_row(
-    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, keys_ptr,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
-    KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr,
+    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
+    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64."""
     start, n = _span(seg_ptr, K, pid, ALIGN)
@@ -355,17 +311,11 @@ def _fix_row(
         _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK, A8, B8)
         top_ulp = tl.cast(0, tl.int64)
         if BITS != 0:
-            top_ulp = _ulp_keys(a_ptr, b_ptr, n, keys_ptr, BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST)
+            top_ulp = _max_ulp(a_ptr, b_ptr, n, BLOCK, BITS, A8, B8)
         _put(row, 12, top_ulp)
-        for i in tl.static_range(13, 16):
-            _put(row, i, top_ulp * 0)
     else:
         if tl.sum(tl.where(cols == 8, mine, 0)) < 0:
             _put(row, 8, _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK))
-        if HIST:
-            if tl.sum(tl.where(cols == 13, mine, 0)) < 0:
-                _ulp_keys(a_ptr, b_ptr, n, keys_ptr, BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST)
-                _put(row, 13, tl.cast(0, tl.int64))
         if tl.sum(tl.where(cols == 5, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
             top = tl.sum(tl.where(cols == 6, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
@@ -388,13 +338,13 @@ def _fix_row(
 @triton.jit
 def _fix_kernel(
     a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr,
-    KEY_BITS: tl.constexpr, NKEYS: tl.constexpr, HIST: tl.constexpr, ALIGN: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+    ROWS: tl.constexpr,
 ):  # fmt: skip
     """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
     again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to finish adds the rows
     (:func:`_finish`)."""
-    part_ptr, keys_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, nseg, NKEYS)
+    part_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, nseg)
     cols = tl.arange(0, 16)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
     for j in tl.range(ROWS):
@@ -404,8 +354,7 @@ def _fix_kernel(
             mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks work
             if tl.min(mine) < 0:
                 _fix_row(
-                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, keys_ptr,
-                    BLOCK, BITS, A8, B8, KEY_BITS, NKEYS, HIST, ALIGN,
+                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, BLOCK, BITS, A8, B8, ALIGN,
                 )  # fmt: skip
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
@@ -446,28 +395,6 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
                 acc_a += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
             tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
             tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
-
-
-@triton.jit
-def _refine_kernel(
-    a_ptr, b_ptr, n, lo, shift, out_ptr,
-    BLOCK: tl.constexpr, TILES: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, NBINS: tl.constexpr,
-):  # fmt: skip
-    """Counts of (d - lo) >> shift in bins [0, NBINS) over the positions finite in both; the rest go
-    to bin NBINS (of 2 * NBINS), which the host does not read. NBINS: a power of two, 16 or more."""
-    pid = tl.program_id(0)
-    hist = tl.zeros([2 * NBINS], dtype=tl.int32)
-    for t in tl.range(TILES):
-        offs = (pid * TILES + t).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inb = offs < n
-        a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-        b = tl.load(b_ptr + offs, mask=inb, other=0.0)
-        both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, A8)
-        rel = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)) - lo
-        idx = rel >> shift
-        inside = both & (rel >= 0) & (idx < NBINS)
-        hist += tl.histogram(tl.where(inside, idx, NBINS).to(tl.int32), 2 * NBINS)
-    tl.atomic_add(out_ptr + tl.arange(0, 2 * NBINS), hist, mask=hist > 0)
 
 
 def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -513,35 +440,32 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
 
 
 @functools.lru_cache(maxsize=64)
-def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, p99: bool, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The compile-time arguments of the pass and of the fix kernel for such a pair, built once."""
     bits = _BITS[dtype_a.itemsize] if ulp_spec(dtype_a, dtype_b) else 0
-    hist = bool(bits) and p99
-    common = {"BLOCK": BLOCK, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "HIST": hist}
-    common |= {"NKEYS": (bits << KEY_BITS) if hist else 1, "ALIGN": align, "num_warps": NUM_WARPS}
+    common = {"BLOCK": BLOCK, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "ALIGN": align}
+    common["num_warps"] = NUM_WARPS
     exact = exact_ulp(dtype_a) if bits else -1
     f64 = torch.float64 in (dtype_a, dtype_b)
     pass_args = {"F64": f64, "BAND": band, "EXACT_ULP": exact, "STAGES": STAGES, "FLUSH": FLUSH, **common}
-    return pass_args, {"KEY_BITS": KEY_BITS, "ROWS": FIX_ROWS, **common}
+    return pass_args, {"ROWS": FIX_ROWS, **common}
 
 
 def compare_cuda(
-    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, p99: bool = True,
-    edges: Sequence[int] = (),
-) -> Totals:  # fmt: skip
+    a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, edges: Sequence[int] = ()
+) -> Totals:
     device = compute_device(a, b)
     spec = ulp_spec(a.dtype, b.dtype)
     edges = tuple(edges) or (0, a.numel())
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
-        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, (0, 0 if p99 else None) if spec is not None else None, zeros, zeros)
+        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros)
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
-    pass_args, fix_args = _constants(a.dtype, b.dtype, p99, plan.align, band)
-    nkeys, hist, bits = pass_args["NKEYS"], pass_args["HIST"], pass_args["BITS"]  # keys of the distances below 2**bits
-    head = -(-(ROW + nkeys + 2 * nseg + 1) // ROW) * ROW  # see _layout
+    pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
+    head = -(-(ROW + 2 * nseg + 1) // ROW) * ROW  # see _layout
     buf = torch.empty(head + ROW * total, dtype=torch.float64, device=device)
     tol = _tolerances(atol, rtol, device)
     first = 0
@@ -553,34 +477,12 @@ def compare_cuda(
         _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, first, total, fixers, nseg, **fix_args)
         first += rows
     res = buf[:head].cpu().numpy().view(np.int64)
-    floats, ints = res[:6].view(np.float64).tolist(), res[7 : ROW + nkeys].tolist()
-    seg = res[ROW + nkeys : ROW + nkeys + 2 * nseg].view(np.float64)
+    floats, ints = res[:6].view(np.float64).tolist(), res[7:ROW].tolist()
+    seg = res[ROW : ROW + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block
         block_d2, block_a2 = seg[0::2].tolist(), seg[1::2].tolist()
     else:  # blocks cut by the pieces: their segments added in order
         block_d2 = np.bincount(owner, seg[0::2], len(edges) - 1).tolist()
         block_a2 = np.bincount(owner, seg[1::2], len(edges) - 1).tolist()
-    counts = tuple(ints[:5])
-    ulp: tuple[int, int | None] | None = None
-    if spec is not None:
-        ulp = (ints[5], None)
-        if hist:
-            small, m1, m2 = ints[6:9]  # elements of the rows with distances 0, 1, 2 only; their moments
-            binned = ints[9:]
-            n2 = (m2 - m1) // 2  # n1 + 2 n2 = m1, n1 + 4 n2 = m2
-            binned[0] += small - (m1 - 2 * n2) - n2
-            binned[1 << KEY_BITS] += m1 - 2 * n2  # key of distance 1
-            binned[(1 << KEY_BITS) + (1 << (KEY_BITS - 1))] += n2  # key of distance 2
-
-            def refine(lo: int, shift: int, bins: int) -> list[int]:
-                nbins = max(16, triton.next_power_of_2(bins))  # bins of this pass (a compiled kernel per power of 2)
-                found = torch.zeros(2 * nbins, dtype=torch.int32, device=device)
-                for ca, cb in pieces:
-                    _refine_kernel[(triton.cdiv(ca.numel(), BLOCK * MIN_TILES),)](
-                        ca, cb, ca.numel(), lo, shift, found, BLOCK=BLOCK, TILES=MIN_TILES, BITS=bits, A8=pass_args["A8"],
-                        NBINS=nbins, num_warps=NUM_WARPS,
-                    )  # fmt: skip
-                return found[:bins].cpu().tolist()
-
-            ulp = (ints[5], p99_from_keys(binned, counts[0], refine, REFINE_BINS))
-    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), counts, ulp, tuple(block_d2), tuple(block_a2))
+    max_ulp = ints[5] if spec is not None else None
+    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), tuple(ints[:5]), max_ulp, tuple(block_d2), tuple(block_a2))

@@ -7,21 +7,12 @@ accumulated in float64 / int64 on the compute device. Plain torch, one formula p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
-from validator.numerics.backends.common import (
-    NUM_KEYS,
-    Totals,
-    p99_from_keys,
-    pieces_of,
-    ulp_distance,
-    ulp_key,
-    ulp_spec,
-)
+from validator.numerics.backends.common import Totals, pieces_of, ulp_distance, ulp_spec
 
-REFINE_BINS = 1 << 16
 CPU_PIECE = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower
 
 
@@ -58,7 +49,7 @@ def chunk_pairs(a: torch.Tensor, b: torch.Tensor, chunk: int) -> Iterator[tuple[
 
 
 class Accumulator:
-    """Running float64 sums, int64 counts and the ULP key histogram of one pair, on one device."""
+    """Running float64 sums, int64 counts and the largest ULP distance of one pair, on one device."""
 
     def __init__(
         self, device: torch.device, atol: float, rtol: float, spec: tuple[torch.dtype, int] | None, blocks: int = 1
@@ -69,7 +60,6 @@ class Accumulator:
         self.max_abs = torch.zeros((), dtype=torch.float64, device=device)
         self.counts = torch.zeros(5, dtype=torch.int64, device=device)  # both, passed, nf a, nf b, mismatch
         self.max_ulp = torch.zeros((), dtype=torch.int64, device=device)
-        self.keys = torch.zeros(NUM_KEYS, dtype=torch.int64, device=device)
 
     def add(self, ca: torch.Tensor, cb: torch.Tensor, block: int = 0) -> None:
         ca, cb = ca.to(self.device), cb.to(self.device)
@@ -92,29 +82,13 @@ class Accumulator:
         if self.spec is not None:
             dist = ulp_distance(ca, cb, self.spec).masked_fill(~both, 0)
             self.max_ulp = torch.maximum(self.max_ulp, dist.max())
-            self.keys.index_add_(0, ulp_key(dist), both.to(torch.int64))
 
-    def totals(self, numel: int, pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]) -> Totals:
-        """The totals (one read back); ``pieces()`` reads the pair again if the p99 needs it."""
-        sums, counts = self.sums.tolist(), self.counts.tolist()
-        ulp = None
-        if self.spec is not None:
-            spec = self.spec
-
-            def refine(lo: int, shift: int, bins: int) -> list[int]:
-                hist = torch.zeros(bins, dtype=torch.int64, device=self.device)
-                for ca, cb in pieces():
-                    ca, cb = ca.to(self.device), cb.to(self.device)
-                    dist = ulp_distance(ca, cb, spec)
-                    fin = torch.isfinite(ca.to(torch.float32)) & torch.isfinite(cb.to(torch.float32))
-                    inside = fin & (dist >= lo) & (dist < lo + (bins << shift))
-                    hist.index_add_(0, ((dist - lo) >> shift).clamp(0, bins - 1), inside.to(torch.int64))
-                return hist.tolist()
-
-            p99 = p99_from_keys(self.keys.tolist(), counts[0], refine, REFINE_BINS)
-            ulp = (int(self.max_ulp), p99)
+    def totals(self, numel: int) -> Totals:
+        """The totals (one read back)."""
+        max_ulp = None if self.spec is None else int(self.max_ulp)
         block_d2, block_a2 = self.blocks.tolist()
-        return Totals(numel, tuple(sums), float(self.max_abs), tuple(counts), ulp, tuple(block_d2), tuple(block_a2))
+        return Totals(numel, tuple(self.sums.tolist()), float(self.max_abs), tuple(self.counts.tolist()), max_ulp,
+                      tuple(block_d2), tuple(block_a2))  # fmt: skip
 
 
 def compare_reference(
@@ -134,4 +108,4 @@ def compare_reference(
             for block, lo, hi in pieces_of(edges, offset, offset + ca.numel()):
                 acc.add(ca[lo:hi], cb[lo:hi], block)
             offset += ca.numel()
-        return acc.totals(a.numel(), lambda: chunk_pairs(a, b, piece))
+        return acc.totals(a.numel())

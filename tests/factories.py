@@ -50,3 +50,32 @@ def write_tp_bundle(
                 shard=ShardSpec.split(1, idx, kv_heads // per, replica=r % reps, replicas=reps),
             )
     return path
+
+
+def write_stack_bundle(
+    root: Path,
+    name: str,
+    *,
+    layers: int = 93,
+    tokens: int = 16,
+    hidden: int = 32,
+    fault_layer: int | None = None,
+    fault: float = 1e-3,
+    seed: int = 0,
+) -> Path:
+    """A residual stack ``h <- h + tanh(h @ W_l)`` run forward on one request, its every layer's output
+    captured in the forward order (``hidden``, ``step=0``, ``layer=l``). With ``fault_layer``, that layer's
+    output gets a relative error of ``fault`` added before the next layer reads it: every later layer
+    inherits it, and the stack's gain makes the later errors larger than the injected one."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
+    weights = [torch.randn(hidden, hidden, generator=g, dtype=torch.float64) * (1.5 / hidden**0.5) for _ in range(layers)]
+    noise = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    path = root / name
+    with BundleWriter(path, run_name=name, part="tp0") as w:
+        for i, wl in enumerate(weights):
+            h = h + torch.tanh(h @ wl)
+            if i == fault_layer:
+                h = h + fault * noise * (h.norm() / noise.norm())
+            w.add("hidden", h.to(torch.float32), step=0, request="r0", layer=i)
+    return path

@@ -381,7 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="compare run B against reference run A",
         description="A and B may each be a stored run (name or id), a bundle directory, a .safetensors file "
-        "or a directory of them. Exit codes: 0 pass, 1 fail, 2 bad input, 3 inconclusive.",
+        "or a directory of them. Exit codes: 0 pass, 1 fail, 2 bad input, 3 inconclusive. A failing verdict "
+        "names the first divergence first (the first failing pair in data-flow order: step, then capture "
+        "order), the problem nodes and what fails downstream of them, then the worst pairs; with acceptance "
+        "records, where acceptance and greedy output first part (docs/policy.md).",
     )
     s.add_argument("a", help="reference run")
     s.add_argument("b", help="candidate run")
@@ -391,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "gate",
         help="CI gate: compare, print a Markdown summary (also to $GITHUB_STEP_SUMMARY), exit 0/1/2/3",
+        description="Like compare; the Markdown summary and the JUnit file lead with the first divergence "
+        "and the problem nodes (docs/policy.md).",
     )
     s.add_argument("baseline", help="reference run")
     s.add_argument("candidate", help="candidate run")

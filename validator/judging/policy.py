@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 # Bumped whenever a default or a judging rule changes, so that cached comparisons are judged again.
-JUDGING_VERSION = 3  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix
+JUDGING_VERSION = 4  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
+# divergence frontier (first_divergence, problem_nodes, downstream) in the document and the headline
 
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5

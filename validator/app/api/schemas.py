@@ -79,6 +79,12 @@ class GatePublic(BaseModel):
     comparison_id: int
     counts: dict[str, int]
     markdown: str
+    first_divergence: dict[str, Any] | None = Field(
+        default=None, description="the first failing pair in data-flow order (docs/policy.md), or null"
+    )
+    problem_nodes: list[dict[str, Any]] = Field(
+        default_factory=list, description="failing pairs none of whose upstream pairs fails, the first divergence first"
+    )
 
 
 class StoreCheck(BaseModel):

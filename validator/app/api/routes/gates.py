@@ -28,4 +28,6 @@ def create_gate(body: GateCreate, svc: ServiceDep) -> GatePublic:
         comparison_id=rec["id"],
         counts=doc["counts"],
         markdown=markdown_summary(doc),
+        first_divergence=doc.get("first_divergence"),
+        problem_nodes=doc.get("problem_nodes") or [],
     )

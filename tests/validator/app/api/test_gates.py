@@ -26,8 +26,13 @@ async def test_comparison_cached_and_gate_verdicts(client: httpx.AsyncClient, tm
     g = await client.post("/api/v1/gates", json={"baseline": "ref", "candidate": "bad"})
     assert g.status_code == 200 and g.json()["verdict"] == "fail"
     assert "FAIL" in g.json()["markdown"]
+    # where the runs first part: ctx, captured before k at the same step (neither has a request: k is downstream)
+    assert g.json()["first_divergence"]["where"] == "ctx, step 0"
+    assert [p["name"] for p in g.json()["problem_nodes"]] == ["ctx"]
+    assert "- **first divergence: ctx, step 0**" in g.json()["markdown"]
     g = await client.post("/api/v1/gates", json={"baseline": "ref", "candidate": "same", "floor": ["ref", "ref"]})
     assert g.status_code == 200 and g.json()["verdict"] == "pass"  # bitwise floor, bitwise candidate
+    assert g.json()["first_divergence"] is None and g.json()["problem_nodes"] == []
     g = await client.post("/api/v1/gates", json={"baseline": "ref", "candidate": "bad", "policy": {"rule": [{"match": "*", "rel_l2_max": 10}]}})
     assert g.json()["verdict"] == "pass"
     g = await client.post("/api/v1/gates", json={"baseline": "ref", "candidate": "nope"})

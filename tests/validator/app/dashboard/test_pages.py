@@ -66,6 +66,9 @@ async def test_comparison_twin_matches_the_api(dash_client: httpx.AsyncClient, s
     assert twin["metric"] == "floor_ratio" and twin["acceptance_view"] is True
     first = doc["pairs"][twin["first"]["index"]]
     assert first["label"] == "hidden [step=0 tok=0:48 layer=3]" and twin["first"]["kind"] == "limit"
+    assert doc["first_divergence"]["index"] == twin["first"]["index"]  # read from the stored document
+    assert doc["first_divergence"]["where"] == "hidden layer 3, step 0" and doc["problem_nodes"][0] == doc["first_divergence"]
+    assert isinstance(twin["frontier"], list) and not any(x.startswith("first divergence") for x in twin["frontier"])
     h = twin["heatmap"]
     assert h["rows"] == ["hidden", "attn.q", "attn.k", "mlp.out", "final.norm"]  # capture order
     assert h["cols"] == ["—"] + [f"layer {i}" for i in range(6)]
@@ -75,6 +78,7 @@ async def test_comparison_twin_matches_the_api(dash_client: httpx.AsyncClient, s
     assert (await dash_client.get(f"/comparisons/{cid}", params={"metric": "nope"})).status_code == 400
     html = (await dash_client.get(f"/comparisons/{cid}")).text
     assert 'id="heatmap-data"' in html and "/static/plotly.min.js" in html and "FAIL" in html
+    assert "<strong>First divergence</strong>" in html
     r = await dash_client.get("/compare", params={"a": sample.names["ref"], "b": sample.names["drift"], "format": "json"})
     assert r.status_code == 303 and r.headers["location"].endswith("?format=json")
     r = await dash_client.get("/compare", params={"a": sample.names["ref"], "b": sample.names["drift"], "floor_a": "x"})

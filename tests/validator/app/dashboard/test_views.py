@@ -67,6 +67,27 @@ def test_first_exceedance_follows_capture_order_not_badness() -> None:
     assert (h["rows"][h["first"]["row"]], h["cols"][h["first"]["col"]]) == ("attn", "layer 1")
 
 
+def test_first_exceedance_is_read_from_the_document_when_it_holds_the_frontier() -> None:
+    # a stored first divergence is what the page shows, whatever the pairs would give today
+    stored = {**DOC, "first_divergence": {"index": 0, "label": DOC["pairs"][0]["label"], "status": "fail",
+                                          "where": "mlp layer 2, step 0", "reasons": ["x"]}}
+    f = first_exceedance(stored, ORDER)
+    assert f is not None and (f["index"], f["kind"], f["where"]) == (0, "limit", "mlp layer 2, step 0")
+    h = heatmap(stored, metric="rel_l2", order=ORDER)
+    assert (h["rows"][h["first"]["row"]], h["cols"][h["first"]["col"]]) == ("mlp", "layer 2")
+    above = {**DOC, "first_divergence": None, "first_above_floor": {"index": 2, "label": "attn [step=0 layer=0]",
+                                                                     "status": "pass", "floor_ratio": 1.5}}
+    f = first_exceedance(above)
+    assert f is not None and (f["index"], f["kind"], f["floor_ratio"]) == (2, "floor", 1.5)
+    assert first_exceedance({**DOC, "first_divergence": None, "first_above_floor": None}) is None
+    # one step's map: the first exceedance among that step's pairs, by the frontier's order (step, capture order)
+    two = {"pairs": [_pair("a", "fail", 0.05, layer=0, step=1), _pair("b", "fail", 0.05, layer=1),
+                     _pair("c", "fail", 0.05, layer=0)], "first_divergence": None}
+    order = {p["label"]: i for i, p in enumerate(two["pairs"])}
+    assert heatmap(two, metric="rel_l2", order=order, step=0)["first"]["label"] == "b [step=0 layer=1]"
+    assert first_exceedance({"pairs": two["pairs"]}, order)["label"] == "b [step=0 layer=1]"  # step before capture order
+
+
 def test_cells_holding_several_pairs_show_the_worst() -> None:
     doc = {"pairs": [_pair("k", "pass", 0.002, layer=0, request="r1"), _pair("k", "fail", 0.001, layer=0, request="r2"),
                      _pair("k", "pass", 0.003, layer=0, request="r3")]}

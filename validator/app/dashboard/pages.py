@@ -25,7 +25,7 @@ from validator.app.dashboard.views import (
     steps,
 )
 from validator.errors import InputError, NotFoundError
-from validator.judging.text import frontier_lines
+from validator.judging.text import acceptance_parting_line, frontier_lines
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.service import Service
 from validator.store.models import Run
@@ -326,15 +326,22 @@ def _gsm8k_comparison(svc: Service, doc: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def acceptance_page(svc: Service, id: int) -> dict[str, Any]:
-    """The comparison's acceptance section (validator.judging.acceptance) and, when both runs hold GSM8K
-    results, the questions whose correctness flipped."""
+    """The comparison's acceptance section (validator.judging.acceptance), where acceptance first parts
+    beside where the tensors do (``parting``, ``tensor_parting``) and, when both runs hold GSM8K results, the
+    questions whose correctness flipped."""
     rec = _done(svc, id)
     doc = rec["result"]
+    acc = doc.get("acceptance")
+    front = acc.get("frontier") if isinstance(acc, dict) else None
+    first = doc.get("first_divergence")
     return {
         "comparison_id": id,
         "a": doc["a"],
         "b": doc["b"],
         "verdict": doc["verdict"],
-        "acceptance": doc.get("acceptance"),
+        "acceptance": acc,
+        # where acceptance and greedy output first part, beside where the tensors did
+        "parting": acceptance_parting_line(front) if isinstance(front, dict) else None,
+        "tensor_parting": f"tensors first part at {first['where']}" if first else None,
         "gsm8k": _gsm8k_comparison(svc, doc),
     }

@@ -119,6 +119,11 @@ async def test_acceptance_page(dash_client: httpx.AsyncClient, dash_service: Ser
     assert sorted(f["index_a"] for f in g["flips"]) == [2, 5, 7]
     html = (await dash_client.get(f"/comparisons/{cid}/acceptance")).text
     assert 'id="acceptance-data"' in html and 'id="flips"' in html
+    # where acceptance first parts, beside where the tensors did, from the stored document
+    front = doc["acceptance"]["frontier"]
+    assert front["requests"] > 0 and twin["parting"].startswith(("acceptance first parts at verify step", "acceptance never parts"))
+    assert twin["tensor_parting"] == f"tensors first part at {doc['first_divergence']['where']}"
+    assert 'id="acceptance-parting"' in html
     assert "p (Holm)" in html  # raw and Holm-adjusted difference p-values per position
     assert html.count('class="flip-lost"') == 2 and html.count('class="flip-gained"') == 1
     # model outputs are text: the drift run's outputs hold a script tag

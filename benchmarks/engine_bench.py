@@ -1,30 +1,41 @@
-"""The comparison engine against plain alternatives, side by side in one run: GB/s per call.
+"""The comparison engine against plain alternatives, on every class of pair, side by side in one run.
 
     python benchmarks/engine_bench.py                 # CPU section here, GPU section too on a CUDA machine
     python benchmarks/engine_bench.py --sections gpu --json out.json
 
-For each bf16 pair (GPU: 8192x7168 and ``--gib`` GiB per tensor; CPU: ``--cpu-elems`` elements per
-tensor, 16 Mi and 64 Mi by default), the median time of one call, as a caller sees it (result on the
-host), of:
+Pair classes (``CLASSES``; a = reference, b = candidate, the sizes below per tensor):
 
-- ``engine``: ``validator.numerics.metrics.compare_tensors(a, b)``, every field, the p99 ULP exact;
-- ``engine, 64 row blocks``: ``validator.numerics.floors.measure_blocks(a, b)``, the same and the row blocks'
-  sums in the same pass: what a comparison runs for each pair;
-- ``engine, p99=False``: ``validator.numerics.backends.compare(..., p99=False)``, every field but the p99;
-- ``torch float64``: norms, dot, max |d|, mean |d| and the tolerance count in plain float64 torch;
-- ``torch.compile``: the same function compiled by ``torch.compile`` (one fused pass where it can);
-- ``SGLang rel_diff``: SGLang 0.5.9's comparator math, ``1 - 2<a,b>/(|a|^2+|b|^2)`` in float64 torch.
+- ``near 1e-3``: bf16, b = bf16(a * (1 + 1e-3 N(0,1))): ULP distances 0-2, a port that rounds alike;
+- ``drift 1e-2``, ``drift 5e-2``: bf16, relative noise 1e-2 and 5e-2: pairs that drift like a real port's;
+- ``nonfinite``: ``drift 1e-2`` with 16 NaN and 16 +Inf at the same positions on both sides and 16 NaN in
+  b only, scattered;
+- ``bf16 vs fp32``: a float32, b = bf16(a * (1 + 2e-2 N)): the dtypes and drift (rel_l2 ~2e-2) of the
+  transformers engine's bf16 capture against its float32 one;
+- ``projection``: the projection probe's own capture (``probes.projection.run_probe`` at hidden 7168, 6
+  capture layers, PP8): ``pre_norm`` of ``partial-bf16`` (bf16) against ``ref`` (float64), its rows repeated
+  up to the size (rel_l2 3e-3).
 
-GB/s counts the bytes of both tensors. The pair is ``b = bf16(a * (1 + 1e-3 N(0,1)))``.
+For each class and size (GPU: 8192x7168 and ``--gib`` GiB per tensor; CPU: ``--cpu-elems`` elements per
+tensor), the median time of one call, as a caller sees it (result on the host), of:
+
+- ``engine``: ``validator.numerics.floors.measure_blocks(a, b)``: every metric and the row blocks' sums, in
+  one read: what a comparison runs for each pair;
+- ``engine, p99``: ``compare_tensors(a, b, p99=True)``: with the exact p99 ULP, which is opt-in (near and drift only);
+- GPU: ``torch.compile f32``: norms, dot, max |d|, mean |d| and the tolerance count in float32, compiled by
+  ``torch.compile`` (one fused pass); ``device copy``: both tensors copied on the device (the memory's pace);
+- CPU: ``numpy float64``, ``numpy float32``: the same quantities in plain NumPy (float64 and float32).
+
+GB/s counts the bytes of both tensors as stored.
 The CPU section also times the engine's first call in a fresh process (``first call``: numba loads
 its compiled pass from its cache) and, with an empty numba cache, the compile (``first call, cold``).
-``--sweep`` also times the GPU kernel's tile constants (``validator.numerics.backends.cuda``) on both GPU pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -39,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from validator.numerics import backends as kernels  # noqa: E402
@@ -46,26 +58,74 @@ from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
 
 
-def torch_f64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    x, y = a.double(), b.double()
+def torch_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    x, y = a.float(), b.float()
     d = y - x
     ad = d.abs()
     return torch.stack(
-        [(x * x).sum(), (y * y).sum(), (x * y).sum(), ad.max(), ad.mean(), (ad <= 1e-5 + 1e-3 * x.abs()).sum()]
+        [(x * x).sum(), (y * y).sum(), (x * y).sum(), ad.max(), ad.mean(), (ad <= 1e-5 + 1e-3 * x.abs()).sum().float()]
     )
 
 
-def sglang_rel_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    x, y = a.double(), b.double()
-    return 1 - 2 * (x * y).sum() / ((x * x).sum() + (y * y).sum())
+def numpy_pass(a: np.ndarray, b: np.ndarray, dtype: type) -> list[float]:
+    """The same quantities in plain NumPy, in ``dtype`` (pieces of 4 Mi elements, as a careful script would)."""
+    out = np.zeros(6)
+    for lo in range(0, a.size, 1 << 22):
+        x, y = a[lo : lo + (1 << 22)].astype(dtype), b[lo : lo + (1 << 22)].astype(dtype)
+        d = y - x
+        ad = np.abs(d)
+        out += [x @ x, y @ y, x @ y, 0.0, ad.sum(), np.count_nonzero(ad <= 1e-5 + 1e-3 * np.abs(x))]
+        out[3] = max(out[3], ad.max())
+    return out.tolist()
+
+
+def _noisy(
+    n: int, device: str, noise: float, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(n, generator=g, device=device)
+    b = (a * (1 + noise * torch.randn(n, generator=g, device=device))).to(torch.bfloat16)
+    return a.to(dtype), b
 
 
 def make_pair(n: int, device: str, seed: int = 0, noise: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 pair of n normal values, b = a * (1 + noise * normal) (1e-3: ULP distances 0-2)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    a = torch.randn(n, generator=g, device=device)
-    b = (a * (1 + noise * torch.randn(n, generator=g, device=device))).to(torch.bfloat16)
-    return a.to(torch.bfloat16), b
+    return _noisy(n, device, noise, seed)
+
+
+def _nonfinite(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = _noisy(n, device, 1e-2)
+    at = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:48].to(device)
+    a[at[:16]], b[at[:16]] = float("nan"), float("nan")
+    a[at[16:32]], b[at[16:32]] = float("inf"), float("inf")
+    b[at[32:]] = float("nan")
+    return a, b
+
+
+@functools.cache
+def projection_capture(device: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pre_norm`` of the probe's ref (float64) and partial-bf16 paths at hidden 7168."""
+    from probes.projection import run_probe
+    from probes.projection_config import ProjectionConfig
+
+    run = run_probe(ProjectionConfig(tokens=tokens), device=device, paths=["partial-bf16", "ref"], write_stages=False)
+    return run.paths["ref"].pre_norm, run.paths["partial-bf16"].pre_norm
+
+
+def _projection(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ref, cand = projection_capture(device, 8192 if device == "cuda" else 64)
+    reps = -(-n // ref.numel())
+    return ref.reshape(-1).repeat(reps)[:n], cand.reshape(-1).repeat(reps)[:n]
+
+
+CLASSES: dict[str, Callable[[int, str], tuple[torch.Tensor, torch.Tensor]]] = {
+    "near 1e-3": lambda n, dev: _noisy(n, dev, 1e-3),
+    "drift 1e-2": lambda n, dev: _noisy(n, dev, 1e-2),
+    "drift 5e-2": lambda n, dev: _noisy(n, dev, 5e-2),
+    "nonfinite": _nonfinite,
+    "bf16 vs fp32": lambda n, dev: _noisy(n, dev, 2e-2, dtype=torch.float32),
+    "projection": _projection,
+}
 
 
 def timed(fn: Callable[[], object], reps: int, device: str) -> float:
@@ -88,36 +148,55 @@ def timed(fn: Callable[[], object], reps: int, device: str) -> float:
     return statistics.median(times)
 
 
-def section(device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, compiled: bool) -> list[dict[str, Any]]:
+def section(
+    device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, classes: list[str], compiled: bool
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    fused = torch.compile(torch_f64) if compiled else None
+    fused = torch.compile(torch_f32) if compiled and device == "cuda" else None
     for label, shape in shapes:
-        n = 1
-        for s in shape:
-            n *= s
-        a, b = make_pair(n, device)
-        a, b = a.view(shape), b.view(shape)
-        nbytes = 2 * n * a.element_size()
-        m = compare_tensors(a, b)
-        impls: list[tuple[str, Callable[[], object], int]] = [
-            ("engine", lambda: compare_tensors(a, b), reps),
-            ("engine, 64 row blocks", lambda: measure_blocks(a, b), reps),
-            ("engine, p99=False", lambda: kernels.compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=False), reps),
-            ("torch float64", lambda: torch_f64(a, b), max(3, reps // 4)),
-            ("SGLang rel_diff", lambda: sglang_rel_diff(a, b), max(3, reps // 4)),
-        ]
-        if fused is not None:
-            impls.insert(3, ("torch.compile", lambda: fused(a, b), max(3, reps // 4)))
-        for name, fn, r in impls:
-            try:
-                sec = timed(fn, r, device)
-            except Exception as exc:  # torch.compile needs a working toolchain; say so and go on
-                print(f"  {label:>22} {name:<20} failed: {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            row = {"device": device, "pair": label, "impl": name, "ms": sec * 1e3, "gbps": nbytes / sec / 1e9}
-            rows.append(row)
-            print(f"  {label:>22} {name:<20} {sec * 1e3:10.3f} ms  {row['gbps']:9.1f} GB/s", flush=True)
-        print(f"  {label:>22} result: rel_l2 {m.rel_l2:.6g}  max_ulp {m.max_ulp}  p99_ulp {m.p99_ulp}", flush=True)
+        n = math.prod(shape)
+        for cls in classes:
+            pair = CLASSES[cls](n, device)
+            a, b = pair[0].view(shape), pair[1].view(shape)
+            nbytes = n * (a.element_size() + b.element_size())
+            m = compare_tensors(a, b, p99=True)
+            impls: list[tuple[str, Callable[[], object], int]] = [("engine", lambda: measure_blocks(a, b), reps)]
+            if cls.startswith(("near", "drift")):
+                impls.append(("engine, p99", lambda: compare_tensors(a, b, p99=True), max(3, reps // 4)))
+            if device == "cuda":
+                ca, cb = torch.empty_like(a), torch.empty_like(b)
+                impls.append(("device copy", lambda: (ca.copy_(a), cb.copy_(b)), reps))
+                if fused is not None:
+                    impls.append(("torch.compile f32", lambda: fused(a, b), reps))
+            else:
+                na, nb = (
+                    t.reshape(-1).float().numpy() if t.dtype == torch.bfloat16 else t.reshape(-1).numpy()
+                    for t in (a, b)
+                )
+                impls.append(("numpy float64", lambda: numpy_pass(na, nb, np.float64), max(3, reps // 4)))
+                impls.append(("numpy float32", lambda: numpy_pass(na, nb, np.float32), max(3, reps // 4)))
+            for name, fn, r in impls:
+                try:
+                    sec = timed(fn, r, device)
+                except Exception as exc:  # torch.compile needs a working toolchain; say so and go on
+                    print(f"  {label:>20} {cls:<13} {name:<18} failed: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                row = {
+                    "device": device,
+                    "pair": label,
+                    "class": cls,
+                    "impl": name,
+                    "ms": sec * 1e3,
+                    "gbps": nbytes / sec / 1e9,
+                }
+                rows.append(row)
+                print(f"  {label:>20} {cls:<13} {name:<18} {sec * 1e3:10.3f} ms  {row['gbps']:9.1f} GB/s", flush=True)
+            print(
+                f"  {label:>20} {cls:<13} rel_l2 {m.rel_l2:.3g}  max_ulp {m.max_ulp}  p99_ulp {m.p99_ulp}  "
+                f"non-finite {m.nonfinite_a}/{m.nonfinite_b}",
+                flush=True,
+            )
+            del pair
     return rows
 
 
@@ -150,39 +229,10 @@ def first_calls(elems: list[int]) -> list[dict[str, Any]]:
     for n in elems:
         for name, cold in (("first call", False), ("first call, cold", True)):
             sec = first_call(n, cold)
-            rows.append({"device": "cpu", "pair": f"{n} elements", "impl": name, "ms": sec * 1e3, "gbps": 4 * n / sec / 1e9})
+            rows.append(
+                {"device": "cpu", "pair": f"{n} elements", "impl": name, "ms": sec * 1e3, "gbps": 4 * n / sec / 1e9}
+            )
             print(f"  {n:>13} elements {name:<20} {sec * 1e3:10.1f} ms  {rows[-1]['gbps']:9.2f} GB/s", flush=True)
-    return rows
-
-
-def sweep(shapes: list[tuple[str, tuple[int, ...]]], reps: int) -> list[dict[str, Any]]:
-    from validator.numerics.backends import cuda
-
-    names = ("BLOCK", "PROGRAMS", "NUM_WARPS", "STAGES", "FLUSH")
-    saved = tuple(getattr(cuda, k) for k in names)
-    rows = []
-    configs = [(1024, 2048, 4, 3, 64), (1024, 1024, 4, 3, 64), (1024, 4096, 4, 3, 64), (1024, 2048, 4, 3, 32), (1024, 2048, 4, 4, 64)]
-    try:
-        for label, shape in shapes:
-            n = 1
-            for s in shape:
-                n *= s
-            a, b = make_pair(n, "cuda")
-            for config in configs:
-                for k, v in zip(names, config):
-                    setattr(cuda, k, v)
-                cuda._plan.cache_clear()  # the programs per pair follow BLOCK and PROGRAMS
-                cuda._constants.cache_clear()  # and the kernels' compile-time arguments the rest
-                for p99 in (True, False):
-                    sec = timed(lambda: kernels.compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, p99=p99), reps, "cuda")
-                    row = {"pair": label, **dict(zip(names, config)), "p99": p99, "gbps": 2 * n * 2 / sec / 1e9}
-                    rows.append(row)
-                    print(f"  sweep {label:>22} {dict(zip(names, config))} p99={p99}: {row['gbps']:8.1f} GB/s", flush=True)
-    finally:
-        for k, v in zip(names, saved):
-            setattr(cuda, k, v)
-        cuda._plan.cache_clear()
-        cuda._constants.cache_clear()
     return rows
 
 
@@ -190,14 +240,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", default="cpu,gpu", help="comma-separated: cpu, gpu")
     p.add_argument("--gib", type=float, default=1.0, help="GiB per tensor of the large GPU pair")
-    p.add_argument("--cpu-elems", default=f"{1 << 24},{1 << 26}", help="elements per tensor of the CPU pairs (comma-separated)")
+    p.add_argument(
+        "--cpu-elems", default=f"{1 << 24},{1 << 26}", help="elements per tensor of the CPU pairs (comma-separated)"
+    )
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--classes", default=",".join(CLASSES), help="comma-separated pair classes (default: all)")
     p.add_argument("--threads", type=int, help="torch and numba CPU threads (default: theirs)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    sections = args.sections.split(",")
+    sections, classes = args.sections.split(","), args.classes.split(",")
     if args.threads:
         import numba
 
@@ -215,18 +267,19 @@ def main() -> None:
         print(f"== GPU: {out['gpu']}, torch {torch.__version__}, triton {out['engine']['triton']}", flush=True)
         big = int(args.gib * (1 << 29))
         shapes = [("8192x7168", (8192, 7168)), (f"{args.gib:g} GiB per tensor", (big,))]
-        out["rows"] += section("cuda", shapes, args.reps, not args.no_compile)
-        if args.sweep:
-            out["sweep"] = sweep(shapes, args.reps)
+        out["rows"] += section("cuda", shapes, args.reps, classes, not args.no_compile)
     if "cpu" in sections:
         import numba
 
         out["numba"] = numba.__version__
-        print(f"== CPU: {out['machine']}, {out['cpu_threads']} torch threads, numba {numba.__version__} "
-              f"({out['engine']['cpu_threads']} threads), torch {torch.__version__}", flush=True)
+        print(
+            f"== CPU: {out['machine']}, {out['cpu_threads']} torch threads, numba {numba.__version__} "
+            f"({out['engine']['cpu_threads']} threads), torch {torch.__version__}",
+            flush=True,
+        )
         elems = [int(e) for e in args.cpu_elems.split(",")]
         shapes = [(f"{n} elements", (n,)) for n in elems]
-        out["rows"] += section("cpu", shapes, max(3, args.reps // 4), not args.no_compile)
+        out["rows"] += section("cpu", shapes, max(3, args.reps // 4), classes, False)
         out["rows"] += first_calls(elems)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

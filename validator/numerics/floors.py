@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from validator.numerics.backends import Totals
-from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.metrics import MetricInputError, TensorMetrics, measure, measure_many
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ ALIGN, ALIGNED_FROM = 16, 1 << 14  # block boundaries on multiples of ALIGN elem
 RESAMPLES = 1000  # bootstrap resamples per interval
 LEVEL = 0.95  # two-sided interval level
 _SEED = 20261201  # fixed: an interval never changes between runs
-_PIECE = 1 << 20  # elements checked for NaN at once
 
 # Floating dtypes from most to least precise (by significand bits).
 _PRECISION = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
@@ -132,25 +130,10 @@ def measure_blocks_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> l
 
 
 def _block_sums(a: torch.Tensor, b: torch.Tensor, m: TensorMetrics, totals: Totals) -> BlockSums:
-    """The pair's BlockSums from its pass, with the NaN and matched infinity counts the pass does not tell apart."""
-    nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if m.nonfinite_a or m.nonfinite_b else (0, 0, 0)
+    """The pair's BlockSums from its pass."""
+    nan_a, nan_b, inf_matched = totals.nonfinite
     d2, a2 = np.array(totals.block_d2, np.float64), np.array(totals.block_a2, np.float64)  # dtype given: not inferred
     return BlockSums(d2, a2, _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
-
-
-def nonfinite_counts(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
-    """NaN in a, NaN in b, and positions holding the same infinity on both sides: what the engine's pass
-    counts only as non-finite (rare, so counted in a second pass, _PIECE elements at a time)."""
-    import torch
-
-    nan_a = nan_b = inf_matched = 0
-    with torch.no_grad():
-        for ra, rb in chunk_pairs(a.detach(), b.detach(), _PIECE):
-            ca, cb = ra.to(torch.float64), rb.to(torch.float64)  # exact; float8 has no isinf
-            nan_a += int(torch.isnan(ca).sum())
-            nan_b += int(torch.isnan(cb).sum())
-            inf_matched += int((torch.isinf(ca) & (ca == cb)).sum())
-    return nan_a, nan_b, inf_matched
 
 
 def block_sums(a: torch.Tensor, b: torch.Tensor) -> BlockSums:

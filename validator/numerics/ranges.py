@@ -33,7 +33,7 @@ from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
 from validator.numerics.backends.cpu import BLOCK as ROW
 from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, row_plan, totals
-from validator.numerics.floors import BlockSums, _edges, _rows, nonfinite_counts
+from validator.numerics.floors import BlockSums, _edges, _rows
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 
 __all__ = [
@@ -97,8 +97,7 @@ def measure_range(a: torch.Tensor, b: torch.Tensor, shape: Sequence[int], start:
         raise MetricInputError(f"elements {start}..{stop} of a tensor of shape {list(shape)} are not a range of whole rows")
     with torch.no_grad():
         a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-        rows, counts, max_abs, max_ulp = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
-        nan_a, nan_b, inf_matched = nonfinite_counts(a, b) if counts[2] or counts[3] else (0, 0, 0)
+        rows, counts, max_abs, max_ulp, (nan_a, nan_b, inf_matched) = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
     return RangePartials(
         shape, start, stop, a.dtype, b.dtype, rows, tuple(int(c) for c in counts), max_abs, max_ulp,  # type: ignore[arg-type]
         nan_a, nan_b, inf_matched,
@@ -136,7 +135,9 @@ def merge_totals(parts: Sequence[RangePartials]) -> Totals:
     counts = np.array([p.counts for p in parts], np.int64).sum(0)
     max_abs = max(p.max_abs for p in parts)
     max_ulp = None if parts[0].max_ulp is None else max(p.max_ulp or 0 for p in parts)
-    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, *blocks.tolist())
+    nonfinite = [sum(getattr(p, k) for p in parts) for k in ("nan_a", "nan_b", "inf_matched")]
+    block_d2, block_a2 = blocks.tolist()
+    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, block_d2, block_a2, nonfinite)
 
 
 def merge(parts: Sequence[RangePartials]) -> tuple[TensorMetrics, BlockSums]:
@@ -144,5 +145,5 @@ def merge(parts: Sequence[RangePartials]) -> tuple[TensorMetrics, BlockSums]:
     totals = merge_totals(parts)
     shape = parts[0].shape
     m = metrics_from_totals(totals, parts[0].dtype_a, parts[0].dtype_b, ATOL, RTOL)
-    nan_a, nan_b, inf_matched = (sum(getattr(p, k) for p in parts) for k in ("nan_a", "nan_b", "inf_matched"))
+    nan_a, nan_b, inf_matched = totals.nonfinite
     return m, BlockSums(np.array(totals.block_d2), np.array(totals.block_a2), _rows(shape), nan_a, nan_b, inf_matched)

@@ -128,8 +128,12 @@ def edges(n: int) -> list[int]:
 
 
 def assert_blocks(t: Totals, a: torch.Tensor, b: torch.Tensor, at: list[int]) -> None:
-    """Totals.block_d2 / block_a2 against float64 NumPy over the positions finite in both."""
+    """Totals.block_d2 / block_a2 against float64 NumPy over the positions finite in both, and
+    Totals.nonfinite (NaN in a, in b, the same infinity in both)."""
     x, y = a.double().reshape(-1).numpy(), b.double().reshape(-1).numpy()
+    with np.errstate(invalid="ignore"):
+        same_inf = int(np.count_nonzero(np.isinf(x) & (x == y)))
+    assert t.nonfinite == (int(np.isnan(x).sum()), int(np.isnan(y).sum()), same_inf), t.nonfinite
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
     with np.errstate(over="ignore"):
@@ -368,7 +372,8 @@ def _interpreter_main(small: bool = False) -> None:
     for name in names:
         a, b, atol, rtol = CASES[name]
         t = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk, edges=at(a.numel()))
-        print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2]}))
+        print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2],
+                          "nonfinite": t.nonfinite}))  # fmt: skip
 
 
 SMALL_PROGRAM_CASES = ["plain-bfloat16", "nonfinite-float16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
@@ -387,7 +392,8 @@ def _check_interpreted(small: bool, names: list[str], at: Callable[[int], list[i
         a, b, atol, rtol = CASES[name]
         _assert_matches(TensorMetrics.from_dict(rows[name]["metrics"]), _np_metrics(a, b, atol, rtol))
         d2, a2 = rows[name]["blocks"]
-        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2)), a, b, at(a.numel()))
+        nonfinite = tuple(rows[name]["nonfinite"])
+        assert_blocks(Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None, tuple(d2), tuple(a2), nonfinite), a, b, at(a.numel()))  # type: ignore[arg-type]
 
 
 def test_triton_kernels_in_interpreter() -> None:

@@ -43,7 +43,8 @@ class Totals:
     """One pass over a pair. ``sums``: a², b², d², |d|, a·d over the positions finite in both
     (d = b - a); ``counts``: finite in both, passed, non-finite in a, in b, mismatched;
     ``max_ulp``: the largest ULP distance over those positions, ``None`` without ULP metrics;
-    ``block_d2``, ``block_a2``: d² and a² summed over each block of the ``edges`` the pass was given."""
+    ``block_d2``, ``block_a2``: d² and a² summed over each block of the ``edges`` the pass was given;
+    ``nonfinite``: NaN in a, NaN in b, and positions holding the same infinity on both sides."""
 
     numel: int
     sums: tuple[float, float, float, float, float]
@@ -52,6 +53,7 @@ class Totals:
     max_ulp: int | None
     block_d2: tuple[float, ...] = ()
     block_a2: tuple[float, ...] = ()
+    nonfinite: tuple[int, int, int] = (0, 0, 0)
 
 
 def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -278,6 +278,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
     f[5] = 0.0  # the exact max: found at the end of _unit
     c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, top_ulp if ulp else 0
+    c[6], c[7], c[8] = 0, 0, 0
     return True
 
 
@@ -286,7 +287,7 @@ def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
     """A block the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
     counted."""
     s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
-    both = passed = nf_a = nf_b = mismatch = top_ulp = 0
+    both = passed = nf_a = nf_b = mismatch = top_ulp = nan_a = nan_b = inf_same = 0
     for j in range(xa.size):
         x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
         fin_a, fin_b = np.isfinite(x), np.isfinite(y)
@@ -306,12 +307,16 @@ def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
         else:
             nf_a += not fin_a
             nf_b += not fin_b
+            nan_a += np.isnan(x)
+            nan_b += np.isnan(y)
+            inf_same += x == y  # both the same infinity (NaN equals nothing)
             if not fin_a and not fin_b and (x == y or (np.isnan(x) and np.isnan(y))):
                 passed += 1  # NaN/NaN, +Inf/+Inf or -Inf/-Inf
             else:
                 mismatch += 1
     f[0], f[1], f[2], f[3], f[4], f[5], f[6] = s_a2, s_b2, s_d2, s_abs, s_ad, top, 0.0
     c[0], c[1], c[2], c[3], c[4], c[5] = both, passed, nf_a, nf_b, mismatch, top_ulp
+    c[6], c[7], c[8] = nan_a, nan_b, inf_same
 
 
 @njit(cache=True)
@@ -339,7 +344,7 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
 def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u):
     """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
     d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
-    max ULP), for unit u of blocks units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
+    max ULP, NaN in a, in b, the same infinity in both), for unit u of blocks units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
     a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
     every block in float64."""
     cnt, scratch = np.empty(3, np.int64), np.empty((2, BLOCK), np.uint32)
@@ -455,12 +460,14 @@ def _rows(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.nd
 
 class _Run(NamedTuple):
     """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
-    |d|; per pair the sums, the counts and the largest ULP distance; the block d² and a²."""
+    |d|; per pair the sums, the counts, the largest ULP distance and the NaN and matched-infinity counts; the
+    block d² and a²."""
 
     rows: np.ndarray
     tops: np.ndarray
     sums: np.ndarray
     counts: np.ndarray
+    nonfinite: np.ndarray
     max_ulp: np.ndarray
     blocks: np.ndarray
 
@@ -475,14 +482,14 @@ def _run(
     exact = exact_ulp(form.a) if form.ulp else -1  # the ULP distances bound the exponent gap
     ta, tb = _table(form.a), _table(form.b)
     rows = len(starts) - 1
-    part_f, part_i = np.empty((rows, 7)), np.empty((rows, 6), np.int64)
+    part_f, part_i = np.empty((rows, 7)), np.empty((rows, 9), np.int64)
     tops = np.empty(len(units) - 1)
     args = (xa, xb, ta, tb, form.ulp, form.a == torch.float64, starts, units, _tolerances(atol, rtol), exact)
     _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
-    counts, max_ulp = np.add.reduceat(part_i[:, :5], first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
-    return _Run(part_f, tops, sums, counts, max_ulp, blocks)
+    summed, max_ulp = np.add.reduceat(part_i, first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
+    return _Run(part_f, tops, sums, summed[:, :5], summed[:, 6:], max_ulp, blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -495,9 +502,9 @@ def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float
 
 
 def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int | None,
-           block_d2: Sequence[float], block_a2: Sequence[float]) -> Totals:  # fmt: skip
+           block_d2: Sequence[float], block_a2: Sequence[float], nonfinite: Sequence[int]) -> Totals:  # fmt: skip
     """The ``Totals`` of a pair from what its pass added up (``max_ulp``: None without ULP metrics)."""
-    return Totals(numel, tuple(sums), max_abs, tuple(counts), max_ulp, tuple(block_d2), tuple(block_a2))  # type: ignore[arg-type]
+    return Totals(numel, tuple(sums), max_abs, tuple(counts), max_ulp, tuple(block_d2), tuple(block_a2), tuple(nonfinite))  # type: ignore[arg-type]
 
 
 def compare_cpu(
@@ -509,6 +516,7 @@ def compare_cpu(
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
+    nonfinite = np.zeros(3, np.int64)
     max_abs, max_ulp = 0.0, 0
     rows = []
     for start, xa, xb in _pieces(a, b, chunk_elems, edges):
@@ -517,12 +525,14 @@ def compare_cpu(
             rows.append(got.rows)
             sums += got.sums[0]
             counts += got.counts[0]
+            nonfinite += got.nonfinite[0]
             blocks += got.blocks
             max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
     if len(rows) > 1 and a.is_contiguous() and b.is_contiguous():
         sums, blocks = merge_rows(np.concatenate(rows), _rows(edges, 0, a.numel())[1], len(edges) - 1)
     ulp = int(max_ulp) if form.ulp else None
-    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), ulp, *blocks.tolist())
+    block_d2, block_a2 = blocks.tolist()
+    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), ulp, block_d2, block_a2, nonfinite.tolist())
 
 
 def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -551,10 +561,11 @@ def compare_cpu_many(
     owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
     xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.a), _bits(_end_to_end([b for _, b, _ in pairs]), form.b)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
-    sums, counts, tops, max_ulp = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp))
+    sums, counts, tops, max_ulp, nonfinite = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.nonfinite))
     (d2, a2), at = map(tuple, got.blocks.tolist()), edge_at.tolist()  # tuples: a pair's slices are its Totals' own
     return [
-        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p] if form.ulp else None, d2[at[p] : at[p + 1]], a2[at[p] : at[p + 1]])
+        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p] if form.ulp else None, d2[at[p] : at[p + 1]],
+               a2[at[p] : at[p + 1]], nonfinite[p])  # fmt: skip
         for p, (a, b, _) in enumerate(pairs)
     ]
 
@@ -579,17 +590,18 @@ def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
 
 def compare_cpu_range(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int], start: int
-) -> tuple[np.ndarray, np.ndarray, float, int | None]:
+) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:
     """The pass of :func:`compare_cpu` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
     ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
-    ULP distance, None without ULP metrics). ``start`` must be the first element of
+    ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the first element of
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
     then the whole pair's, bit for bit."""
     form = _format(a.dtype, b.dtype)
     got = _one(_bits(a, form.a), _bits(b, form.b), form, atol, rtol, tuple(edges), start)
     max_ulp = int(got.max_ulp[0]) if form.ulp else None
-    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), max_ulp
+    nan_a, nan_b, inf_same = got.nonfinite[0].tolist()
+    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), max_ulp, (nan_a, nan_b, inf_same)
 
 
 def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:

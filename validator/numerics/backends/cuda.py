@@ -52,7 +52,8 @@ _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
 _CHUNK = tl.constexpr(256)  # rows read at once
 # a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d| (-1: still to
 # find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed, non-finite
-# in a, in b, mismatched, max ULP, three zeros; -1 in a count marks work for _fix_kernel
+# in a, in b, mismatched, max ULP, NaN in a, in b, the same infinity in both; -1 in a count marks work for
+# _fix_kernel
 ROW = 16
 
 
@@ -156,7 +157,7 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
     s_a2 = tl.cast(0.0, tl.float64)
     s_b2, s_d2, s_abs, s_ad, top = s_a2, s_a2, s_a2, s_a2, s_a2
     c_both = tl.cast(0, tl.int64)
-    c_pass, c_nfa, c_nfb, c_mis = c_both, c_both, c_both, c_both
+    c_pass, c_nfa, c_nfb, c_mis, c_nan_a, c_nan_b, c_inf = c_both, c_both, c_both, c_both, c_both, c_both, c_both
     for t in tl.range(tl.cdiv(n, BLOCK)):
         a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
         ya, yb = _f64(a), _f64(b)
@@ -164,7 +165,11 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
         both = fa & fb & inb
         nan_a, nan_b = _nan(ya, a, A8), _nan(yb, b, B8)
         # non-finite in both and of the same kind: both NaN, or both Inf of one sign
-        same = inb & ~fa & ~fb & ((nan_a & nan_b) | (~nan_a & ~nan_b & ((ya < 0) == (yb < 0))))
+        inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((ya < 0) == (yb < 0))
+        same = (inb & nan_a & nan_b) | inf_same
+        c_nan_a += tl.sum((inb & nan_a).to(tl.int32))
+        c_nan_b += tl.sum((inb & nan_b).to(tl.int32))
+        c_inf += tl.sum(inf_same.to(tl.int32))
         ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
         e = yb - ya
         ae = tl.abs(e)
@@ -185,6 +190,9 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
     _put(row, 9, c_nfa)
     _put(row, 10, c_nfb)
     _put(row, 11, c_mis)
+    _put(row, 13, c_nan_a)
+    _put(row, 14, c_nan_b)
+    _put(row, 15, c_inf)
 
 
 @triton.jit
@@ -460,7 +468,7 @@ def compare_cuda(
     pieces = _pieces(a, b, device, chunk_elems)
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
-        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros)
+        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
@@ -485,4 +493,5 @@ def compare_cuda(
         block_d2 = np.bincount(owner, seg[0::2], len(edges) - 1).tolist()
         block_a2 = np.bincount(owner, seg[1::2], len(edges) - 1).tolist()
     max_ulp = ints[5] if spec is not None else None
-    return Totals(a.numel(), tuple(floats[:5]), max(floats[5], 0.0), tuple(ints[:5]), max_ulp, tuple(block_d2), tuple(block_a2))
+    sums, counts, nonfinite = tuple(floats[:5]), tuple(ints[:5]), (ints[6], ints[7], ints[8])
+    return Totals(a.numel(), sums, max(floats[5], 0.0), counts, max_ulp, tuple(block_d2), tuple(block_a2), nonfinite)

@@ -59,6 +59,7 @@ class Accumulator:
         self.sums = torch.zeros(5, dtype=torch.float64, device=device)  # a², b², d², |d|, a·d
         self.max_abs = torch.zeros((), dtype=torch.float64, device=device)
         self.counts = torch.zeros(5, dtype=torch.int64, device=device)  # both, passed, nf a, nf b, mismatch
+        self.nonfinite = torch.zeros(3, dtype=torch.int64, device=device)  # NaN a, NaN b, the same infinity
         self.max_ulp = torch.zeros((), dtype=torch.int64, device=device)
 
     def add(self, ca: torch.Tensor, cb: torch.Tensor, block: int = 0) -> None:
@@ -79,6 +80,7 @@ class Accumulator:
         self.counts += torch.stack(
             [both.sum(), close.sum() + same_kind.sum(), (~fin_a).sum(), (~fin_b).sum(), (~both & ~same_kind).sum()]
         )
+        self.nonfinite += torch.stack([xa.isnan().sum(), xb.isnan().sum(), (xa.isinf() & (xa == xb)).sum()])
         if self.spec is not None:
             dist = ulp_distance(ca, cb, self.spec).masked_fill(~both, 0)
             self.max_ulp = torch.maximum(self.max_ulp, dist.max())
@@ -88,7 +90,7 @@ class Accumulator:
         max_ulp = None if self.spec is None else int(self.max_ulp)
         block_d2, block_a2 = self.blocks.tolist()
         return Totals(numel, tuple(self.sums.tolist()), float(self.max_abs), tuple(self.counts.tolist()), max_ulp,
-                      tuple(block_d2), tuple(block_a2))  # fmt: skip
+                      tuple(block_d2), tuple(block_a2), tuple(self.nonfinite.tolist()))  # fmt: skip
 
 
 def compare_reference(

@@ -241,7 +241,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_warm(args: argparse.Namespace) -> int:
     from validator.numerics.warm import warm_up
 
-    seconds = warm_up(lambda line: print(f"  {line}", file=sys.stderr))
+    print("compiling the CPU comparison engine for each float format (numba; each line when done):", file=sys.stderr, flush=True)
+    seconds = warm_up(lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(f"the CPU engine is compiled for every float format ({seconds:.1f} s; numba's on-disk cache keeps it)")
     return 0
 

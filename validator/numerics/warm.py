@@ -20,9 +20,10 @@ FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "fl
 
 def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
     """Calls every CPU kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
-    calling thread (a small pair) and on numba's threads (a pair above
-    ``cpu.SMALL``), the batched pass, and the bootstrap's resampling with and without a floor. ``report``
-    gets a line per format. Returns the seconds it took."""
+    calling thread (a small pair) and on numba's threads (a pair above ``cpu.SMALL``), alone and against
+    float32 and float64 on either side (a pair of two formats, read as stored), the batched pass, and the
+    bootstrap's resampling with and without a floor. ``report`` gets a line per format. Returns the seconds
+    it took."""
     import torch
 
     from validator.numerics.backends.cpu import SMALL
@@ -37,6 +38,10 @@ def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
             b = a * 4  # two binades apart: wide ULP distances
             a[0, 0] = float("nan")  # a block with NaN: the float64 path
             _, sums = measure_blocks(a.to(dtype), b.to(dtype))
+            for wide in (torch.float32, torch.float64):
+                if wide != dtype:
+                    measure_blocks(a.to(dtype), b.to(wide))
+                    measure_blocks(a.to(wide), b.to(dtype))
         small = [(a[:4].to(dtype), b[:4].to(dtype)), (a[4:8].to(dtype), b[4:8].to(dtype))]
         measure_blocks_many(small)
         bootstrap_intervals([(sums, None), (sums, sums)])

@@ -38,7 +38,10 @@ for name in FORMATS:
         x, y = a.to(dtype), b.to(dtype)
         _, sums = measure_blocks(x, y)
         measure_blocks(x.t(), y.t())  # not contiguous
-        measure_blocks(x, y.to(torch.float32) if dtype != torch.float32 else y.to(torch.bfloat16))  # two formats
+        for wide in (torch.float32, torch.float64):  # two formats, either side
+            if wide != dtype:
+                measure_blocks(x, y.to(wide))
+                measure_blocks(x.to(wide), y)
         k = next(k for k in range(1, x.numel() + 1) if ranges.is_cut(x.shape, k))  # the first range (Ray's)
         ranges.measure_range(x.reshape(-1)[:k], y.reshape(-1)[:k], x.shape, 0)
         bootstrap_intervals([(sums, None), (sums, sums), (sums, BlockSums(sums.d2[:3], sums.a2[:3], 3, 0, 0, 0)),

@@ -2,9 +2,11 @@
 
 Both tensors are read as their raw bits, typed by their format: bfloat16 as int16, float16 as uint16,
 float8 as uint8, float32 as uint32 (:func:`_float` gives the value, :func:`_dist` the ULP distance; float16
-and float8 values come from a table of every bit pattern, built once from torch's own conversion). A pair
-of two formats is first converted to float32, or to float64 if a side is float64 (torch's conversion,
-exact). numba compiles the pass for a format at its first use.
+and float8 values come from a table of every bit pattern, built once from torch's own conversion; float64
+as itself). A pair of two formats is read as it is stored, never converted: each side's values are exact
+in float32 (float64 for float64), and the sums are float64; its 16-bit sides are read through their table,
+so that the kernels are compiled for fewer pairs of types. numba compiles the pass for a pair of types at
+its first use.
 
 A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
 hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
@@ -21,7 +23,8 @@ the last with zeros after it):
 
 A block whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
-masked and counted. Pairs read as float64 take that path for every block. ``max_abs``: float32
+masked and counted. A pair with a float64 side takes the same fused path with float64 per element (its tolerance
+test and largest |d| checked as above). ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
 each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
 float32 differences exact (``common.exact_ulp``). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
@@ -92,7 +95,7 @@ def _call(n: int, parallel: Callable[..., None], serial: Callable[..., None], *a
 @functools.cache
 def _table(dtype: torch.dtype) -> np.ndarray:
     """float32 bits of every bit pattern of a 16- or 8-bit float type (torch's conversion, exact)."""
-    if dtype not in (torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+    if dtype.itemsize > 2:
         return np.zeros(1, np.uint32)
     bits = np.arange(1 << (8 * dtype.itemsize), dtype=np.uint16).astype(np.int16 if dtype.itemsize == 2 else np.uint8)
     table: np.ndarray = torch.from_numpy(bits).view(dtype).float().numpy().view(np.uint32)
@@ -135,7 +138,7 @@ def _dist(x, y):  # pragma: no cover - numba's implementations follow
 
 @overload(_dist)
 def _dist_of(x, y):
-    if x == types.float64:  # no ULP metrics
+    if x != y or x == types.float64:  # two formats, or float64: no ULP metrics
         return lambda x, y: np.int64(0)
     if x == types.uint32:
         return lambda x, y: abs(_ordinal(np.int64(x), 31) - _ordinal(np.int64(y), 31))
@@ -148,19 +151,20 @@ def _dist_of(x, y):
     return narrow
 
 
-def _acc(x, v):  # pragma: no cover - numba's implementation follows
-    """The value ``v`` of an element whose bits are typed as ``x``, as :func:`_lanes_of` sums it: float64 for
-    float16's and float32's, whose squares have more bits than a float32 sum of many of them keeps (float16:
-    22; in float32 sums of 256, a float16 tensor of one repeated value lost 2e-6 of its norm), else ``v``
-    (bfloat16, float8: 64 squares of one binade add up exactly in float32)."""
+def _acc(x, y, v):  # pragma: no cover - numba's implementation follows
+    """The value ``v`` of an element of a pair whose bits are typed as ``x`` and ``y``, as :func:`_lanes_of`
+    sums it: float64 where a side is float16, float32 or float64 (or any format read through the table),
+    whose squares have more bits than a float32 sum of many of them keeps (float16: 22; in float32 sums of
+    256, a float16 tensor of one repeated value lost 2e-6 of its norm), else ``v`` (bfloat16, float8: 64
+    squares of one binade add up exactly in float32)."""
     raise NotImplementedError
 
 
 @overload(_acc)
-def _acc_of(x, v):
-    if x in (types.uint32, types.uint16):
-        return lambda x, v: np.float64(v)
-    return lambda x, v: v
+def _acc_of(x, y, v):
+    if x in (types.uint32, types.uint16, types.float64) or y in (types.uint32, types.uint16, types.float64):
+        return lambda x, y, v: np.float64(v)
+    return lambda x, y, v: v
 
 
 def _values(x, table, out):  # pragma: no cover - numba's implementations follow
@@ -195,14 +199,14 @@ def _lanes_of(n: int) -> Callable[..., None]:
     @njit(cache=True, fastmath={"reassoc", "contract"})
     def lanes_of_n(va, vb, xa, xb, tol, f, cnt):
         a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
-        s_a2 = s_b2 = s_d2 = s_abs = s_ad = _acc(xa[0], np.float32(0))
+        s_a2 = s_b2 = s_d2 = s_abs = s_ad = _acc(xa[0], xb[0], np.float32(0))
         top = n_lo = n_hi = np.int32(0)  # top: the bits of the largest |d| (they order as the values)
-        top_ulp = _dist(xa[0], xa[0])  # 0, of the distances' type
+        top_ulp = _dist(xa[0], xa[0])  # 0, of a type the distances fit
         for k in range(n):
             x, y = _float(va[k], va), _float(vb[k], vb)
             d = y - x
             ad, aa = abs(d), abs(x)
-            sx, sy = _acc(xa[k], x), _acc(xa[k], y)
+            sx, sy = _acc(xa[k], xb[k], x), _acc(xa[k], xb[k], y)
             sd = sy - sx
             s_a2 += sx * sx
             s_b2 += sy * sy
@@ -341,7 +345,7 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
 
 
 @njit(cache=True, nogil=True)
-def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u):
+def _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u):
     """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
     d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
     max ULP, NaN in a, in b, the same infinity in both), for unit u of blocks units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
@@ -351,23 +355,23 @@ def _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, 
     for blk in range(units[u], units[u + 1]):
         ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
         f, c = part_f[blk], part_i[blk]
-        if wide or not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c):
+        if not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c):
             _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c)
     tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pass(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops):
+def _pass(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops):
     """:func:`_unit` of every unit, a prange iteration each."""
     for u in prange(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u)
+        _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u)
 
 
 @njit(cache=True, nogil=True)
-def _pass_serial(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops):
+def _pass_serial(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops):
     """:func:`_pass` on the calling thread."""
     for u in range(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, wide, starts, units, tol, exact, part_f, part_i, tops, u)
+        _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u)
 
 
 @njit(cache=True)
@@ -389,22 +393,19 @@ def _add_rows(rows, owner, first, sums, blocks):
 
 
 class _Format(NamedTuple):
-    """How a pair is read: as dtypes ``a`` and ``b`` (:func:`_bits`), with ULP metrics or not."""
+    """How a pair of dtypes ``a`` and ``b`` is read: with ULP metrics or not; ``mixed``: two formats, whose
+    16-bit sides are read through their table (:func:`_bits`)."""
 
     a: torch.dtype
     b: torch.dtype
     ulp: bool
+    mixed: bool
 
 
 @functools.lru_cache(maxsize=64)
 def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
-    """A pair of one format, or of two float8 formats, is read as it is; else as float64 if a side is
-    float64, else as float32. ULP metrics: one format, not float64."""
-    ulp = ulp_spec(dtype_a, dtype_b) is not None
-    if dtype_a == dtype_b or dtype_a.itemsize == dtype_b.itemsize == 1:
-        return _Format(dtype_a, dtype_b, ulp)
-    wide = torch.float64 if torch.float64 in (dtype_a, dtype_b) else torch.float32
-    return _Format(wide, wide, ulp)
+    """Each side is read as it is stored, never converted. ULP metrics: one format, not float64."""
+    return _Format(dtype_a, dtype_b, ulp_spec(dtype_a, dtype_b) is not None, dtype_a != dtype_b)
 
 
 @functools.lru_cache(maxsize=64)
@@ -414,36 +415,26 @@ def _tolerances(atol: float, rtol: float) -> np.ndarray:
     return np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
 
 
-def _bits(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """The elements of ``t`` (flattened), as ``dtype``, as the pass reads them (:data:`_BITS`); copied
-    only where they are converted or not one dense run."""
-    flat = t.reshape(-1).to(dtype)
+def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
+    """The elements of ``t`` (flattened) as the pass reads them: their bits, typed by :data:`_BITS` (in a
+    pair of two formats every 16-bit format as float16's uint16, read through its table: the kernels are
+    compiled for fewer pairs of types); copied only where they are not one dense run."""
+    flat = t.reshape(-1)
     if flat.stride(0) != 1:
         flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    return flat.view(torch.uint8).numpy().view(_BITS[dtype])
+    return flat.view(torch.uint8).numpy().view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
 
 
-def _pieces(
-    a: torch.Tensor, b: torch.Tensor, chunk_elems: int, edges: tuple[int, ...]
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first element, a's elements, b's) of the pair as the pass reads it (:func:`_format`). A contiguous
-    pair read as it is comes whole; one read as another dtype is converted in pieces of about ``chunk_elems``
-    that start where the whole pair's rows start (:func:`_rows` over ``edges``), so its rows are the whole
-    pair's; a pair that is not contiguous comes in contiguous copies of ``chunk_elems``, each with rows of
-    its own."""
-    fa, fb, _ = _format(a.dtype, b.dtype)
+def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first element, a's elements, b's) of the pair as the pass reads it (:func:`_bits`): a contiguous pair
+    whole, one that is not in contiguous copies of ``chunk_elems``, each with rows of its own."""
+    mixed = _format(a.dtype, b.dtype).mixed
     if a.is_contiguous() and b.is_contiguous():
-        n, cuts = a.numel(), [0, a.numel()]
-        if (fa, fb) != (a.dtype, b.dtype) and n > chunk_elems:
-            starts = _rows(edges, 0, n)[0]
-            cuts = sorted({0, n, *starts[np.searchsorted(starts, np.arange(chunk_elems, n, chunk_elems))].tolist()})
-        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-        for lo, hi in zip(cuts, cuts[1:]):
-            yield lo, _bits(flat_a[lo:hi], fa), _bits(flat_b[lo:hi], fb)
+        yield 0, _bits(a, mixed), _bits(b, mixed)
         return
     start = 0
     for ca, cb in chunk_pairs(a, b, chunk_elems):
-        yield start, _bits(ca, fa), _bits(cb, fb)
+        yield start, _bits(ca, mixed), _bits(cb, mixed)
         start += ca.numel()
 
 
@@ -484,7 +475,7 @@ def _run(
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 9), np.int64)
     tops = np.empty(len(units) - 1)
-    args = (xa, xb, ta, tb, form.ulp, form.a == torch.float64, starts, units, _tolerances(atol, rtol), exact)
+    args = (xa, xb, ta, tb, form.ulp, starts, units, _tolerances(atol, rtol), exact)
     _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
@@ -511,25 +502,20 @@ def compare_cpu(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
-    A contiguous pair converted in pieces (:func:`_pieces`) has the whole pair's rows, added as one chain; a
-    non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
+    A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
     nonfinite = np.zeros(3, np.int64)
     max_abs, max_ulp = 0.0, 0
-    rows = []
-    for start, xa, xb in _pieces(a, b, chunk_elems, edges):
+    for start, xa, xb in _pieces(a, b, chunk_elems):
         if xa.size:
             got = _one(xa, xb, form, atol, rtol, edges, start)
-            rows.append(got.rows)
             sums += got.sums[0]
             counts += got.counts[0]
             nonfinite += got.nonfinite[0]
             blocks += got.blocks
             max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
-    if len(rows) > 1 and a.is_contiguous() and b.is_contiguous():
-        sums, blocks = merge_rows(np.concatenate(rows), _rows(edges, 0, a.numel())[1], len(edges) - 1)
     ulp = int(max_ulp) if form.ulp else None
     block_d2, block_a2 = blocks.tolist()
     return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), ulp, block_d2, block_a2, nonfinite.tolist())
@@ -559,7 +545,7 @@ def compare_cpu_many(
     starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
     starts[:-1] += np.repeat(at[:-1], rows)  # each pair's rows moved to where the pair is
     owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
-    xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.a), _bits(_end_to_end([b for _, b, _ in pairs]), form.b)
+    xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.mixed), _bits(_end_to_end([b for _, b, _ in pairs]), form.mixed)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
     sums, counts, tops, max_ulp, nonfinite = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.nonfinite))
     (d2, a2), at = map(tuple, got.blocks.tolist()), edge_at.tolist()  # tuples: a pair's slices are its Totals' own
@@ -598,7 +584,7 @@ def compare_cpu_range(
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
     then the whole pair's, bit for bit."""
     form = _format(a.dtype, b.dtype)
-    got = _one(_bits(a, form.a), _bits(b, form.b), form, atol, rtol, tuple(edges), start)
+    got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)
     max_ulp = int(got.max_ulp[0]) if form.ulp else None
     nan_a, nan_b, inf_same = got.nonfinite[0].tolist()
     return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), max_ulp, (nan_a, nan_b, inf_same)

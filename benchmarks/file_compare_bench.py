@@ -1,10 +1,12 @@
 """Whole-process time of ``validator compare`` on two 512 MiB bf16 .safetensors files against a plain NumPy
 float64 script doing the same (``numpy_compare.py``), side by side in one run.
 
-    python benchmarks/file_compare_bench.py --dir /tmp/fc --reps 3
+    python benchmarks/file_compare_bench.py --dir /tmp/fc --reps 3 --noise 1e-2
 
-Writes the two files into ``--dir`` once (a ~ N(0,1), b = bf16(a * (1 + 1e-3 N(0,1))), 32768 x 8192), then
-runs the two commands alternately ``--reps`` times each and prints every time, the medians and their ratio.
+Writes the files into ``--dir`` once (a ~ N(0,1), b = bf16(a * (1 + NOISE N(0,1))), 32768 x 8192; one b per
+noise), then runs ``validator compare A B``, ``validator compare A B --json`` and the NumPy script in turn,
+``--reps`` times each, and prints every time, the medians and the ratios. ``validator compare`` exits 1 where
+the drift fails the default policy; the time is the time either way.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def make_files(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
-    a_path, b_path = folder / "a.safetensors", folder / "b.safetensors"
+def make_files(folder: Path, rows: int, cols: int, noise: float) -> tuple[Path, Path]:
+    a_path, b_path = folder / f"a-{rows}x{cols}.safetensors", folder / f"b-{rows}x{cols}-{noise:g}.safetensors"
     if a_path.exists() and b_path.exists():
         return a_path, b_path
     import torch
@@ -28,7 +30,7 @@ def make_files(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
-    b = (a.float() * (1 + 1e-3 * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
+    b = (a.float() * (1 + noise * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({"x": a}, str(a_path))
     save_file({"x": b}, str(b_path))
@@ -37,7 +39,9 @@ def make_files(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
 
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    if done.returncode not in (0, 1):  # 1: the verdict is FAIL
+        raise SystemExit(f"{cmd} exited {done.returncode}")
     return time.perf_counter() - t0
 
 
@@ -47,10 +51,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rows", type=int, default=32768)
     ap.add_argument("--cols", type=int, default=8192)
+    ap.add_argument("--noise", type=float, default=1e-2, help="relative noise of b (1e-2: a drifting port)")
     args = ap.parse_args()
-    a, b = make_files(args.dir, args.rows, args.cols)
+    a, b = make_files(args.dir, args.rows, args.cols, args.noise)
+    validator = str(Path(sys.executable).with_name("validator"))  # the console script, as a user runs it
     commands = {
-        "validator compare": [sys.executable, "-m", "validator", "compare", str(a), str(b)],
+        "validator compare": [validator, "compare", str(a), str(b)],
+        "validator compare --json": [validator, "compare", str(a), str(b), "--json"],
         "numpy float64 script": [sys.executable, str(HERE / "numpy_compare.py"), str(a), str(b)],
     }
     times: dict[str, list[float]] = {k: [] for k in commands}
@@ -61,7 +68,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     for name, v in times.items():
         print(f"{name}: median {med[name]:.2f} s of {', '.join(f'{x:.2f}' for x in v)}")
-    print(f"ratio (numpy / validator): {med['numpy float64 script'] / med['validator compare']:.1f}x")
+    for name in ("validator compare", "validator compare --json"):
+        print(f"ratio (numpy / {name}): {med['numpy float64 script'] / med[name]:.1f}x")
 
 
 if __name__ == "__main__":

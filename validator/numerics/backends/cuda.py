@@ -153,10 +153,11 @@ def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
 
 @triton.jit
 def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
-    """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted."""
-    s_a2 = tl.cast(0.0, tl.float64)
-    s_b2, s_d2, s_abs, s_ad, top = s_a2, s_a2, s_a2, s_a2, s_a2
-    c_both = tl.cast(0, tl.int64)
+    """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted.
+    Per-lane sums and counts, reduced once at the end (a reduction per tile would stall every tile)."""
+    v_a2 = tl.zeros([BLOCK], dtype=tl.float64)
+    v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
+    c_both = tl.zeros([BLOCK], dtype=tl.int32)
     c_pass, c_nfa, c_nfb, c_mis, c_nan_a, c_nan_b, c_inf = c_both, c_both, c_both, c_both, c_both, c_both, c_both
     for t in tl.range(tl.cdiv(n, BLOCK)):
         a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
@@ -167,55 +168,54 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
         # non-finite in both and of the same kind: both NaN, or both Inf of one sign
         inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((ya < 0) == (yb < 0))
         same = (inb & nan_a & nan_b) | inf_same
-        c_nan_a += tl.sum((inb & nan_a).to(tl.int32))
-        c_nan_b += tl.sum((inb & nan_b).to(tl.int32))
-        c_inf += tl.sum(inf_same.to(tl.int32))
+        c_nan_a += (inb & nan_a).to(tl.int32)
+        c_nan_b += (inb & nan_b).to(tl.int32)
+        c_inf += inf_same.to(tl.int32)
         ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
         e = yb - ya
         ae = tl.abs(e)
-        s_a2 += tl.sum(ya * ya)
-        s_b2 += tl.sum(yb * yb)
-        s_d2 += tl.sum(e * e)
-        s_abs += tl.sum(ae)
-        s_ad += tl.sum(ya * e)
-        top = tl.maximum(top, tl.max(ae))
-        c_both += tl.sum(both.to(tl.int32))
-        c_pass += tl.sum(((both & (ae <= atol + _unfused(rtol * tl.abs(ya), both, ya))) | same).to(tl.int32))
-        c_nfa += tl.sum((inb & ~fa).to(tl.int32))
-        c_nfb += tl.sum((inb & ~fb).to(tl.int32))
-        c_mis += tl.sum((inb & ~both & ~same).to(tl.int32))
-    _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top)
-    _put(row, 7, c_both)
-    _put(row, 8, c_pass)
-    _put(row, 9, c_nfa)
-    _put(row, 10, c_nfb)
-    _put(row, 11, c_mis)
-    _put(row, 13, c_nan_a)
-    _put(row, 14, c_nan_b)
-    _put(row, 15, c_inf)
+        v_a2 += ya * ya
+        v_b2 += yb * yb
+        v_d2 += e * e
+        v_abs += ae
+        v_ad += ya * e
+        v_top = tl.maximum(v_top, ae)
+        c_both += both.to(tl.int32)
+        c_pass += ((both & (ae <= atol + _unfused(rtol * tl.abs(ya), both, ya))) | same).to(tl.int32)
+        c_nfa += (inb & ~fa).to(tl.int32)
+        c_nfb += (inb & ~fb).to(tl.int32)
+        c_mis += (inb & ~both & ~same).to(tl.int32)
+    _floats(row, tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.sum(v_abs), tl.sum(v_ad), tl.max(v_top))
+    _put(row, 7, tl.sum(c_both.to(tl.int64)))
+    _put(row, 8, tl.sum(c_pass.to(tl.int64)))
+    _put(row, 9, tl.sum(c_nfa.to(tl.int64)))
+    _put(row, 10, tl.sum(c_nfb.to(tl.int64)))
+    _put(row, 11, tl.sum(c_mis.to(tl.int64)))
+    _put(row, 13, tl.sum(c_nan_a.to(tl.int64)))
+    _put(row, 14, tl.sum(c_nan_b.to(tl.int64)))
+    _put(row, 15, tl.sum(c_inf.to(tl.int64)))
 
 
 @triton.jit
 def _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK: tl.constexpr):
     """The tolerance test of a program's (finite) tiles in float64, as the reference rounds it."""
-    count = tl.cast(0, tl.int64)
+    count = tl.zeros([BLOCK], dtype=tl.int32)
     for t in tl.range(tl.cdiv(n, BLOCK)):
         a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
         a64, b64 = _f64(a), _f64(b)
-        count += tl.sum((inb & (tl.abs(b64 - a64) <= atol + _unfused(rtol * tl.abs(a64), inb, a64))).to(tl.int32))
-    return count
+        count += (inb & (tl.abs(b64 - a64) <= atol + _unfused(rtol * tl.abs(a64), inb, a64))).to(tl.int32)
+    return tl.sum(count.to(tl.int64))
 
 
 @triton.jit
 def _max_ulp(a_ptr, b_ptr, n, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
     """Largest ULP distance of a program's positions finite in both."""
-    top = tl.cast(0, tl.int64)
+    top = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
     for t in tl.range(tl.cdiv(n, BLOCK)):
         a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
         both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, B8)
-        dist = tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0)
-        top = tl.maximum(top, tl.max(dist).to(tl.int64))
-    return top
+        top = tl.maximum(top, tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0))
+    return tl.max(top).to(tl.int64)
 
 
 @triton.jit
@@ -334,13 +334,13 @@ def _fix_row(
                 g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + 6, mask=r < programs, other=-1.0)))
             if (top == g) & (g > 0):
                 g32 = g.to(tl.float32)
-                best = tl.cast(0.0, tl.float64)
+                best = tl.zeros([BLOCK], dtype=tl.float64)
                 for t in tl.range(tl.cdiv(n, BLOCK)):
                     a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
                     xa, xb = a.to(tl.float32), b.to(tl.float32)
                     hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
-                    best = tl.maximum(best, tl.max(tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0)))
-                tl.store(row + 5, best)
+                    best = tl.maximum(best, tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0))
+                tl.store(row + 5, tl.max(best))
 
 
 @triton.jit

@@ -10,7 +10,7 @@ Inputs are :class:`StepArrays` (build one from an acceptance DataFrame with :met
 or pass the DataFrame directly to :func:`compare_acceptance`). Results are frozen dataclasses with
 ``to_dict()`` (JSON-safe) and ``__bool__`` (the item passed its check).
 
-Modules: ``primitives`` (intervals, TOST, Holm, trials needed, chi-square, JS distance, McNemar), ``steps``
+Modules: ``margin`` (the equivalence margin: log odds by default, absolute on request), ``primitives`` (intervals, TOST, Holm, trials needed, chi-square, JS distance, McNemar), ``steps``
 (:class:`StepArrays`, :func:`summarize_run`, the request-level bootstrap), ``results`` (the result types
 and the text table), ``pairing`` (requests and steps matched across runs, McNemar, greedy divergence,
 draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
@@ -18,6 +18,7 @@ draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_v
 
 from validator.judging.acceptance.comparison import acceptance_verdict, compare_acceptance
 from validator.judging.acceptance.first_parting import AcceptanceFrontier, RequestParting, acceptance_frontier
+from validator.judging.acceptance.margin import DEFAULT_LOG_ODDS_MARGIN, Margin, resolve_margin
 from validator.judging.acceptance.primitives import (
     chi2_homogeneity,
     equivalence_verdict,
@@ -45,6 +46,7 @@ from validator.judging.acceptance.results import (
 from validator.judging.acceptance.steps import StepArrays, summarize_run
 
 __all__ = [
+    "DEFAULT_LOG_ODDS_MARGIN",
     "AcceptanceComparison",
     "AcceptanceFrontier",
     "AcceptanceSummary",
@@ -52,6 +54,7 @@ __all__ = [
     "DivergenceSummary",
     "HistogramComparison",
     "LogprobComparison",
+    "Margin",
     "McNemarResult",
     "MeanComparison",
     "Multiplicity",
@@ -69,6 +72,7 @@ __all__ = [
     "mcnemar_test",
     "needed_trials",
     "position_counts",
+    "resolve_margin",
     "summarize_run",
     "tost_p_value",
     "wilson_interval",

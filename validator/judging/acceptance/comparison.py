@@ -4,6 +4,10 @@ Rates are ratios of counts summed over steps; standard errors come from the requ
 (:mod:`.steps`), floored by the independent-trials ones when there are too few requests to trust
 the bootstrap alone. Run A is the reference, B the candidate; differences are B - A.
 
+Each position is tested on its margin's scale (:mod:`.margin`): by default the log odds ratio of the two
+conditional rates, so that a halving is never equivalent at any rate; the rate difference where an
+absolute margin was asked for.
+
 Several positions are tested at once, and any one of them can fail the run, so the difference tests
 that can fail it are Holm-adjusted together (:func:`.primitives.holm_adjust`): equal runs fail with
 probability at most ``alpha`` overall, not ``alpha`` per position.
@@ -20,6 +24,7 @@ import numpy as np
 from scipy import stats as sps
 
 from validator.judging.acceptance.first_parting import AcceptanceFrontier, acceptance_frontier
+from validator.judging.acceptance.margin import Margin, resolve_margin
 from validator.judging.acceptance.pairing import (
     divergence_summary,
     logprob_comparisons,
@@ -33,7 +38,6 @@ from validator.judging.acceptance.primitives import (
     equivalence_verdict,
     holm_adjust,
     js_distance,
-    needed_trials,
     tost_p_value,
     two_sided_p,
     wilson_interval,
@@ -53,7 +57,14 @@ from validator.judging.acceptance.results import (
     PositionComparison,
     Verdict,
 )
-from validator.judging.acceptance.steps import StepArrays, bootstrap, nanstd, rates, summarize_run
+from validator.judging.acceptance.steps import (
+    StepArrays,
+    bootstrap,
+    log_odds_columns,
+    nanstd,
+    rates,
+    summarize_run,
+)
 
 # -- standard errors and intervals --------------------------------------------------------------------
 
@@ -98,6 +109,7 @@ class _Context:
     """What each per-position and per-step-mean comparison needs besides its own counts."""
 
     settings: ComparisonSettings
+    margin: Margin
     positions: int  # K; statistic columns: [conditional 0..K-1, unconditional 0..K-1, accepted/step, length]
     z: float  # two-sided (1 - alpha) normal quantile
     df: float  # degrees of freedom of a rate difference's standard error: requests bootstrapped - 1
@@ -106,6 +118,7 @@ class _Context:
     se_a: FloatArray  # bootstrap standard error of each statistic column, run A
     se_b: FloatArray
     se_diff: FloatArray  # ... of B - A
+    se_effect: FloatArray  # bootstrap standard error of each position's effect on the margin's scale
     diff_alone: bool  # joint bootstrap over at least min_requests pairs: B - A errors are not floored
     runs_alone: bool  # both runs have at least min_requests requests: per-run errors are not floored
 
@@ -120,11 +133,12 @@ def _selected(s: ComparisonSettings, k: int) -> bool:
 def _difference(
     ctx: _Context, k: int, sum_a: AcceptanceSummary, sum_b: AcceptanceSummary
 ) -> tuple[float, float, float]:
-    """B - A of the conditional rate at position k, its standard error, and the independent-trials one."""
+    """B against A at position k on the margin's scale (the tested effect), its standard error, and the
+    independent-trials one."""
     ra, xa, rb, xb = sum_a.reached[k], sum_a.accepted_at[k], sum_b.reached[k], sum_b.accepted_at[k]
-    se_bin = _binomial_se(_shrunk(xa, ra), ra, _shrunk(xb, rb), rb)
-    se = _floored(float(ctx.se_diff[k]), se_bin, ctx.diff_alone)
-    return _rate(xb, rb) - _rate(xa, ra), se, se_bin
+    se_iid = ctx.margin.effect_se(xa, ra, xb, rb)
+    se = _floored(float(ctx.se_effect[k]), se_iid, ctx.diff_alone)
+    return ctx.margin.effect(xa, ra, xb, rb), se, se_iid
 
 
 def _multiplicity(
@@ -166,24 +180,30 @@ def _position(
 ) -> PositionComparison:
     """``p_adjusted``: the Holm-adjusted difference p-value when k is in the family (it then decides
     ``different``), None when it is not (not selected: the raw p-value decides, for information)."""
-    s = ctx.settings
+    s, m = ctx.settings, ctx.margin
     ra, xa, rb, xb = sum_a.reached[k], sum_a.accepted_at[k], sum_b.reached[k], sum_b.accepted_at[k]
     n_a, n_b = sum_a.steps, sum_b.steps
     pa, pb = _rate(xa, ra), _rate(xb, rb)
     ta, tb = _shrunk(xa, ra), _shrunk(xb, rb)
-    d, se, se_bin = _difference(ctx, k, sum_a, sum_b)
-    p_eq, p_diff = tost_p_value(d, se, s.margin), two_sided_p(d, se, ctx.df)
+    d = pb - pa
+    effect, se, se_bin = _difference(ctx, k, sum_a, sum_b)
+    p_eq, p_diff = tost_p_value(effect, se, m.width), two_sided_p(effect, se, ctx.df)
     p_test = p_diff if p_adjusted is None else p_adjusted
     deff = (se / se_bin) ** 2 if se_bin > 0 and math.isfinite(se) else math.nan
     verdict: Verdict = (
         "no_data"
         if ra == 0 or rb == 0
-        else equivalence_verdict(d, p_eq, p_test, margin=s.margin, alpha=s.alpha)
+        else equivalence_verdict(effect, p_eq, p_test, margin=m.width, alpha=s.alpha)
     )
     needed = needed_steps = None
     if verdict == "inconclusive":
-        needed = needed_trials(ta, tb, s.margin, alpha=s.alpha, power=s.power, design_effect=deff)
+        needed = m.needed_trials(ta, tb, alpha=s.alpha, power=s.power, design_effect=deff)
         needed_steps = math.ceil(needed / min(ra / n_a, rb / n_b))
+    se_rate = (
+        se
+        if m.scale == "absolute"
+        else _floored(float(ctx.se_diff[k]), _binomial_se(ta, ra, tb, rb), ctx.diff_alone)
+    )
     ua, ub = _rate(xa, n_a), _rate(xb, n_b)
     se_u = _floored(
         float(ctx.se_diff[ctx.positions + k]),
@@ -202,8 +222,8 @@ def _position(
         ci_a=wilson_interval(xa, ra, s.alpha),
         ci_b=wilson_interval(xb, rb, s.alpha),
         diff=d,
-        diff_ci=_ci(d, se, ctx.t),
-        tost_ci=_ci(d, se, ctx.z_tost),
+        diff_ci=_ci(d, se_rate, ctx.t),
+        tost_ci=_ci(effect, se, ctx.z_tost),
         se=se,
         se_bootstrap=float(ctx.se_diff[k]),
         se_binomial=se_bin,
@@ -224,6 +244,8 @@ def _position(
         mcnemar=mcnemar,
         logprobs=logprobs,
         p_difference_adjusted=math.nan if p_adjusted is None else p_adjusted,
+        effect=effect,
+        effect_ci=_ci(effect, se, ctx.t),
     )
 
 
@@ -277,7 +299,7 @@ def _notes(
         if p.selected
         and p.verdict != "different"
         and p.p_difference < s.alpha
-        and abs(p.diff) > s.margin
+        and abs(p.effect) > s.margin
         and math.isfinite(p.p_difference_adjusted)
     ]
     for p in saved:
@@ -326,7 +348,8 @@ def compare_acceptance(
     a: Any,
     b: Any,
     *,
-    margin: float = 0.02,
+    margin: float | None = None,
+    log_odds_margin: float | None = None,
     alpha: float = 0.05,
     power: float = 0.8,
     resamples: int = 2000,
@@ -338,14 +361,19 @@ def compare_acceptance(
     labels: tuple[str, str] = ("A", "B"),
 ) -> AcceptanceComparison:
     """Compare run B (candidate) with run A (reference): DataFrames from ``validator.runs.acceptance_records`` or
-    :class:`StepArrays`. ``positions`` restricts which draft positions count towards the verdict."""
-    if not 0 < margin < 1 or not 0 < alpha < 0.5 or not 0 < power < 1 or resamples < 2:
-        raise ValueError("need 0 < margin < 1, 0 < alpha < 0.5, 0 < power < 1 and resamples >= 2")
+    :class:`StepArrays`. ``positions`` restricts which draft positions count towards the verdict.
+
+    The equivalence margin (:mod:`.margin`): ``log_odds_margin`` on the log odds ratio of the rates
+    (default :data:`.margin.DEFAULT_LOG_ODDS_MARGIN` when neither is given), or ``margin``, absolute on the
+    rate difference; not both."""
+    m = resolve_margin(margin, log_odds_margin)
+    if not 0 < alpha < 0.5 or not 0 < power < 1 or resamples < 2:
+        raise ValueError("need 0 < alpha < 0.5, 0 < power < 1 and resamples >= 2")
     sa, sb = _as_steps(a), _as_steps(b)
     n_pos = max(sa.max_proposed, sb.max_proposed)
     selected = None if positions is None else tuple(sorted({int(k) for k in positions}))
     settings = ComparisonSettings(
-        margin, alpha, power, resamples, seed, min_reached, min_requests, pair_by, labels, selected
+        m.width, alpha, power, resamples, seed, min_reached, min_requests, pair_by, labels, selected, m.scale
     )
     sum_a, sum_b = summarize_run(sa, n_pos), summarize_run(sb, n_pos)
     mode, ma, mb = pair_requests(sa, sb, pair_by)
@@ -356,8 +384,15 @@ def compare_acceptance(
     boot_a, boot_b = bootstrap(np.random.default_rng(seed), mat_a, mat_b, resamples, joint)
     st_a, st_b = rates(boot_a, n_pos), rates(boot_b, n_pos)
     df = max((len(ma) if joint else min(sa.n_requests, sb.n_requests)) - 1, 1)
+    se_diff = nanstd(st_b - st_a)
+    se_effect = (
+        se_diff[:n_pos]
+        if m.scale == "absolute"
+        else nanstd(log_odds_columns(boot_b, n_pos) - log_odds_columns(boot_a, n_pos))
+    )
     ctx = _Context(
         settings=settings,
+        margin=m,
         positions=n_pos,
         z=float(sps.norm.ppf(1 - alpha / 2)),
         df=df,
@@ -365,7 +400,8 @@ def compare_acceptance(
         z_tost=float(sps.norm.ppf(1 - alpha)),
         se_a=nanstd(st_a),
         se_b=nanstd(st_b),
-        se_diff=nanstd(st_b - st_a),
+        se_diff=se_diff,
+        se_effect=se_effect,
         diff_alone=joint and len(ma) >= min_requests,
         runs_alone=min(sa.n_requests, sb.n_requests) >= min_requests,
     )
@@ -404,7 +440,7 @@ def compare_acceptance(
     )
     histogram = _histogram(sum_a, sum_b, alpha)
 
-    verdict, reasons = acceptance_verdict(out, margin=margin, min_reached=min_reached)
+    verdict, reasons = acceptance_verdict(out, margin=m, min_reached=min_reached)
     if sa.n_steps == 0 or sb.n_steps == 0:
         reasons = (f"run {labels[0] if sa.n_steps == 0 else labels[1]} has no verify steps", *reasons)
     notes += _notes(ctx, out, histogram, accept_length, divergence)
@@ -441,8 +477,14 @@ def _ranges(ks: Sequence[int]) -> str:
     return ", ".join(out)
 
 
+def _effect_text(p: PositionComparison, m: Margin) -> str:
+    if m.scale == "absolute":
+        return f"B-A = {p.diff:+.4f}"
+    return f"rate {p.rate_a:.4g} -> {p.rate_b:.4g}, log odds ratio {p.effect:+.4f}"
+
+
 def acceptance_verdict(
-    positions: Sequence[PositionComparison], *, margin: float = 0.02, min_reached: int = 100
+    positions: Sequence[PositionComparison], *, margin: Margin | float | None = None, min_reached: int = 100
 ) -> tuple[Overall, tuple[str, ...]]:
     """``fail`` if any selected position is ``different``; ``pass`` if at least one position is judged
     (selected, enough data) and every judged position is ``equivalent``; else ``inconclusive``.
@@ -450,7 +492,10 @@ def acceptance_verdict(
     A position's ``different`` already rests on its Holm-adjusted p-value (see :func:`compare_acceptance`),
     so ``fail`` has a family-wise error of at most ``alpha``. ``pass`` needs every judged position's TOST
     to reject on its own: an intersection-union test, whose error is at most ``alpha`` with no adjustment.
+    ``margin``: the one the positions were tested with (a float is absolute; None the default log-odds one),
+    for the reasons' wording.
     """
+    m = margin if isinstance(margin, Margin) else resolve_margin(margin)
     reasons: list[str] = []
     selected = [p for p in positions if p.selected]
     different = [p for p in selected if p.verdict == "different"]
@@ -459,15 +504,15 @@ def acceptance_verdict(
         adj = p.p_difference_adjusted
         holm = f", Holm-adjusted p = {adj:.2g}" if math.isfinite(adj) else ""
         reasons.append(
-            f"position {p.position}: different (B-A = {p.diff:+.4f}, CI [{p.diff_ci[0]:+.4f}, {p.diff_ci[1]:+.4f}],"
-            f" p = {p.p_difference:.2g}{holm}; beyond the margin {margin:g})"
+            f"position {p.position}: different ({_effect_text(p, m)}, CI [{p.effect_ci[0]:+.4f},"
+            f" {p.effect_ci[1]:+.4f}], p = {p.p_difference:.2g}{holm}; beyond the margin {m.describe()})"
         )
     for p in judged:
         if p.verdict == "inconclusive":
             reasons.append(
-                f"position {p.position}: inconclusive (B-A = {p.diff:+.4f}, TOST CI [{p.tost_ci[0]:+.4f},"
-                f" {p.tost_ci[1]:+.4f}] not within +-{margin:g}); needs about {p.needed_trials:,} reached trials"
-                f" per run (have {p.reached_a:,} / {p.reached_b:,}), about {p.needed_steps:,} steps"
+                f"position {p.position}: inconclusive ({_effect_text(p, m)}, TOST CI [{p.tost_ci[0]:+.4f},"
+                f" {p.tost_ci[1]:+.4f}] not within {m.describe()}); needs about {p.needed_trials:,} reached"
+                f" trials per run (have {p.reached_a:,} / {p.reached_b:,}), about {p.needed_steps:,} steps"
             )
     unjudged = [p.position for p in selected if not p.judged and p.verdict != "no_data"]
     if unjudged:
@@ -486,5 +531,5 @@ def acceptance_verdict(
         )
     if all(p.verdict == "equivalent" for p in judged):
         eq = _ranges([p.position for p in judged])
-        return "pass", (f"positions {eq}: equivalent within +-{margin:g} (TOST)", *reasons)
+        return "pass", (f"positions {eq}: equivalent within {m.describe()} (TOST)", *reasons)
     return "inconclusive", tuple(reasons)

@@ -100,6 +100,9 @@ class AcceptanceSummary(_Result):
 
 @dataclass(frozen=True)
 class ComparisonSettings(_Result):
+    """``margin``: the equivalence margin's half-width on the ``margin_scale`` (``log_odds``: the log odds
+    ratio of the rates; ``absolute``: the rate difference); see :mod:`.margin`."""
+
     margin: float
     alpha: float
     power: float
@@ -110,6 +113,12 @@ class ComparisonSettings(_Result):
     pair_by: str
     labels: tuple[str, str]
     positions: tuple[int, ...] | None
+    margin_scale: str = "log_odds"
+
+    def margin_text(self) -> str:
+        if self.margin_scale == "absolute":
+            return f"+-{self.margin:g}"
+        return f"log odds +-{self.margin:g}"
 
 
 @dataclass(frozen=True)
@@ -156,10 +165,13 @@ class LogprobComparison(_Result):
 class PositionComparison(_Result):
     """Draft position ``position``: conditional rate P(accept k | reached k) per run and B - A.
 
-    ``ci_*`` are Wilson intervals (independent trials); ``diff_ci`` (1 - alpha; Student t with requests - 1
-    degrees of freedom, matching ``p_difference``) and ``tost_ci`` (1 - 2 alpha; normal, matching the TOST)
-    are intervals with the request-level bootstrap standard error ``se`` (floored by the binomial one, see
-    docs). ``uncond_*``: the vLLM-style rate accepted_k / steps.
+    ``effect`` is what the margin is tested on (:mod:`.margin`): the log odds ratio of the rates by default,
+    ``diff`` (= B - A of the rates) with an absolute margin. ``ci_*`` are Wilson intervals (independent
+    trials); ``effect_ci`` (1 - alpha; Student t with requests - 1 degrees of freedom, matching
+    ``p_difference``) and ``tost_ci`` (1 - 2 alpha; normal, matching the TOST) are intervals of the effect
+    with the request-level bootstrap standard error ``se`` (floored by the independent-trials one
+    ``se_binomial``, see docs); ``diff_ci`` is the same t interval for the rate difference (informational
+    under a log-odds margin). ``uncond_*``: the vLLM-style rate accepted_k / steps.
     ``p_difference`` is the raw two-sided p-value; ``p_difference_adjusted`` the Holm-adjusted one over the
     tests that can fail the run (:class:`Multiplicity`), NaN for a position outside that family. A position
     in the family is ``different`` only on its adjusted p-value; one outside it (not selected) on its raw one.
@@ -197,6 +209,8 @@ class PositionComparison(_Result):
     mcnemar: McNemarResult | None = None
     logprobs: LogprobComparison | None = None
     p_difference_adjusted: float = math.nan
+    effect: float = math.nan
+    effect_ci: tuple[float, float] = (math.nan, math.nan)
 
     def __bool__(self) -> bool:
         return self.verdict == "equivalent"
@@ -325,25 +339,30 @@ def _format_table(c: AcceptanceComparison) -> str:
     lines = [
         (
             f"Acceptance: {la} (reference) vs {lb} (candidate): {c.verdict.upper()}"
-            f"  [margin +-{s.margin:g}, alpha {s.alpha:g}{holm}, pairing {c.pairing}]"
+            f"  [margin {s.margin_text()}, alpha {s.alpha:g}{holm}, pairing {c.pairing}]"
         ),
         f"steps {c.summary_a.steps:,} / {c.summary_b.steps:,}, requests {c.summary_a.requests:,} / {c.summary_b.requests:,}",
         "",
     ]
     paired = any(p.mcnemar is not None for p in c.positions)
+    log_odds = s.margin_scale != "absolute"
     head = (
         f"{'pos':>3} {'reached A':>10} {'reached B':>10} {'P(acc|reach) A':>14} {'B':>7} {'B-A':>8}"
-        f" {conf + ' CI':>19} {'p':>7} {'Holm p':>7} {'TOST p':>7} {'uncond A':>8} {'B':>7} {'verdict':<13} {'need/run':>9}"
+        + (f" {'log OR':>8}" if log_odds else "")
+        + f" {conf + ' CI':>19} {'p':>7} {'Holm p':>7} {'TOST p':>7} {'uncond A':>8} {'B':>7} {'verdict':<13} {'need/run':>9}"
     )
     if paired:
         head += f" {'McNemar p':>9}"
     lines.append(head)
     for p in c.positions:
-        ci = "-" if not math.isfinite(p.diff) else f"[{p.diff_ci[0]:+.4f}, {p.diff_ci[1]:+.4f}]"
+        lo, hi = p.effect_ci
+        ci = "-" if not math.isfinite(p.effect) else f"[{lo:+.4f}, {hi:+.4f}]"
         verdict = p.verdict + ("" if p.judged or p.verdict == "no_data" else "*")
         row = (
             f"{p.position:>3} {p.reached_a:>10,} {p.reached_b:>10,} {_f(p.rate_a, '.4f'):>14} {_f(p.rate_b, '.4f'):>7}"
-            f" {_f(p.diff, '+.4f'):>8} {ci:>19} {_f(p.p_difference, '.2g'):>7} {_f(p.p_difference_adjusted, '.2g'):>7}"
+            f" {_f(p.diff, '+.4f'):>8}"
+            + (f" {_f(p.effect, '+.4f'):>8}" if log_odds else "")
+            + f" {ci:>19} {_f(p.p_difference, '.2g'):>7} {_f(p.p_difference_adjusted, '.2g'):>7}"
             f" {_f(p.p_equivalence, '.3g'):>7} {_f(p.uncond_a, '.4f'):>8}"
             f" {_f(p.uncond_b, '.4f'):>7} {verdict:<13} {'' if p.needed_trials is None else f'{p.needed_trials:,}':>9}"
         )

@@ -170,6 +170,15 @@ def rates(totals: FloatArray, k: int) -> FloatArray:
     )
 
 
+def log_odds_columns(totals: FloatArray, k: int) -> FloatArray:
+    """Totals (as in :func:`rates`) -> each position's Gart-adjusted log odds
+    ``log((accepted + 1/2) / (reached - accepted + 1/2))``; NaN where a position was not reached."""
+    reached, acc = totals[:, :k], totals[:, k : 2 * k]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = np.where(reached > 0, np.log((acc + 0.5) / (reached - acc + 0.5)), np.nan)
+    return out
+
+
 def bootstrap(
     rng: np.random.Generator, ma: FloatArray, mb: FloatArray, resamples: int, joint: bool
 ) -> tuple[FloatArray, FloatArray]:

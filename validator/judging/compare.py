@@ -451,7 +451,7 @@ def _gsm8k_section(a: RunView, b: RunView) -> dict[str, Any]:
     return {**doc, "verdict": verdict, "reasons": reasons}
 
 
-_ACCEPTANCE_KEYS = {"margin", "alpha", "power", "resamples", "seed", "min_reached", "min_requests"}
+_ACCEPTANCE_KEYS = {"margin", "log_odds_margin", "alpha", "power", "resamples", "seed", "min_reached", "min_requests"}
 
 
 def _acceptance_section(a: RunView, b: RunView, policy: Policy) -> dict[str, Any]:

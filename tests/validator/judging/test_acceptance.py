@@ -193,7 +193,7 @@ def test_shift_at_one_position_is_found_there_only() -> None:
 def test_small_samples_are_inconclusive_with_needed_size() -> None:
     a = make_frame(200, RATES, seed=31, prefix="a")
     b = make_frame(200, RATES, seed=32, prefix="b")
-    c = compare_acceptance(a, b, **FAST)
+    c = compare_acceptance(a, b, margin=0.02, **FAST)  # absolute: the trials needed follow needed_trials
     assert c.verdict == "inconclusive" and not c
     p0 = c.positions[0]
     assert p0.verdict == "inconclusive" and p0.judged
@@ -365,7 +365,7 @@ def test_one_position_significant_alone_is_not_a_fail_over_four() -> None:
     # position 0: 1600/2000 vs 1540/2000 (B-A = -0.03, p ~ 0.021 alone); positions 1-3 at 0.8 in both runs.
     a = _hand_run([1600, 1280, 1024, 819], 2000, "a")
     b = _hand_run([1540, 1232, 986, 789], 2000, "b")
-    c = compare_acceptance(a, b, **FAST)
+    c = compare_acceptance(a, b, margin=0.02, **FAST)  # absolute: the rate difference is the tested effect
     p0 = c.positions[0]
     assert p0.diff == pytest.approx(-0.03) and p0.se == pytest.approx(p0.se_binomial)
     ta, tb = 1601 / 2002, 1541 / 2002
@@ -385,7 +385,7 @@ def test_one_position_significant_alone_is_not_a_fail_over_four() -> None:
     assert d["multiplicity"]["family"] == [f"position {k}" for k in range(4)]
 
     # gated on two positions, the family is two tests: p0 * 2 < 0.05 fails the run
-    two = compare_acceptance(a, b, positions=[0, 1], **FAST)
+    two = compare_acceptance(a, b, positions=[0, 1], margin=0.02, **FAST)
     assert two.multiplicity is not None and two.multiplicity.family == ("position 0", "position 1")
     assert two.positions[0].p_difference_adjusted == pytest.approx(2 * p0.p_difference)
     assert two.positions[0].verdict == "different" and two.verdict == "fail"
@@ -403,7 +403,7 @@ def test_equal_runs_fail_at_most_alpha_overall() -> None:
         a, b = make_steps(rng, [0.8] * 4, 100, 20, "a"), make_steps(rng, [0.8] * 4, 100, 20, "b")
         c = compare_acceptance(a, b, resamples=500)
         fails += c.verdict == "fail"
-        uncorrected += any(p.p_difference < 0.05 and abs(p.diff) > 0.02 for p in c.positions)
+        uncorrected += any(p.p_difference < 0.05 and abs(p.effect) > c.settings.margin for p in c.positions)
     assert uncorrected >= 36, uncorrected  # the old rule on the same draws: ~15% (the test can tell them apart)
     assert fails <= 24, fails  # <= 8% of 300: expected ~5%; 15% would be ~46
 

@@ -225,7 +225,7 @@ def _position(
         diff_ci=_ci(d, se_rate, ctx.t),
         tost_ci=_ci(effect, se, ctx.z_tost),
         se=se,
-        se_bootstrap=float(ctx.se_diff[k]),
+        se_bootstrap=float(ctx.se_effect[k]),
         se_binomial=se_bin,
         design_effect=deff,
         p_difference=p_diff,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from validator.errors import InputError
 from validator.judging.frontier import Frontier, Node, divergence_frontier
 from validator.judging.policy import Decision, Floor, Policy
-from validator.judging.text import frontier_note
+from validator.judging.text import fmt_interval, fmt_judged, frontier_note
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
 from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical, materialize_many
@@ -506,10 +506,13 @@ def _verdict(
         return "inconclusive", ["no tensors in common to compare"] + reasons
     if undecided:
         border = [p for p in undecided if p.decision and p.decision.borderline]
-        nofloor = [p for p in undecided if p not in border]
+        nonfinite = [p for p in undecided if p not in border and p.decision and p.decision.no_finite]
+        nofloor = [p for p in undecided if p not in border and p not in nonfinite]
         head = []
         if border:
             head.append(f"{len(border)} pair(s) borderline, e.g. {_pair_reason(border[0])}")
+        if nonfinite:
+            head.append(f"{len(nonfinite)} pair(s) with no finite element, e.g. {_pair_reason(nonfinite[0])}")
         if nofloor:
             head.append(f"{len(nofloor)} pair(s) without a floor, e.g. {_pair_reason(nofloor[0])}")
         return "inconclusive", ["; ".join(head)] + [_pair_reason(p) for p in undecided[:20]] + reasons
@@ -518,6 +521,10 @@ def _verdict(
     summary = f"all {len(pairs)} pairs within their limits"
     if worst is not None and worst.decision is not None:
         summary += f" (closest: {worst.label}, {_describe(worst.decision)})"
+    matched = [p for p in pairs if p.decision is not None and p.decision.no_finite]
+    if matched:  # passed on matching NaN/Inf alone (nonfinite = "match"): the headline says so
+        summary += (f"; {len(matched)} of them with no finite element, passed on matching NaN/Inf alone "
+                    f'(nonfinite = "match"), e.g. {matched[0].label}')
     return "pass", [summary] + reasons
 
 
@@ -526,13 +533,13 @@ def _describe(d: Decision) -> str:
     if d.value is None:
         return ""
     if d.judged == "x floor":
-        text = f"{d.value:.3g}x {d.floor_kind} floor"
+        text = f"{fmt_judged(d.value, limit=d.limit)}x {d.floor_kind} floor"
         if d.interval:
-            text += f" [{d.interval[0]:.3g}, {d.interval[1]:.3g}]"
+            text += f" {fmt_interval(*d.interval, limit=d.limit)}"
         return text + (f", limit {d.limit:g}x" if d.limit is not None else "")
-    text = f"rel_l2 {d.value:.3g}"
+    text = f"rel_l2 {fmt_judged(d.value, limit=d.limit)}"
     if d.interval:
-        text += f" [{d.interval[0]:.3g}, {d.interval[1]:.3g}]"
+        text += f" {fmt_interval(*d.interval, limit=d.limit)}"
     return text + (f", limit {d.limit:.3g}" if d.limit is not None else "")
 
 

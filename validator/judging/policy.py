@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from validator.errors import InputError
+from validator.judging.text import fmt_interval, fmt_judged
 from validator.numerics.floors import BlockSums, bootstrap_intervals
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ __all__ = [
 ]
 
 # Bumped whenever a default or a judging rule changes, so that cached comparisons are judged again.
-JUDGING_VERSION = 4  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
-# divergence frontier (first_divergence, problem_nodes, downstream) in the document and the headline
+JUDGING_VERSION = 5  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
+# divergence frontier (first_divergence, problem_nodes, downstream) in the document and the headline; 5: a pair with
+# no finite element is inconclusive unless nonfinite = "match" (then noted), intervals printed rounded outward
 
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5
@@ -152,6 +154,7 @@ class Decision:
     limit: float | None = None
     notes: tuple[str, ...] = ()
     borderline: bool = False
+    no_finite: bool = False  # no element is finite in both runs: nothing numeric was judged (policy.md)
 
 
 class _Pending(NamedTuple):
@@ -167,9 +170,11 @@ class _Pending(NamedTuple):
 
     def words(self, ci: tuple[float, float]) -> tuple[str, str]:
         """How a reason shows the value with its interval, and the limit."""
+        # rounded outward, and never onto the limit's other side: a FAIL never prints a bound within its limit
+        value, shown = fmt_judged(self.value, limit=self.limit), fmt_interval(ci[0], ci[1], limit=self.limit)
         if self.floor_kind is None:
-            return f"rel_l2 {self.value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]", f"{self.limit:.3g}"
-        return f"{self.value:.3g}x {self.floor_kind} floor [{ci[0]:.3g}, {ci[1]:.3g}]", f"{self.limit:g}x"
+            return f"rel_l2 {value} {shown}", f"{self.limit:.3g}"
+        return f"{value}x {self.floor_kind} floor {shown}", f"{self.limit:g}x"
 
 
 @dataclass
@@ -272,8 +277,7 @@ class Policy:
         da, db = dtypes or (m.dtype_a, m.dtype_b)
         rule = self.effective_rule(name, (da, db), have_floor=have_floor)
         v = _Verdicts()
-        _nonfinite(rule.nonfinite, m, blocks, v)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"no_finite": _nonfinite(rule.nonfinite, m, blocks, v)}
         if rule.floor_multiple is not None:
             _against_floor(rule, m, floor or Floor("none", reason="no floor pair given"), db, blocks, v, out)
         if rule.rel_l2_max is not None:
@@ -322,20 +326,51 @@ def _finish(j: _Judging, intervals: Iterator[tuple[float, float]]) -> Decision:
         limit=out.get("limit"),
         notes=tuple(v.notes),
         borderline=bool(v.borderline) and not v.fails,
+        no_finite=out["no_finite"],
     )
 
 
-def _nonfinite(mode: str, m: TensorMetrics, blocks: BlockSums | None, v: _Verdicts) -> None:
-    if mode == "ignore":
-        return
-    if mode == "fail" and blocks is None and (m.nonfinite_a or m.nonfinite_b):  # no NaN count: be strict
-        v.fails.append(f"non-finite (NaN or Inf): {m.nonfinite_a} in A, {m.nonfinite_b} in B")
-    elif mode == "fail" and blocks is not None and (blocks.nan_a or blocks.nan_b):
-        v.fails.append(f"NaN: {blocks.nan_a} in A, {blocks.nan_b} in B")
+def _nonfinite(mode: str, m: TensorMetrics, blocks: BlockSums | None, v: _Verdicts) -> bool:
+    """The rule's ``nonfinite`` setting applied to one pair; returns whether the pair has no element finite in
+    both runs (one run, or both, non-finite everywhere). Such a pair rests on no finite number: it passes only
+    where the rule asks for matching non-finite values (``"match"``), with a note that says so, and is
+    inconclusive otherwise, unless its non-finite values fail it already."""
+    no_finite = m.numel > 0 and max(m.nonfinite_a, m.nonfinite_b) == m.numel
+    failed = len(v.fails)
+    if mode != "ignore":
+        if mode == "fail" and blocks is None and (m.nonfinite_a or m.nonfinite_b):  # no NaN count: be strict
+            v.fails.append(f"non-finite (NaN or Inf): {m.nonfinite_a} in A, {m.nonfinite_b} in B")
+        elif mode == "fail" and blocks is not None and (blocks.nan_a or blocks.nan_b):
+            v.fails.append(f"NaN: {blocks.nan_a} in A, {blocks.nan_b} in B")
+        if m.nonfinite_mismatch:
+            v.fails.append(f"{m.nonfinite_mismatch} element(s) differ in NaN/Inf")
+        if blocks is not None and blocks.inf_matched:
+            v.notes.append(f"{blocks.inf_matched} matching ±Inf element(s), counted and not compared")
+        if mode == "match" and not m.nonfinite_mismatch:  # what "match" let through, always said
+            if blocks is not None and blocks.nan_a:
+                v.notes.append(f'{blocks.nan_a} matching NaN element(s), accepted by nonfinite = "match" and not compared')
+            elif blocks is None and m.nonfinite_a:
+                v.notes.append(f'{m.nonfinite_a} matching NaN/±Inf element(s), accepted by nonfinite = "match" and not compared')
+    if no_finite and len(v.fails) == failed:
+        what = _nonfinite_counts(m, blocks)
+        if mode == "match":
+            v.notes.append(f'no finite element: passes on its {what} alone (nonfinite = "match")')
+        else:
+            v.undecided.append(
+                f'no finite element: {what}, nothing to judge (nonfinite = "{mode}"'
+                + ('; a rule with nonfinite = "match" accepts matching NaN/Inf)' if mode == "fail" else ")")
+            )
+    return no_finite
+
+
+def _nonfinite_counts(m: TensorMetrics, blocks: BlockSums | None) -> str:
+    """'4096 matching ±Inf element(s)', '64 matching NaN and 4032 matching ±Inf element(s)', or per run."""
     if m.nonfinite_mismatch:
-        v.fails.append(f"{m.nonfinite_mismatch} element(s) differ in NaN/Inf")
-    if blocks is not None and blocks.inf_matched:
-        v.notes.append(f"{blocks.inf_matched} matching ±Inf element(s), counted and not compared")
+        return f"{m.nonfinite_a} of {m.numel} element(s) non-finite in A, {m.nonfinite_b} in B"
+    if blocks is None:
+        return f"{m.nonfinite_a} matching NaN/±Inf element(s)"
+    parts = [f"{n} matching {kind}" for n, kind in ((blocks.nan_a, "NaN"), (blocks.inf_matched, "±Inf")) if n]
+    return " and ".join(parts) + " element(s)"
 
 
 def _against_floor(

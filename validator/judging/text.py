@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 __all__ = [
     "fmt_num",
+    "fmt_interval",
+    "fmt_judged",
     "format_rows",
     "headline",
     "counts_line",
@@ -35,6 +38,50 @@ def fmt_num(v: Any, digits: int = 3) -> str:
             return "inf" if v > 0 else "-inf"
         return f"{v:.{digits + 1}g}"
     return str(v)
+
+
+def fmt_interval(lo: Any, hi: Any, digits: int = 3, *, limit: Any = None) -> str:
+    """'[1.5004, 1.66]': an interval as every report prints it, each end rounded **outward** to ``digits``
+    significant digits (the lower end down, the upper end up), so the printed interval, read back, always
+    contains the computed one. With ``limit`` (the bound the value was held to), an end that rounding would carry onto or
+    across the limit gets more digits, so the text reads as the verdict was decided: a failing interval's
+    lower end shows above the limit (``lo > limit``), a passing one's upper end at or below it. Non-finite
+    ends print as 'inf', '-inf', 'nan'; strings (a JSON document's non-finite numbers) print as they are."""
+    bound = _finite(limit)
+    return f"[{_rounded(lo, digits, ROUND_FLOOR, bound)}, {_rounded(hi, digits, ROUND_CEILING, bound)}]"
+
+
+def fmt_judged(x: Any, digits: int = 3, *, limit: Any = None) -> str:
+    """A judged value beside its limit: ``x`` to ``digits`` significant digits (the nearest), with more digits
+    where rounding would carry it onto or across ``limit`` (1.5004 against 1.5 prints '1.5004', not '1.5')."""
+    return _rounded(x, digits, ROUND_HALF_EVEN, _finite(limit))
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _rounded(x: Any, digits: int, rounding: str, limit: float | None) -> str:
+    """``x`` rounded to ``digits`` significant digits by ``rounding`` (ROUND_FLOOR: down), with more digits (up
+    to 20, past any double's precision) while the rounded value lands on the other side of ``limit``."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+        return fmt_num(float(x) if isinstance(x, (int, float)) else x)
+    exact = Decimal(repr(float(x)))  # the shortest text of the double: its rounding, read back, is on the right side
+    if exact == 0:
+        return "0"
+    text = ""
+    for sig in range(max(digits, 1), 21):
+        q = exact.quantize(Decimal(1).scaleb(exact.adjusted() - sig + 1), rounding=rounding)
+        text = f"{float(q):.{sig}g}"
+        if limit is None or not _crossed(x, float(text), limit):
+            break
+    return text
+
+
+def _crossed(x: float, shown: float, limit: float) -> bool:
+    """Whether the printed ``shown`` is on the other side of ``limit`` than ``x``, as verdicts compare: above
+    the limit fails (``> limit``), at or below it is within."""
+    return x > limit >= shown or x <= limit < shown
 
 
 def format_rows(header: list[str], rows: list[list[str]]) -> str:
@@ -87,9 +134,9 @@ def judged_cell(p: dict[str, Any]) -> str:
         return "-"
     ci = p.get("interval")
     unit = "x" if p.get("judged") == "x floor" else ""
-    text = f"{fmt_num(value)}{unit}"
+    text = f"{fmt_judged(value, 4, limit=p.get('limit')) if isinstance(value, float) else fmt_num(value)}{unit}"
     if ci:
-        text += f" [{fmt_num(ci[0])}, {fmt_num(ci[1])}]"
+        text += f" {fmt_interval(ci[0], ci[1], 4, limit=p.get('limit'))}"
     return text
 
 

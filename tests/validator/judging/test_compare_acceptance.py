@@ -74,6 +74,13 @@ def test_acceptance_policy_section(tmp_path: Path, capsys) -> None:
     pol.write_text("[acceptance]\nmargn = 0.05\n")
     assert main(home + ["compare", str(a), str(b), "--policy", str(pol)]) == 2
     assert "unknown [acceptance] key" in capsys.readouterr().err
+    pol.write_text("[acceptance]\nlog_odds_margin = 0.3\n")  # 0.6 -> 0.57 is a log odds ratio of -0.12
+    assert main(home + ["compare", str(a), str(b), "--policy", str(pol), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["acceptance"]["settings"]["margin_scale"] == "log_odds" and doc["acceptance"]["settings"]["margin"] == 0.3
+    pol.write_text("[acceptance]\nmargin = 0.05\nlog_odds_margin = 0.3\n")
+    assert main(home + ["compare", str(a), str(b), "--policy", str(pol)]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_malformed_jsonl_is_one_line_exit_2(tmp_path: Path, capsys) -> None:

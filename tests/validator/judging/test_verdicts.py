@@ -286,3 +286,33 @@ def test_effective_rule_is_the_matching_rule_else_the_default_for_the_dtypes() -
         assert pol.effective_rule("hidden", dtypes, have_floor=False) == Rule(rel_l2_max=default_rel_l2(*dtypes))
         assert Policy().effective_rule("hidden", dtypes, have_floor=True) == Rule(floor_multiple=FLOOR_MULTIPLE)
     assert Policy().effective_rule("hidden", ("float32", "bfloat16"), have_floor=False).rel_l2_max == 3e-2
+
+
+# -- issue 38: a printed FAIL never shows a bound within its limit ---------------------------------------
+
+
+def test_fail_just_above_the_limit_prints_its_lower_bound_above_it(tmp_path: Path, capsys) -> None:
+    import re
+
+    from validator.judging.report import format_comparison
+
+    g = torch.Generator().manual_seed(38)
+    ref = torch.randn(256, 16, generator=g, dtype=torch.float64)
+    e1, e2 = torch.randn(256, 16, generator=g, dtype=torch.float64), torch.randn(256, 16, generator=g, dtype=torch.float64)
+    files = {n: _save(tmp_path / f"{n}.safetensors", x=ref + 1e-3 * e) for n, e in (("ref", 0 * e1), ("fl", e1), ("c1", e2))}
+    code, out, _ = _cli(capsys, tmp_path, "compare", files["ref"], files["c1"], "--floor", files["ref"], files["fl"], "--json")
+    lo1 = json.loads(out)["pairs"][0]["interval"][0]
+    # the candidate's error scaled so that its interval's lower end is 1.50004: every resampled ratio scales alike
+    scale = 1.50004 / lo1
+    cand = _save(tmp_path / "c.safetensors", x=ref + scale * 1e-3 * e2)
+    code, out, _ = _cli(capsys, tmp_path, "compare", files["ref"], cand, "--floor", files["ref"], files["fl"], "--json")
+    doc = json.loads(out)
+    lo, hi = doc["pairs"][0]["interval"]
+    assert code == 1 and 1.5 < lo < 1.5001, (lo, hi)
+    got = re.search(r"(\S+)x measured floor \[(\S+), (\S+)\] > 1\.5x", doc["headline"])
+    assert got is not None, doc["headline"]
+    shown_value, shown_lo, shown_hi = (float(x) for x in got.groups())
+    assert 1.5 < shown_lo <= lo and shown_hi >= hi and shown_value > 1.5  # was "[1.5, ...] > 1.5x"
+    # the table (CLI, Markdown, dashboard) prints the same interval, outward and clear of the limit
+    cell = re.search(r"x \[(\S+), (\S+)\]\s+1\.5x", format_comparison(doc))
+    assert cell is not None and 1.5 < float(cell[1]) <= lo and float(cell[2]) >= hi

@@ -50,10 +50,12 @@ _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
 _CHUNK = tl.constexpr(256)  # rows read at once
-# a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d| (-1: still to
-# find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed, non-finite
-# in a, in b, mismatched, max ULP, NaN in a, in b, the same infinity in both; -1 in a count marks work for
-# _fix_kernel
+# the columns of a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d|
+# (-1: still to find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed,
+# non-finite in a, in b, mismatched, max ULP, NaN in a, in b, the same infinity in both; -1 in a count marks
+# work for _fix_kernel
+A2, B2, D2, ABS, AD, MAX_EXACT, MAX32 = (tl.constexpr(i) for i in range(7))
+BOTH, PASSED, NF_A, NF_B, MISMATCH, MAX_ULP, NAN_A, NAN_B, INF_SAME = (tl.constexpr(i) for i in range(7, 16))
 ROW = 16
 
 
@@ -143,12 +145,12 @@ def _put(row, i, value):
 
 @triton.jit
 def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
-    tl.store(row + 0, s_a2.to(tl.float64))
-    tl.store(row + 1, s_b2.to(tl.float64))
-    tl.store(row + 2, s_d2.to(tl.float64))
-    tl.store(row + 3, s_abs.to(tl.float64))
-    tl.store(row + 4, s_ad.to(tl.float64))
-    tl.store(row + 5, top.to(tl.float64))
+    tl.store(row + A2, s_a2.to(tl.float64))
+    tl.store(row + B2, s_b2.to(tl.float64))
+    tl.store(row + D2, s_d2.to(tl.float64))
+    tl.store(row + ABS, s_abs.to(tl.float64))
+    tl.store(row + AD, s_ad.to(tl.float64))
+    tl.store(row + MAX_EXACT, top.to(tl.float64))
 
 
 @triton.jit
@@ -186,14 +188,14 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
         c_nfb += (inb & ~fb).to(tl.int32)
         c_mis += (inb & ~both & ~same).to(tl.int32)
     _floats(row, tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.sum(v_abs), tl.sum(v_ad), tl.max(v_top))
-    _put(row, 7, tl.sum(c_both.to(tl.int64)))
-    _put(row, 8, tl.sum(c_pass.to(tl.int64)))
-    _put(row, 9, tl.sum(c_nfa.to(tl.int64)))
-    _put(row, 10, tl.sum(c_nfb.to(tl.int64)))
-    _put(row, 11, tl.sum(c_mis.to(tl.int64)))
-    _put(row, 13, tl.sum(c_nan_a.to(tl.int64)))
-    _put(row, 14, tl.sum(c_nan_b.to(tl.int64)))
-    _put(row, 15, tl.sum(c_inf.to(tl.int64)))
+    _put(row, BOTH, tl.sum(c_both.to(tl.int64)))
+    _put(row, PASSED, tl.sum(c_pass.to(tl.int64)))
+    _put(row, NF_A, tl.sum(c_nfa.to(tl.int64)))
+    _put(row, NF_B, tl.sum(c_nfb.to(tl.int64)))
+    _put(row, MISMATCH, tl.sum(c_mis.to(tl.int64)))
+    _put(row, NAN_A, tl.sum(c_nan_a.to(tl.int64)))
+    _put(row, NAN_B, tl.sum(c_nan_b.to(tl.int64)))
+    _put(row, INF_SAME, tl.sum(c_inf.to(tl.int64)))
 
 
 @triton.jit
@@ -243,8 +245,8 @@ def _pass_kernel(
     if (tl.program_id(0) == 0) & (zero != 0):
         tl.store(count_ptr, tl.cast(0, tl.int64))
     if F64:  # a float64 input: the reference's float64 throughout, in _fix_kernel
-        tl.store(row + 6, -1.0)
-        _put(row, 7, tl.cast(-1, tl.int64))
+        tl.store(row + MAX32, -1.0)
+        _put(row, BOTH, tl.cast(-1, tl.int64))
     else:
         a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
         a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
@@ -296,13 +298,13 @@ def _pass_kernel(
         else:  # tolerances past the band's range: counted in float64
             c_pass = c_pass * 0 - 1
         _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, tl.where(top_ulp <= EXACT_ULP, top, -1.0))
-        tl.store(row + 6, tl.where(clean, top.to(tl.float64), -1.0))
-        _put(row, 7, tl.where(clean, n, -1))
-        _put(row, 8, c_pass)
-        for i in tl.static_range(9, 12):
+        tl.store(row + MAX32, tl.where(clean, top.to(tl.float64), -1.0))
+        _put(row, BOTH, tl.where(clean, n, -1))
+        _put(row, PASSED, c_pass)
+        for i in tl.static_range(NF_A, MISMATCH + 1):
             _put(row, i, n * 0)
-        _put(row, 12, top_ulp)
-        for i in tl.static_range(13, 16):
+        _put(row, MAX_ULP, top_ulp)
+        for i in tl.static_range(NAN_A, INF_SAME + 1):
             _put(row, i, n * 0)
 
 
@@ -315,23 +317,23 @@ def _fix_row(
     start, n = _span(seg_ptr, K, pid, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     cols = tl.arange(0, 16)
-    if tl.sum(tl.where(cols == 7, mine, 0)) < 0:  # the whole row: masked as the reference does
+    if tl.sum(tl.where(cols == BOTH, mine, 0)) < 0:  # the whole row: masked as the reference does
         _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK, A8, B8)
         top_ulp = tl.cast(0, tl.int64)
         if BITS != 0:
             top_ulp = _max_ulp(a_ptr, b_ptr, n, BLOCK, BITS, A8, B8)
-        _put(row, 12, top_ulp)
+        _put(row, MAX_ULP, top_ulp)
     else:
-        if tl.sum(tl.where(cols == 8, mine, 0)) < 0:
-            _put(row, 8, _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK))
-        if tl.sum(tl.where(cols == 5, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
-            top = tl.sum(tl.where(cols == 6, mine, 0)).to(tl.float64, bitcast=True)
+        if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
+            _put(row, PASSED, _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK))
+        if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
+            top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
             # g: the largest float32 |d| of all rows (the pass wrote them; each such row reads them all, fine for
             # the at most PROGRAMS + one per block rows of a pair)
             for r0 in tl.range(0, programs, _CHUNK, num_stages=3):
                 r = r0 + tl.arange(0, _CHUNK)
-                g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + 6, mask=r < programs, other=-1.0)))
+                g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + MAX32, mask=r < programs, other=-1.0)))
             if (top == g) & (g > 0):
                 g32 = g.to(tl.float32)
                 best = tl.zeros([BLOCK], dtype=tl.float64)
@@ -340,7 +342,7 @@ def _fix_row(
                     xa, xb = a.to(tl.float32), b.to(tl.float32)
                     hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
                     best = tl.maximum(best, tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0))
-                tl.store(row + 5, tl.max(best))
+                tl.store(row + MAX_EXACT, tl.max(best))
 
 
 @triton.jit
@@ -376,7 +378,7 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
     a² of each segment (its K rows) into seg_out[2s], seg_out[2s + 1]. Reads past L1 (``.cg``): the rows
     were written on other multiprocessors."""
     cols = tl.arange(0, 16)
-    is_max = (cols == 5) | (cols == 6) | (cols == 12)
+    is_max = (cols == MAX_EXACT) | (cols == MAX32) | (cols == MAX_ULP)
     acc_f = tl.zeros([_CHUNK, 16], dtype=tl.float64)
     acc_i = tl.zeros([_CHUNK, 16], dtype=tl.int64)
     for start in tl.range(0, programs, _CHUNK, num_stages=3):
@@ -387,10 +389,10 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
         acc_i = tl.where(is_max[None, :], tl.maximum(acc_i, vi), acc_i + vi)
     total_f = tl.where(is_max, tl.max(acc_f, 0), tl.sum(acc_f, 0))
     total_i = tl.where(is_max, tl.max(acc_i, 0), tl.sum(acc_i, 0))
-    tl.store(out_ptr + cols, tl.where(cols >= 7, total_i.to(tl.float64, bitcast=True), total_f))
+    tl.store(out_ptr + cols, tl.where(cols >= BOTH, total_i.to(tl.float64, bitcast=True), total_f))
     if nseg == 1:  # the one segment's d² and a² are the totals'
-        tl.store(seg_out_ptr + cols - 2, total_f, mask=cols == 2)
-        tl.store(seg_out_ptr + cols + 1, total_f, mask=cols == 0)
+        tl.store(seg_out_ptr + cols - D2, total_f, mask=cols == D2)
+        tl.store(seg_out_ptr + cols - A2 + 1, total_f, mask=cols == A2)
     else:
         for s0 in tl.range(0, nseg, 16):
             s = s0 + tl.arange(0, 16)
@@ -399,8 +401,8 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
                 k = k0 + tl.arange(0, 64)
                 inside = (s < nseg)[:, None] & (k < K)[None, :]
                 r = (s[:, None] * K + k[None, :]).to(tl.int64) * 16
-                acc_d += tl.load(part_ptr + r + 2, mask=inside, other=0.0, cache_modifier=".cg")
-                acc_a += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
+                acc_d += tl.load(part_ptr + r + D2, mask=inside, other=0.0, cache_modifier=".cg")
+                acc_a += tl.load(part_ptr + r + A2, mask=inside, other=0.0, cache_modifier=".cg")
             tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
             tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
 
@@ -485,13 +487,14 @@ def compare_cuda(
         _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, first, total, fixers, nseg, **fix_args)
         first += rows
     res = buf[:head].cpu().numpy().view(np.int64)
-    floats, ints = res[:6].view(np.float64).tolist(), res[7:ROW].tolist()
+    floats, ints = res[: MAX_EXACT.value + 1].view(np.float64).tolist(), res[:ROW].tolist()  # the totals' row
     seg = res[ROW : ROW + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block
         block_d2, block_a2 = seg[0::2].tolist(), seg[1::2].tolist()
     else:  # blocks cut by the pieces: their segments added in order
         block_d2 = np.bincount(owner, seg[0::2], len(edges) - 1).tolist()
         block_a2 = np.bincount(owner, seg[1::2], len(edges) - 1).tolist()
-    max_ulp = ints[5] if spec is not None else None
-    sums, counts, nonfinite = tuple(floats[:5]), tuple(ints[:5]), (ints[6], ints[7], ints[8])
-    return Totals(a.numel(), sums, max(floats[5], 0.0), counts, max_ulp, tuple(block_d2), tuple(block_a2), nonfinite)
+    max_ulp = ints[MAX_ULP.value] if spec is not None else None
+    sums, counts = tuple(floats[A2.value : AD.value + 1]), tuple(ints[BOTH.value : MISMATCH.value + 1])
+    nonfinite = tuple(ints[NAN_A.value : INF_SAME.value + 1])
+    return Totals(a.numel(), sums, max(floats[MAX_EXACT.value], 0.0), counts, max_ulp, tuple(block_d2), tuple(block_a2), nonfinite)

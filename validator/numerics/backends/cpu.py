@@ -58,6 +58,10 @@ GROUP = 32  # blocks per prange iteration
 SPAN = 512  # elements: a whole block is read in spans of this many, each span's float32 sums added in float64
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
 SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
+# a block's two rows of partials: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
+# float32 |d| (MAX32); c (int64) finite in both, passed, non-finite in a, in b, mismatched, the largest ULP distance
+# (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
+MAX_EXACT, MAX32, MAX_ULP, NAN_A = 5, 6, 5, 6
 # BLOCK, GROUP, SPAN, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md). BLOCK, SPAN and
 # PIECE fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
 # 64 elements each); nothing else in a result depends on them
@@ -189,7 +193,7 @@ def _values_of(x, table, out):
 
 def _lanes_of(n: int) -> Callable[..., None]:
     """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the
-    float32 (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[6] to the largest float32 |d|;
+    float32 (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[MAX32] to the largest float32 |d|;
     adds to ``cnt`` the counts of the tolerance test against the band's low and high tolerances, and raises
     cnt[2] to the largest ULP distance. The sums stay in registers: numba's
     ``fastmath`` flag ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's,
@@ -218,7 +222,7 @@ def _lanes_of(n: int) -> Callable[..., None]:
             n_hi = np.int32(n_hi + np.int32(ad <= aa * r_hi + a_hi))
             top_ulp = max(top_ulp, _dist(xa[k], xb[k]))
         f[0], f[1], f[2], f[3], f[4] = f[0] + s_a2, f[1] + s_b2, f[2] + s_d2, f[3] + s_abs, f[4] + s_ad
-        f[6] = max(f[6], np.float64(np.int32(top).view(np.float32)))
+        f[MAX32] = max(f[MAX32], np.float64(np.int32(top).view(np.float32)))
         cnt[0], cnt[1] = cnt[0] + n_lo, cnt[1] + n_hi
         cnt[2] = max(cnt[2], top_ulp)
 
@@ -267,7 +271,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
             _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
     else:
         pad = _short(va, vb, xa, xb, tol, f, cnt)
-    top = f[6]
+    top = f[MAX32]
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
         return False
@@ -280,7 +284,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
         for j in range(m):
             x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
-    f[5] = 0.0  # the exact max: found at the end of _unit
+    f[MAX_EXACT] = 0.0  # the exact max: found at the end of _unit
     c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, top_ulp if ulp else 0
     c[6], c[7], c[8] = 0, 0, 0
     return True
@@ -328,13 +332,13 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
     """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
     largest (float32 rounding is monotonic), read again in float64, unless the block's ULP distances stay
     within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
-    best, top32 = part_f[first:stop, 5].max(), part_f[first:stop, 6].max()
+    best, top32 = part_f[first:stop, MAX_EXACT].max(), part_f[first:stop, MAX32].max()
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):
-            if part_f[blk, 6] != top32:
+            if part_f[blk, MAX32] != top32:
                 continue
-            if part_i[blk, 5] <= exact:  # its float32 differences are exact, and so its largest
+            if part_i[blk, MAX_ULP] <= exact:  # its float32 differences are exact, and so its largest
                 best = max(best, top32)
             else:
                 for j in range(starts[blk], starts[blk + 1]):
@@ -479,8 +483,8 @@ def _run(
     _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
-    summed, max_ulp = np.add.reduceat(part_i, first[:-1]), np.maximum.reduceat(part_i[:, 5], first[:-1])
-    return _Run(part_f, tops, sums, summed[:, :5], summed[:, 6:], max_ulp, blocks)
+    summed, max_ulp = np.add.reduceat(part_i, first[:-1]), np.maximum.reduceat(part_i[:, MAX_ULP], first[:-1])
+    return _Run(part_f, tops, sums, summed[:, :MAX_ULP], summed[:, NAN_A:], max_ulp, blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,

@@ -1,13 +1,19 @@
-"""How often the acceptance verdict fails equal runs, and how often it finds a real shift.
+"""How often the acceptance verdict fails equal runs, finds a real shift, and calls a halved rate equivalent.
 
-    python benchmarks/acceptance_calibration.py [--null 600] [--shifted 400] [--seed 0] [--json out.json]
+    python benchmarks/acceptance_calibration.py [--null 600] [--shifted 100] [--halving 200] [--seed 0]
+        [--log-odds-margin W | --margin W] [--json out.json]
 
-For each setup, seeded synthetic runs go through ``compare_acceptance`` with its defaults (margin 0.02,
-alpha 0.05, 2,000 bootstrap resamples). *Null*: A and B drawn from one distribution; the false-fail rate is
-the share of overall ``fail``. *Shifted*: B's conditional rate at one position is 0.05 lower; the
-detection rate is the share of comparisons that fail overall with that position ``different``. The
-column "no correction" counts the same comparisons as the verdict did before the Holm adjustment: a fail
-whenever any selected position has a raw p < alpha and ``|B - A| >`` margin.
+For each setup, seeded synthetic runs go through ``compare_acceptance`` with its defaults (log-odds margin
+0.125, alpha 0.05, 2,000 bootstrap resamples) unless a margin is given. *Null*: A and B drawn from one
+distribution; the false-fail rate is the share of overall ``fail``. *Shifted*: B's conditional rate at one
+position is 0.05 lower; the detection rate is the share of comparisons that fail overall with that
+position ``different``. The column "no correction" counts the same comparisons as the verdict did before
+the Holm adjustment: a fail whenever any selected position has a raw p < alpha and its effect beyond the
+margin.
+
+*Halving*: one draft per step at a rate of 0.2, 0.03 or 0.005, at 2,000 and 20,000 verify steps; equal runs
+and runs whose B rate is half A's, each judged with the margin under test and with the absolute margin
+0.02 (the default before) for contrast. A halving must be ``fail`` or ``inconclusive``, never ``pass``.
 
 A verify step proposes every draft; position k is accepted with probability ``rates[k]`` once reached, so
 the accepted count is the run of leading successes. ``request_sd`` adds a per-request offset on the logit
@@ -31,9 +37,16 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from validator.judging.acceptance import AcceptanceComparison, StepArrays, compare_acceptance  # noqa: E402
+from validator.judging.acceptance import (  # noqa: E402
+    AcceptanceComparison,
+    StepArrays,
+    compare_acceptance,
+)
 
 SHIFT = 0.05
+HALVING_RATES = (0.2, 0.03, 0.005)
+HALVING_STEPS = ((2_000, 100, 20), (20_000, 200, 100))  # (steps, requests, steps per request)
+OLD_MARGIN = {"margin": 0.02}  # the absolute default before the log-odds margin
 
 
 @dataclass(frozen=True)
@@ -93,21 +106,24 @@ def _request_rates(rng: np.random.Generator, setup: Setup) -> np.ndarray:
     return np.broadcast_to(out, (setup.requests, len(rates)))
 
 
-def pair(rng: np.random.Generator, setup: Setup, shift: float) -> tuple[StepArrays, StepArrays]:
-    """Runs A and B; B's rate at ``setup.shift_at`` lowered by ``shift`` (per request)."""
+def pair(
+    rng: np.random.Generator, setup: Setup, shift: float, factor: float = 1.0
+) -> tuple[StepArrays, StepArrays]:
+    """Runs A and B; B's rate at ``setup.shift_at`` multiplied by ``factor`` and lowered by ``shift``
+    (per request)."""
     p_a = _request_rates(rng, setup)
     p_b = (p_a if setup.paired else _request_rates(rng, setup)).copy()
-    p_b[:, setup.shift_at] = np.clip(p_b[:, setup.shift_at] - shift, 0.0, 1.0)
+    p_b[:, setup.shift_at] = np.clip(p_b[:, setup.shift_at] * factor - shift, 0.0, 1.0)
     prefix_b = "r" if setup.paired else "b"
     return _steps(rng, p_a, setup, "r" if setup.paired else "a"), _steps(rng, p_b, setup, prefix_b)
 
 
 def uncorrected_fail(c: AcceptanceComparison) -> bool:
     s = c.settings
-    return any(p.selected and p.p_difference < s.alpha and abs(p.diff) > s.margin for p in c.positions)
+    return any(p.selected and p.p_difference < s.alpha and abs(p.effect) > s.margin for p in c.positions)
 
 
-def run_setup(setup: Setup, n_null: int, n_shifted: int, seed: int) -> dict[str, Any]:
+def run_setup(setup: Setup, n_null: int, n_shifted: int, seed: int, **margin: float) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     fails = raw_fails = 0
@@ -115,18 +131,18 @@ def run_setup(setup: Setup, n_null: int, n_shifted: int, seed: int) -> dict[str,
     deff: list[float] = []
     family: list[int] = []
     for _ in range(n_null):
-        c = compare_acceptance(*pair(rng, setup, 0.0))
+        c = compare_acceptance(*pair(rng, setup, 0.0), **margin)
         fails += c.verdict == "fail"
         raw_fails += uncorrected_fail(c)
         family.append(0 if c.multiplicity is None else c.multiplicity.size)
     found = raw_found = other = 0
     for _ in range(n_shifted):
-        c = compare_acceptance(*pair(rng, setup, SHIFT))
+        c = compare_acceptance(*pair(rng, setup, SHIFT), **margin)
         k = c.positions[setup.shift_at]
         reached.append(min(k.reached_a, k.reached_b))
         deff.append(k.design_effect)
         found += c.verdict == "fail" and k.verdict == "different"
-        raw_found += uncorrected_fail(c) and k.p_difference < c.settings.alpha and abs(k.diff) > c.settings.margin
+        raw_found += uncorrected_fail(c) and k.p_difference < c.settings.alpha and abs(k.effect) > c.settings.margin
         other += any(p.verdict == "different" for p in c.positions if p.position != setup.shift_at)
     return {
         "setup": setup.name,
@@ -147,6 +163,42 @@ def run_setup(setup: Setup, n_null: int, n_shifted: int, seed: int) -> dict[str,
         "detected": found / n_shifted if n_shifted else math.nan,
         "detected_uncorrected": raw_found / n_shifted if n_shifted else math.nan,
         "other_position_flagged": other / n_shifted if n_shifted else math.nan,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _shares(verdicts: list[str]) -> dict[str, float]:
+    n = len(verdicts)
+    return {v: (verdicts.count(v) / n if n else math.nan) for v in ("pass", "inconclusive", "fail")}
+
+
+def run_halving(rate: float, steps: int, requests: int, per: int, n: int, seed: int, **margin: float) -> dict[str, Any]:
+    """One draft per step at ``rate``: ``n`` equal-run and ``n`` halved-run comparisons with ``margin`` (the
+    margin under test), the halved ones also with the old absolute margin."""
+    setup = Setup(f"{rate:g} x 1", (rate,), requests, per, shift_at=0)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    equal: list[str] = []
+    halved: list[str] = []
+    halved_old: list[str] = []
+    needed: list[int] = []
+    for _ in range(n):
+        c = compare_acceptance(*pair(rng, setup, 0.0), **margin)
+        equal.append(c.verdict)
+        if c.positions[0].needed_steps is not None:
+            needed.append(c.positions[0].needed_steps)
+        runs = pair(rng, setup, 0.0, 0.5)
+        halved.append(compare_acceptance(*runs, **margin).verdict)
+        halved_old.append(compare_acceptance(*runs, **OLD_MARGIN).verdict)
+    return {
+        "rate": rate,
+        "steps": steps,
+        "requests": requests,
+        "runs": n,
+        "equal": _shares(equal),
+        "equal_median_needed_steps": float(np.median(needed)) if needed else math.nan,
+        "halved": _shares(halved),
+        "halved_absolute_002": _shares(halved_old),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -179,16 +231,56 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def halving_table(rows: list[dict[str, Any]]) -> str:
+    def pct(d: dict[str, float], n: int) -> str:
+        return " / ".join(f"{100 * d[v]:.0f}%" for v in ("pass", "inconclusive", "fail"))
+
+    lines = [
+        "| rate | steps | equal: pass / inconcl. / fail | false fail (95% CI) | steps needed to pass (median)"
+        " | halved: pass / inconcl. / fail | halved, absolute 0.02: pass / inconcl. / fail |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        n = r["runs"]
+        need = r["equal_median_needed_steps"]
+        lines.append(
+            f"| {r['rate']:g} | {r['steps']:,} | {pct(r['equal'], n)} | {100 * r['equal']['fail']:.1f}%"
+            f" {_ci95(r['equal']['fail'], n)} | {'-' if not math.isfinite(need) else f'{need:,.0f}'}"
+            f" | {pct(r['halved'], n)} | {pct(r['halved_absolute_002'], n)} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--null", type=int, default=600, help="equal-run comparisons per setup")
-    p.add_argument("--shifted", type=int, default=400, help="shifted-run comparisons per setup")
+    p.add_argument("--shifted", type=int, default=100, help="shifted-run comparisons per setup")
+    p.add_argument("--halving", type=int, default=200, help="equal and halved comparisons per rate and length")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--log-odds-margin", type=float, help="the log-odds margin under test (default: the default)")
+    g.add_argument("--margin", type=float, help="an absolute margin under test instead")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    margin: dict[str, float] = {}
+    if args.log_odds_margin is not None:
+        margin["log_odds_margin"] = args.log_odds_margin
+    if args.margin is not None:
+        margin["margin"] = args.margin
+    halving = []
+    for i, rate in enumerate(HALVING_RATES):
+        for j, (steps, requests, per) in enumerate(HALVING_STEPS):
+            halving.append(run_halving(rate, steps, requests, per, args.halving, args.seed + 100 + 10 * i + j, **margin))
+            h = halving[-1]
+            print(
+                f"rate {rate:g}, {steps:,} steps: equal fail {100 * h['equal']['fail']:.1f}%, halved pass"
+                f" {100 * h['halved']['pass']:.1f}% ({h['seconds']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     rows = []
     for i, setup in enumerate(SETUPS):
-        rows.append(run_setup(setup, args.null, args.shifted, args.seed + i))
+        rows.append(run_setup(setup, args.null, args.shifted, args.seed + i, **margin))
         r = rows[-1]
         print(
             f"{setup.name}: false fail {100 * r['false_fail']:.1f}% (uncorrected {100 * r['false_fail_uncorrected']:.1f}%),"
@@ -197,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(table(rows))
+    print()
+    print(halving_table(halving))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        args.json.write_text(json.dumps({"setups": rows, "halving": halving}, indent=2) + "\n")
     return 0
 
 

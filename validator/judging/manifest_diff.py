@@ -9,33 +9,50 @@ update that changed no tensor is the failure.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from validator.errors import InputError
 from validator.runs.weight_manifest import ManifestTensor, WeightManifest
 
-__all__ = ["DEFAULT_LORA_B", "ManifestDiff", "diff_manifests", "zero_sha256"]
+__all__ = ["DEFAULT_LORA_B", "MAX_LORA_B_BYTES", "ManifestDiff", "diff_manifests", "zero_sha256", "zero_sha256s"]
 
 DiffVerdict = Literal["identical", "updated", "different"]
 DIFF_EXIT: dict[str, int] = {"identical": 0, "updated": 0, "different": 1}
 DEFAULT_LORA_B = ("*lora_B*", "*lora_b*")
-_ZERO_CHUNK = bytes(1 << 20)
-_zero_cache: dict[int, str] = {}
+# The largest LoRA B factor the version-1 zero check accepts. A B factor is out_features x rank: the largest in
+# practice, an lm_head's (vocab 262,144 at rank 1,024) or a fused-MoE stack's (256 experts x 7,168 x 128), in
+# float32, is under 1 GiB. Its zero hash is computed, not looked up (SHA256 has no shortcut for n zero bytes):
+# about 1 s per GiB on one core, so the check costs at most ~2 s per diff (all sizes in one pass), refused above.
+MAX_LORA_B_BYTES = 2 << 30
+_ZERO_CHUNK = memoryview(bytes(1 << 20))
 
 
+@functools.lru_cache(maxsize=1024)
 def zero_sha256(nbytes: int) -> str:
-    """SHA256 of ``nbytes`` zero bytes: the hash of an all-(+0) tensor of any dtype."""
-    if nbytes not in _zero_cache:
-        h = hashlib.sha256()
-        left = nbytes
-        while left:
-            n = min(left, len(_ZERO_CHUNK))
-            h.update(_ZERO_CHUNK[:n])
-            left -= n
-        _zero_cache[nbytes] = h.hexdigest()
-    return _zero_cache[nbytes]
+    """SHA256 of ``nbytes`` zero bytes: the hash of an all-(+0) tensor of any dtype (at most MAX_LORA_B_BYTES)."""
+    return zero_sha256s([nbytes])[nbytes]
+
+
+def zero_sha256s(sizes: Iterable[int]) -> dict[int, str]:
+    """SHA256 of n zero bytes for each n of ``sizes``, in one pass over the largest (a copy of the running hash
+    at each size): the work is that of the largest size, however many sizes. ValueError above MAX_LORA_B_BYTES."""
+    wanted = sorted(set(sizes))
+    if wanted and not 0 <= wanted[0] <= wanted[-1] <= MAX_LORA_B_BYTES:
+        raise ValueError(f"zero hash of {wanted[0] if wanted[0] < 0 else wanted[-1]} bytes: sizes are 0 to {MAX_LORA_B_BYTES}")
+    out: dict[int, str] = {}
+    h, done = hashlib.sha256(), 0
+    for n in wanted:
+        while done < n:
+            step = min(n - done, len(_ZERO_CHUNK))
+            h.update(_ZERO_CHUNK[:step])
+            done += step
+        out[n] = h.copy().hexdigest()
+    return out
 
 
 def side_version(m: WeightManifest) -> int | None:
@@ -129,10 +146,22 @@ def _is_lora_b(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def _lora_check(m: WeightManifest, patterns: tuple[str, ...]) -> dict[str, Any]:
-    """At version 1 every LoRA B factor must be zero (the adapter starts as a no-op)."""
+def _lora_names(m: WeightManifest, patterns: tuple[str, ...]) -> list[str]:
+    """The LoRA B factors at version 1, each refused (naming the side and tensor) above MAX_LORA_B_BYTES."""
     names = [n for n in m.tensors if _is_lora_b(n, patterns) and m.tensor_version(n) == 1]
-    nonzero = [n for n in names if m.tensors[n].sha256 != zero_sha256(m.tensors[n].nbytes)]
+    for n in names:
+        if m.tensors[n].nbytes > MAX_LORA_B_BYTES:
+            t = m.tensors[n]
+            raise InputError(
+                f"{m.source}, tensor {n!r}: a LoRA B factor of {t.dtype}{list(t.shape)} is {t.nbytes} bytes, more than "
+                f"the {MAX_LORA_B_BYTES} ({MAX_LORA_B_BYTES >> 30} GiB) the version-1 zero check accepts (docs/rl.md)"
+            )
+    return names
+
+
+def _lora_check(m: WeightManifest, names: list[str], zeros: dict[int, str]) -> dict[str, Any]:
+    """At version 1 every LoRA B factor must be zero (the adapter starts as a no-op)."""
+    nonzero = [n for n in names if m.tensors[n].sha256 != zeros[m.tensors[n].nbytes]]
     return {"checked": len(names), "nonzero": sorted(nonzero)}
 
 
@@ -161,7 +190,9 @@ def diff_manifests(
     lora_b: tuple[str, ...] = DEFAULT_LORA_B,
     numeric: bool = True,
 ) -> ManifestDiff:
-    """Compare two manifests. ``lora_b``: name globs of LoRA B factors (checked on any side at version 1)."""
+    """Compare two manifests. ``lora_b``: name globs of LoRA B factors (checked on any side at version 1).
+    Sizes are checked before any work: a LoRA B factor above MAX_LORA_B_BYTES is an InputError."""
+    lora_names = {"A": _lora_names(a, lora_b), "B": _lora_names(b, lora_b)}
     va, vb = side_version(a), side_version(b)
     update = va is not None and vb is not None and va != vb
     missing = tuple(sorted(set(a.tensors) - set(b.tensors)))
@@ -205,7 +236,9 @@ def diff_manifests(
         worst = max(content, key=lambda c: float((c.numeric or {}).get("rel_l2", 0.0)))
         rel = f" (largest rel_l2 {worst.numeric['rel_l2']:.3g} at {worst.name!r})" if worst.numeric else ""
         reasons.append(f"{len(content)} tensor(s) differ in content, e.g. {content[0].name!r}{rel}")
-    checks = {"A": _lora_check(a, lora_b), "B": _lora_check(b, lora_b)}
+    sides = {"A": a, "B": b}
+    zeros = zero_sha256s(sides[k].tensors[n].nbytes for k, names in lora_names.items() for n in names)
+    checks = {k: _lora_check(sides[k], names, zeros) for k, names in lora_names.items()}
     for side, chk in checks.items():
         if chk["nonzero"]:
             failed = True

@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "MAX_TENSOR_BYTES",
     "ManifestTensor",
     "WeightManifest",
+    "check_size",
     "load_side",
     "manifest_from_dict",
     "manifest_of_safetensors",
@@ -47,6 +49,12 @@ MANIFEST_FORMAT = "validator.weight_manifest"
 MANIFEST_FORMAT_VERSION = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_MANIFEST_BYTES = 256 << 20
+# The largest tensor a manifest may declare. The largest single tensors of published checkpoints, fused MoE
+# expert stacks (Llama 4 Maverick's [128, 5120, 16384] bfloat16 gate_up_proj, 20 GiB), are tens of GiB: 64 GiB
+# leaves room for a float32 copy of one. Larger sizes are refused when the manifest is read (docs/rl.md).
+MAX_TENSOR_BYTES = 64 << 30
+_MAX_NDIM = 64  # torch's limit on dimensions
+_MAX_DIM = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,31 @@ def _version(v: Any, where: str) -> int | None:
     return v
 
 
+def check_size(
+    dtype: str, shape: list[int] | tuple[int, ...], where: str, *, nbytes: int | None = None, limit: int | None = MAX_TENSOR_BYTES
+) -> int:
+    """The byte size of a ``dtype`` tensor of ``shape`` (ints >= 0), refused above ``limit`` (a manifest's
+    :data:`MAX_TENSOR_BYTES`; None for tensors that exist, e.g. a stored run's) or when it disagrees with a
+    recorded ``nbytes``. Cheap for any shape: the product stops growing at the limit."""
+    if dtype not in ITEMSIZES:
+        raise InputError(f"{where}: unknown dtype {dtype!r:.40}")
+    if len(shape) > _MAX_NDIM:
+        raise InputError(f"{where}: 'shape' has {len(shape)} dimensions; a tensor has at most {_MAX_NDIM}")
+    if any(s > _MAX_DIM for s in shape):
+        raise InputError(f"{where}: 'shape' {list(shape)!r:.80} has a dimension above {_MAX_DIM} (dimensions are int64)")
+    size = 0 if 0 in shape else ITEMSIZES[dtype]
+    for s in shape if size else ():
+        size *= s
+        if limit is not None and size > limit:
+            raise InputError(
+                f"{where}: shape {list(shape)!r:.80} of {dtype} is more than {limit} bytes ({limit / (1 << 30):g} GiB), "
+                "the largest tensor a manifest may declare"
+            )
+    if nbytes is not None and nbytes != size:
+        raise InputError(f"{where}: shape {list(shape)!r:.80} of {dtype} is {size} bytes, but {nbytes} bytes are recorded")
+    return size
+
+
 def manifest_from_dict(doc: Any, *, source: str = "manifest") -> WeightManifest:
     """Validate a parsed manifest; errors name the source, the tensor and the field."""
     if not isinstance(doc, dict):
@@ -125,6 +158,7 @@ def manifest_from_dict(doc: Any, *, source: str = "manifest") -> WeightManifest:
         shape = e.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
             raise InputError(f"{where}: 'shape' must be a list of ints >= 0, got {shape!r:.60}")
+        check_size(dtype, shape, where)
         sha = e.get("sha256")
         if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
             raise InputError(f"{where}: 'sha256' must be 64 lowercase hex digits, got {sha!r:.80}")
@@ -195,6 +229,7 @@ def manifest_of_view(view: RunView, *, version: int | None = None) -> WeightMani
         name = ref.name + ("[" + ",".join(f"{k}={v}" for k, v in sorted(coords.items())) + "]" if coords else "")
         if ref.shard.kind not in ("full", "replicated"):
             raise InputError(f"{view.name}: tensor {name!r} is stored as {ref.shard.kind} shards; a manifest needs whole tensors")
+        check_size(ref.dtype, tuple(ref.shape), f"{view.name}: tensor {name!r}", nbytes=ref.nbytes, limit=None)
         sha = ref.sha256
         if sha is None:
             h = hashlib.sha256()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,43 +113,85 @@ def _check(obj: Any, where: str) -> tuple[int, str, int, float, float, int]:
 
 
 class _Builder:
+    """Validated rows into typed columns (8 bytes a field, no Python object per row); duplicate tokens and a
+    sample's differing weight versions are found at :meth:`build` by sorting (O(n log n)), and reported at the
+    later line as they would be read, naming the first."""
+
     def __init__(self, source: str) -> None:
         self.source = source
-        self.rows: list[tuple[int, str, int, float, float, int]] = []
-        self.seen: dict[tuple[int, str, int], str] = {}
-        self.versions: dict[tuple[int, str], tuple[int, str]] = {}
+        self.step = array("q")
+        self.sample = array("q")
+        self.token = array("q")
+        self.ro = array("d")
+        self.tr = array("d")
+        self.ver = array("q")
+        self.line = array("q")  # the line (record, row) number of each row, with ``self.parts`` its prefix
+        self.parts: list[tuple[int, str]] = []  # (first row, prefix such as "FILE line ")
+        self.names: dict[str, int] = {}
 
-    def add(self, obj: Any, where: str) -> None:
-        row = _check(obj, where)
-        key = (row[0], row[1], row[2])
-        first = self.seen.get(key)
-        if first is not None:
-            raise LogprobInputError(
-                f"{where}: duplicate token (step={key[0]}, sample_id={key[1]!r}, token_index={key[2]}), first at {first}"
-            )
-        self.seen[key] = where
-        v = self.versions.setdefault((row[0], row[1]), (row[5], where))
-        if v[0] != row[5]:
-            raise LogprobInputError(
-                f"{where}: 'weight_version' {row[5] if row[5] != NO_VERSION else None} differs from "
-                f"{v[0] if v[0] != NO_VERSION else None} given for sample {row[1]!r} of step {row[0]} at {v[1]}"
-            )
-        self.rows.append(row)
+    def start(self, prefix: str) -> None:
+        self.parts.append((len(self.step), prefix))
+
+    def add(self, obj: Any, number: int) -> None:
+        st, sid, tok, ro, tr, ver = _check(obj, f"{self.parts[-1][1]}{number}")
+        self.step.append(st)
+        self.sample.append(self.names.setdefault(sid, len(self.names)))
+        self.token.append(tok)
+        self.ro.append(ro)
+        self.tr.append(tr)
+        self.ver.append(ver)
+        self.line.append(number)
+
+    def _where(self, row: int) -> str:
+        k = bisect_right([first for first, _ in self.parts], row) - 1
+        return f"{self.parts[k][1]}{self.line[row]}"
+
+    def _check_keys(self, step: npt.NDArray[np.int64], sample: npt.NDArray[np.int64], token: npt.NDArray[np.int64],
+                    ver: npt.NDArray[np.int64], sample_ids: tuple[str, ...]) -> None:
+        n = step.size
+        rows = np.arange(n, dtype=np.int64)
+        bad: list[tuple[int, str]] = []  # (row, message) of the first error of each kind
+        o = np.lexsort((rows, token, sample, step))
+        same = (step[o][1:] == step[o][:-1]) & (sample[o][1:] == sample[o][:-1]) & (token[o][1:] == token[o][:-1])
+        if same.any():
+            later = o[1:][same]
+            r = int(later.min())
+            first = int(rows[(step == step[r]) & (sample == sample[r]) & (token == token[r])].min())
+            bad.append((r, f"duplicate token (step={int(step[r])}, sample_id={sample_ids[int(sample[r])]!r}, "
+                           f"token_index={int(token[r])}), first at {self._where(first)}"))
+        o = np.lexsort((rows, sample, step))
+        group = np.ones(n, dtype=bool)
+        group[1:] = (step[o][1:] != step[o][:-1]) | (sample[o][1:] != sample[o][:-1])
+        head = o[np.maximum.accumulate(np.where(group, np.arange(n), 0))]  # each row's group's first row
+        differs = ver[o] != ver[head]
+        if differs.any():
+            r = int(o[differs].min())
+            h = int(head[np.flatnonzero(o == r)[0]])
+            def show(v: int) -> str:
+                return str(v) if v != NO_VERSION else "None"
+            bad.append((r, f"'weight_version' {show(int(ver[r]))} differs from {show(int(ver[h]))} given for sample "
+                           f"{sample_ids[int(sample[r])]!r} of step {int(step[r])} at {self._where(h)}"))
+        if bad:
+            r, msg = min(bad)
+            raise LogprobInputError(f"{self._where(r)}: {msg}")
 
     def build(self) -> LogprobRecords:
-        if not self.rows:
+        if not self.step:
             raise LogprobInputError(f"{self.source}: no records")
-        steps, sids, toks, ro, tr, ver = zip(*self.rows)
-        names: dict[str, int] = {}
-        sample = np.fromiter((names.setdefault(s, len(names)) for s in sids), dtype=np.int64, count=len(sids))
+        step = np.frombuffer(self.step, dtype=np.int64).copy()
+        sample = np.frombuffer(self.sample, dtype=np.int64).copy()
+        token = np.frombuffer(self.token, dtype=np.int64).copy()
+        ver = np.frombuffer(self.ver, dtype=np.int64).copy()
+        sample_ids = tuple(self.names)
+        self._check_keys(step, sample, token, ver, sample_ids)
         return LogprobRecords(
-            step=np.asarray(steps, dtype=np.int64),
+            step=step,
             sample=sample,
-            sample_ids=tuple(names),
-            token_index=np.asarray(toks, dtype=np.int64),
-            rollout_logprob=np.asarray(ro, dtype=np.float64),
-            train_logprob=np.asarray(tr, dtype=np.float64),
-            weight_version=np.asarray(ver, dtype=np.int64),
+            sample_ids=sample_ids,
+            token_index=token,
+            rollout_logprob=np.frombuffer(self.ro, dtype=np.float64).copy(),
+            train_logprob=np.frombuffer(self.tr, dtype=np.float64).copy(),
+            weight_version=ver,
             source=self.source,
         )
 
@@ -155,8 +199,9 @@ class _Builder:
 def records_from_objects(objs: Iterable[Any], *, source: str = "records") -> LogprobRecords:
     """Validate parsed JSON objects (e.g. an API body); errors say ``source record N`` (1-based)."""
     b = _Builder(source)
+    b.start(f"{source} record ")
     for i, obj in enumerate(objs, 1):
-        b.add(obj, f"{source} record {i}")
+        b.add(obj, i)
     return b.build()
 
 
@@ -181,6 +226,7 @@ def _read_into(b: _Builder, p: Path) -> None:
         f = open(p, encoding="utf-8")
     except OSError as exc:
         raise LogprobInputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    b.start(f"{p} line ")
     with f:
         try:
             for n, line in enumerate(f, 1):
@@ -190,7 +236,7 @@ def _read_into(b: _Builder, p: Path) -> None:
                     obj = json.loads(line)
                 except (ValueError, RecursionError) as exc:
                     raise LogprobInputError(f"{p} line {n}: not valid JSON ({exc})") from None
-                b.add(obj, f"{p} line {n}")
+                b.add(obj, n)
         except UnicodeDecodeError:
             raise LogprobInputError(f"{p}: not UTF-8 text") from None
 
@@ -245,6 +291,7 @@ def read_logprob_parquet(path: str | Path) -> LogprobRecords:
     cols = {c: table.column(c).to_pylist() for c in LOGPROB_FIELDS if c in table.column_names}
     n = table.num_rows
     b = _Builder(str(path))
+    b.start(f"{path} row ")
     for i in range(n):
-        b.add({c: v[i] for c, v in cols.items()}, f"{path} row {i}")
+        b.add({c: v[i] for c, v in cols.items()}, i)
     return b.build()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +94,10 @@ class Service:
         self.sessions = store.make_sessionmaker(self.engine)
         self.blobs = open_blob_store(settings.blob_url, local_dir=settings.blob_dir, cache_dir=settings.cache_dir)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compare")
+        # comparisons this process is computing: record id -> set once the result (or error) is recorded.
+        # Identical requests arriving meanwhile wait on it instead of answering the unfinished record.
+        self._computing: dict[int, threading.Event] = {}
+        self._computing_lock = threading.Lock()
         from validator.ray_executor import parse_executor  # no Ray import: only the setting's syntax
 
         parse_executor(settings.compare_executor)  # a bad VALIDATOR_COMPARE_EXECUTOR fails at start
@@ -471,6 +476,8 @@ class Service:
 
         Stored runs are immutable, so the cache never goes stale. Large comparisons run in the background
         (``background=None`` decides by size); the record's ``status`` says queued/running/done/error.
+        Identical requests at once compute it once: a foreground one that finds it being computed by another
+        request of this process waits for that result (docs/reliability.md).
         """
         from validator.judging.policy import JUDGING_VERSION, Policy
 
@@ -481,30 +488,97 @@ class Service:
         # rules that judged it are the current ones
         key_doc = {**request, "judging": JUDGING_VERSION}
         key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
-        with self.session() as s, s.begin():
-            rec = store.get_comparison(s, key=key)
-            if rec is None:
-                try:
-                    with s.begin_nested():
-                        rec = store.save_comparison(s, key=key, request=request)
-                except IntegrityError:  # a concurrent request created it first
-                    rec = store.get_comparison(s, key=key)
-                    assert rec is not None
-                    return _comparison_dict(rec)
-            elif rec.status != "error":
-                return _comparison_dict(rec)
-            rec.status, rec.error = "queued", None
-            rec_id = rec.id
         size = sum(r.total_bytes for r in runs)
         run_bg = background if background is not None else size > BACKGROUND_BYTES
-        job = functools.partial(self._run_comparison, rec_id, request, pol, self.settings.compare_executor if run_bg else None)
-        if run_bg:
-            self._executor.submit(job)
-        else:
-            job()
+        rec_id, done = self._claim_comparison(key, request)
+        if done is None and not run_bg:
+            done = self._await_comparison(rec_id)  # computed by another request: wait for it (or compute it here)
+        if done is not None:
+            job = functools.partial(
+                self._run_comparison, rec_id, request, pol, self.settings.compare_executor if run_bg else None, done
+            )
+            if not run_bg:
+                job()
+            else:
+                try:
+                    self._executor.submit(job)
+                except BaseException:  # not queued (the service is closing): release the waiters
+                    self._finish_computing(rec_id, done)
+                    raise
         return self.get_comparison(rec_id)
 
-    def _run_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None, executor: str | None = None) -> None:
+    def _claim_comparison(self, key: str, request: dict[str, Any]) -> tuple[int, threading.Event | None]:
+        """The cached record of ``key`` (created queued when new), and an event when this call is to compute it:
+        a new record, or one that ended in error. The event is registered before the record is committed, so
+        a request that sees the record queued finds it (see :meth:`_await_comparison`)."""
+        done: threading.Event | None = None
+        try:
+            with self.session() as s, s.begin():
+                rec = store.get_comparison(s, key=key)
+                if rec is None:
+                    try:
+                        with s.begin_nested():
+                            rec = store.save_comparison(s, key=key, request=request)
+                    except IntegrityError:  # a concurrent request created it first: it computes it
+                        rec = store.get_comparison(s, key=key)
+                        assert rec is not None
+                        return rec.id, None
+                elif rec.status != "error":
+                    return rec.id, None
+                done = self._start_computing(rec.id)
+                if done is not None:
+                    rec.status, rec.error = "queued", None
+                return rec.id, done
+        except BaseException:
+            if done is not None:
+                self._finish_computing(rec.id, done)
+            raise
+
+    def _start_computing(self, rec_id: int) -> threading.Event | None:
+        with self._computing_lock:
+            if rec_id in self._computing:
+                return None  # another request of this process computes it
+            done = self._computing[rec_id] = threading.Event()
+            return done
+
+    def _finish_computing(self, rec_id: int, done: threading.Event) -> None:
+        with self._computing_lock:
+            if self._computing.get(rec_id) is done:
+                del self._computing[rec_id]
+        done.set()
+
+    def _await_comparison(self, rec_id: int) -> threading.Event | None:
+        """Wait until another request's computation of this record is recorded. Returns an event when this
+        call is to compute it itself instead: the record is queued or running but no request of this process
+        computes it (another process does, or one that died): the result is the same whoever computes it."""
+        with self._computing_lock:
+            running = self._computing.get(rec_id)
+        if running is not None:
+            running.wait()
+            return None
+        if self.get_comparison(rec_id)["status"] in ("done", "error"):
+            return None
+        done = self._start_computing(rec_id)
+        if done is None:  # started here in the meantime
+            return self._await_comparison(rec_id)
+        return done
+
+    def _run_comparison(
+        self,
+        rec_id: int,
+        request: dict[str, Any],
+        policy: Policy | None,
+        executor: str | None = None,
+        done: threading.Event | None = None,
+    ) -> None:
+        """Compute and record one comparison; ``done`` (from :meth:`_claim_comparison`) is set once recorded."""
+        try:
+            self._compute_comparison(rec_id, request, policy, executor)
+        finally:
+            if done is not None:
+                self._finish_computing(rec_id, done)
+
+    def _compute_comparison(self, rec_id: int, request: dict[str, Any], policy: Policy | None, executor: str | None) -> None:
         from validator.judging.report import comparison_json
 
         with self.session() as s, s.begin():

@@ -61,3 +61,21 @@ async def test_background_comparison_reports_status(client: httpx.AsyncClient, t
         await asyncio.sleep(0.05)
         rec = (await client.get(f"/api/v1/comparisons/{rec['id']}")).json()
     assert rec["status"] == "done" and rec["verdict"] == "pass"
+
+
+async def test_identical_gates_at_once_all_get_the_verdict(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    """20 identical gates on a pair never compared: one computes, the others wait for its verdict (not 422)."""
+    import asyncio
+
+    full = tensors()
+    await push(client, write_tp_bundle(tmp_path, "ref", full, tp=4), "ref")
+    await push(client, write_tp_bundle(tmp_path, "bad", full, tp=4, noise=0.5), "bad")
+    body = {"baseline": "ref", "candidate": "bad"}
+    got = await asyncio.gather(*(client.post("/api/v1/gates", json=body) for _ in range(20)))
+    assert [r.status_code for r in got] == [200] * 20, [r.text for r in got if r.status_code != 200][:2]
+    assert {r.json()["verdict"] for r in got} == {"fail"}
+    assert len({r.json()["comparison_id"] for r in got}) == 1
+    # and comparisons asked for at once, in the foreground, all answer the result
+    body = {"a": "bad", "b": "ref", "background": False}
+    got = await asyncio.gather(*(client.post("/api/v1/comparisons", json=body) for _ in range(20)))
+    assert {(r.status_code, r.json()["status"], r.json()["verdict"]) for r in got} == {(200, "done", "fail")}

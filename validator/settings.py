@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from validator.errors import InputError
 
-__all__ = ["Settings", "parse_labels"]
+__all__ = ["Settings", "check_blob_url", "check_database_url", "check_executor", "parse_labels"]
 
 
 def parse_labels(items: list[str] | tuple[str, ...] | None) -> dict[str, str]:
@@ -22,17 +25,90 @@ def parse_labels(items: list[str] | tuple[str, ...] | None) -> dict[str, str]:
     return out
 
 
-def _int(env: dict[str, str], key: str, default: int) -> int:
-    v = env.get(key)
-    return int(v) if v else default
+_MAX_INT64 = (1 << 63) - 1
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _int(env: dict[str, str], key: str, default: int, *, low: int = 1, high: int = _MAX_INT64) -> int:
+    v = env.get(key, "").strip()
+    if not v:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise InputError(f"{key}={v!r:.60} is not a whole number (e.g. {default})") from None
+    if not low <= n <= high:
+        raise InputError(f"{key}={v!r:.60} is out of range: it must be between {low} and {high}")
+    return n
 
 
 def _float(env: dict[str, str], key: str, default: float) -> float:
-    v = env.get(key)
+    v = env.get(key, "").strip()
     try:
-        return float(v) if v else default
+        x = float(v) if v else default
     except ValueError:
-        raise InputError(f"{key}={v!r} is not a number") from None
+        raise InputError(f"{key}={v!r:.60} is not a number") from None
+    if not math.isfinite(x):
+        raise InputError(f"{key}={v!r:.60} is not a finite number")
+    return x
+
+
+def _bool(env: dict[str, str], key: str) -> bool:
+    v = env.get(key, "").strip().lower()
+    if v not in _TRUE + _FALSE:
+        raise InputError(f"{key}={env[key]!r:.60} is not a yes or no (use 1, true, yes or on; 0, false, no or off)")
+    return v in _TRUE
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"://[^@/]*@", "://***@", url)
+
+
+def check_database_url(url: str, name: str) -> None:
+    """A SQLAlchemy URL whose dialect and driver load (no connection is made); the InputError names ``name``
+    (the variable or option) and never shows a password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = _hide_password(url)
+    try:
+        dialect = make_url(url).get_dialect()
+    except NoSuchModuleError:  # a subclass of ArgumentError
+        scheme = url.partition("://")[0]
+        raise InputError(f"{name}={shown!r:.200}: no database dialect {scheme!r:.60} (use postgresql://... or sqlite:///...)") from None
+    except ArgumentError:
+        raise InputError(f"{name}={shown!r:.200} is not a database URL (e.g. postgresql://USER:PASSWORD@HOST/DB or sqlite:///PATH)") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise InputError(f"{name}={shown!r:.200}: its database driver is not installed ({exc})") from None
+
+
+def check_blob_url(url: str, name: str) -> None:
+    """``file://PATH`` or ``s3://BUCKET[/PREFIX][?endpoint=URL&region=R]`` (validator.store.blob_url), by syntax."""
+    if url.startswith("file://"):
+        if not url[len("file://") :]:
+            raise InputError(f"{name}={_hide_password(url)!r:.200}: file:// needs a path (file:///srv/blobs)")
+    elif url.startswith("s3://"):
+        if not urlsplit(url).netloc:
+            raise InputError(f"{name}={_hide_password(url)!r:.200}: needs a bucket (s3://BUCKET/PREFIX)")
+    else:
+        raise InputError(f"{name}={_hide_password(url)!r:.200} is not a blob store URL (use file://PATH or s3://BUCKET/PREFIX)")
+
+
+def check_executor(text: str, name: str) -> None:
+    """``local``, ``ray`` or ``ray=ADDRESS`` (validator.ray_executor.parse_executor: syntax only, no Ray)."""
+    from validator.ray_executor import parse_executor
+
+    try:
+        parse_executor(text)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
+def _check_home(home: Path, name: str) -> None:
+    if home.exists() and not home.is_dir():
+        raise InputError(f"{name}={str(home)!r:.200} is not a directory (the store's home: a directory, made if missing)")
 
 
 @dataclass(frozen=True)
@@ -59,11 +135,21 @@ class Settings:
     compare_executor: str = "local"
 
     def __post_init__(self) -> None:
+        """Every field checked (from_env names the variable first; a ``--db`` arrives here by ``replace``)."""
         if not 0 < self.pending_expiry_hours <= 1e6:  # beyond, dates overflow
             raise InputError(
                 f"pending_expiry_hours (VALIDATOR_PENDING_EXPIRY_HOURS) must be a number of hours above 0 and at most "
                 f"1e6, not {self.pending_expiry_hours!r}"
             )
+        for key, n in (("max_upload_bytes", self.max_upload_bytes), ("max_json_bytes", self.max_json_bytes)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_INT64:
+                raise InputError(f"{key} must be a whole number of bytes from 1 to {_MAX_INT64}, not {n!r:.60}")
+        if self.database_url:
+            check_database_url(self.database_url, "--db")  # from_env has checked the variable
+        if self.blob_url:
+            check_blob_url(self.blob_url, "VALIDATOR_BLOB_URL")
+        if self.compare_executor != "local":
+            check_executor(self.compare_executor, "VALIDATOR_COMPARE_EXECUTOR")
 
     @property
     def db_url(self) -> str:
@@ -83,16 +169,28 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, *, home: str | None = None) -> Settings:
+        """Settings from ``VALIDATOR_*`` variables (``home``: the ``--home`` option). A bad value is an InputError
+        (exit 2, HTTP server refused at start) naming the variable and the problem (docs/reliability.md)."""
         env = dict(os.environ) if env is None else env
-        h = home or env.get("VALIDATOR_HOME") or str(Path.home() / ".validator")
+        h = Path(home or env.get("VALIDATOR_HOME") or str(Path.home() / ".validator")).expanduser()
+        _check_home(h, "--home" if home else "VALIDATOR_HOME")
         tokens = tuple(t.strip() for t in env.get("VALIDATOR_TOKENS", "").split(",") if t.strip())
+        database_url = env.get("VALIDATOR_DATABASE_URL", "").strip() or None
+        if database_url:
+            check_database_url(database_url, "VALIDATOR_DATABASE_URL")
+        blob_url = env.get("VALIDATOR_BLOB_URL", "").strip() or None
+        if blob_url:
+            check_blob_url(blob_url, "VALIDATOR_BLOB_URL")
+        executor = env.get("VALIDATOR_COMPARE_EXECUTOR", "").strip() or "local"
+        if executor != "local":
+            check_executor(executor, "VALIDATOR_COMPARE_EXECUTOR")
         return cls(
-            home=Path(h).expanduser(),
-            database_url=env.get("VALIDATOR_DATABASE_URL") or None,
-            blob_url=env.get("VALIDATOR_BLOB_URL") or None,
+            home=h,
+            database_url=database_url,
+            blob_url=blob_url,
             tokens=tokens,
-            protect_reads=env.get("VALIDATOR_PROTECT_READS", "") in ("1", "true", "yes"),
+            protect_reads=_bool(env, "VALIDATOR_PROTECT_READS"),
             max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),
             pending_expiry_hours=_float(env, "VALIDATOR_PENDING_EXPIRY_HOURS", 7 * 24.0),
-            compare_executor=env.get("VALIDATOR_COMPARE_EXECUTOR") or "local",
+            compare_executor=executor,
         )

@@ -140,12 +140,19 @@ class Service:
 
         return collect(self, full=full, older_than_hours=older_than_hours)
 
-    def check_store(self, *, deep: bool = True) -> list[str]:
-        """Problems in the store (validator.store.integrity); empty when database and blobs agree."""
-        from validator.store.integrity import check_store
+    def check_store(self, *, deep: bool = True, database: bool = True) -> list[str]:
+        """Problems in the store (validator.store.integrity); empty when database and blobs agree. A damaged
+        database is reported (what could not be read), never raised. ``database``: run the database's own
+        check (False when :func:`validator.store.integrity.database_problems` already ran it)."""
+        from validator.store.integrity import check_store, database_problems
 
+        problems: list[str] = []
+        if database:
+            got = database_problems(self.settings.db_url)  # SQLite: its own check first, on a connection of its own
+            problems += got or []
+            database = got is None
         with self.session() as s:
-            problems = check_store(s, self.blobs, staging_dir=self.settings.staging_dir, deep=deep)
+            problems += check_store(s, self.blobs, staging_dir=self.settings.staging_dir, deep=deep, database=database)
         home = str(self.settings.home) + os.sep  # paths relative to the store's home, as the API shows them
         return [p.replace(home, "") for p in problems]
 
@@ -380,11 +387,18 @@ class Service:
         run_name, open_blob, read_blob = run.name, self._open_blob, self.blobs.read_into  # once, not per record
         known: set[str] = set()  # the dtypes checked (a run has a few)
         for name, slot, dtype, shape_text, sha256, nbytes in rows:  # the columns of run_tensors, in order
-            shape = _shape(shape_text)
+            try:
+                shape = _shape(shape_text)
+                coords, shard = _placement(slot)
+            except Exception as exc:
+                column = "shape" if not _readable(_shape, shape_text) else "slot (coordinates and shard spec)"
+                raise store.DamagedRowError(
+                    f"run {run_name!r} tensor {name!r}: its stored {column} is damaged ({type(exc).__name__}: {exc}); "
+                    "see `validator check`"
+                ) from None
             if dtype not in known:
                 check_dtype(dtype, where=f"run {run_name!r} tensor {name!r}: ")
                 known.add(dtype)
-            coords, shard = _placement(slot)
             refs.append(
                 TensorRef(
                     name=name,
@@ -512,6 +526,7 @@ class Service:
         a new record, or one that ended in error. The event is registered before the record is committed, so
         a request that sees the record queued finds it (see :meth:`_await_comparison`)."""
         done: threading.Event | None = None
+        rec_id = -1
         try:
             with self.session() as s, s.begin():
                 rec = store.get_comparison(s, key=key)
@@ -525,13 +540,14 @@ class Service:
                         return rec.id, None
                 elif rec.status != "error":
                     return rec.id, None
-                done = self._start_computing(rec.id)
+                rec_id = rec.id
+                done = self._start_computing(rec_id)
                 if done is not None:
                     rec.status, rec.error = "queued", None
-                return rec.id, done
+                return rec_id, done
         except BaseException:
             if done is not None:
-                self._finish_computing(rec.id, done)
+                self._finish_computing(rec_id, done)
             raise
 
     def _start_computing(self, rec_id: int) -> threading.Event | None:
@@ -603,6 +619,14 @@ class Service:
             if rec is None:
                 raise NotFoundError(f"no comparison {id}")
             return _comparison_dict(rec)
+
+
+def _readable(parse: Callable[[str], object], text: str) -> bool:
+    try:
+        parse(text)
+    except Exception:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1 << 12)

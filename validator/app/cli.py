@@ -115,7 +115,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    problems = _service(args).check_store(deep=not args.quick)
+    from validator.store.integrity import database_problems
+
+    settings = Settings.from_env(home=args.home)
+    # SQLite's own check first, before the store is opened (opening it migrates, which reads the schema)
+    first = database_problems(replace(settings, database_url=args.db).db_url if args.db else settings.db_url)
+    problems = first or []
+    try:
+        svc = _service(args)
+    except Exception as exc:
+        if not problems:  # a database that checks clean yet does not open: not damage; an error as before
+            raise
+        problems.append(f"database: could not open the store: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    else:
+        problems += svc.check_store(deep=not args.quick, database=first is None)
     if args.json:
         _print_json({"ok": not problems, "problems": problems})
     else:

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from validator._data import migrations_dir
-from validator.errors import ConflictError, InputError
+from validator.errors import ConflictError, InputError, ValidatorError
 from validator.store.models import Artifact, Blob, ComparisonRecord, Run, RunLabel, Tensor, Upload
 
 __all__ = [
@@ -32,6 +32,9 @@ __all__ = [
     "list_runs",
     "count_runs",
     "database_problems",
+    "sqlite_integrity",
+    "DamagedRowError",
+    "damaged_rows",
     "blob_sizes",
     "blob_references",
     "create_run",
@@ -53,6 +56,13 @@ __all__ = [
     "upload_blobs",
     "delete_runs",
 ]
+
+class DamagedRowError(ValidatorError):
+    """A stored row that cannot be read as what it holds (JSON cut short, a shape that is not a list of sizes):
+    the store is damaged, not the request. CLI exit 2, HTTP 422; `validator check` lists every such row."""
+
+    http_status = 422
+
 
 _MAX_ID = 2**31 - 1  # ids are INTEGER columns: a larger number names no row (and would overflow)
 
@@ -149,9 +159,17 @@ def get_run(session: Session, *, ref: str, include_pending: bool = False) -> Run
     if "\0" in ref:  # no name holds NUL (and PostgreSQL refuses to compare one)
         return None
     if ref.isascii() and ref.isdigit():
-        run = session.get(Run, int(ref)) if int(ref) <= _MAX_ID else None  # not 2**70
+        where: Any = Run.id == int(ref) if int(ref) <= _MAX_ID else None  # not 2**70
     else:
-        run = session.scalars(select(Run).where(Run.name == ref)).first()
+        where = Run.name == ref
+    if where is None:
+        return None
+    try:
+        run = session.scalars(select(Run).where(where)).first()
+    except ValueError as exc:  # the manifest's JSON does not decode
+        got = session.execute(select(Run.id, Run.name).where(where)).first()
+        what = f"run {got.name!r} (id {got.id})" if got else f"run {ref!r}"
+        raise DamagedRowError(f"{what}: its stored manifest (runs.manifest) is damaged: {exc}; see `validator check`") from None
     if run is not None and run.status != "complete" and not include_pending:
         return None
     return run
@@ -291,8 +309,12 @@ def slot_parts(slot: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def shape_of(shape: str) -> tuple[int, ...]:
-    """The shape of a record, from the JSON text :func:`run_tensors` gives."""
-    return tuple(json.loads(shape))
+    """The shape of a record, from the JSON text :func:`run_tensors` gives. ValueError when the text is not a
+    list of sizes (a damaged row)."""
+    got = json.loads(shape)
+    if not isinstance(got, list) or not all(type(n) is int and n >= 0 for n in got):
+        raise ValueError(f"{shape[:60]!r} is not a list of sizes")
+    return tuple(got)
 
 
 def unreferenced_blobs(session: Session, *, candidates: Sequence[str]) -> list[str]:
@@ -387,9 +409,15 @@ def run_uploads(session: Session, *, run_id: int) -> Sequence[Upload]:
 
 
 def get_comparison(session: Session, *, key: str | None = None, id: int | None = None) -> ComparisonRecord | None:
-    if id is not None:
-        return session.get(ComparisonRecord, id) if 0 <= id <= _MAX_ID else None
-    return session.scalars(select(ComparisonRecord).where(ComparisonRecord.key == key)).first()
+    try:
+        if id is not None:
+            return session.get(ComparisonRecord, id) if 0 <= id <= _MAX_ID else None
+        return session.scalars(select(ComparisonRecord).where(ComparisonRecord.key == key)).first()
+    except ValueError as exc:  # its request or result JSON does not decode
+        raise DamagedRowError(
+            f"comparison {id if id is not None else key}: its stored request or result (comparisons) is damaged: {exc}; "
+            "see `validator check`"
+        ) from None
 
 
 def save_comparison(session: Session, *, key: str, request: dict[str, Any]) -> ComparisonRecord:
@@ -419,6 +447,87 @@ def database_problems(session: Session) -> list[str]:
         return [] if got == ["ok"] else got
     session.scalar(select(func.count()).select_from(text("pg_catalog.pg_class")))
     return []
+
+
+def sqlite_integrity(url: str) -> list[str] | None:
+    """SQLite's own ``PRAGMA integrity_check`` of the database at ``url``, on a connection of its own that
+    neither migrates nor writes, before anything else reads it: what it reports (empty: ok), its error when
+    it cannot finish, or None when ``url`` is no SQLite file (not SQLite, in memory, or not created yet)."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    from pathlib import Path
+
+    path = Path(u.database)
+    if not path.is_file():
+        return None
+    got: list[str] = []
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=60)
+        try:
+            for (line,) in conn.execute("PRAGMA integrity_check"):
+                got.append(str(line))
+        finally:
+            conn.close()
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
+        return [*got, f"the integrity check could not finish: {exc}"]
+    return [] if got == ["ok"] else got
+
+
+def damaged_rows(session: Session, *, limit: int = 20) -> list[str]:
+    """Stored rows whose JSON columns the readers cannot decode: a run's manifest (an object), a tensor's shape
+    (a list of sizes), coordinates and shard spec (``slot``, ``coords``, ``shard``: objects), a comparison's
+    request and result. Distinct texts are decoded once; at most ``limit`` rows are named per column."""
+    from probes.shards import Coords, ShardSpec
+
+    out: list[str] = []
+
+    def obj(text: str) -> None:
+        if not isinstance(json.loads(text), dict):
+            raise ValueError("not a JSON object")
+
+    def slot(text: str) -> None:
+        c, sh = slot_parts(text)
+        Coords.from_dict(c)
+        ShardSpec.from_dict(sh)
+
+    def bad(text: str | None, parse: Any, nullable: bool = False) -> str | None:
+        if text is None:
+            return None if nullable else "missing"
+        try:
+            parse(text)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"[:200]
+        return None
+
+    def txt(col: Any) -> Any:
+        return cast(col, String)
+
+    for col, parse in ((Tensor.shape, shape_of), (Tensor.slot, slot), (Tensor.coords, obj), (Tensor.shard, obj)):
+        name = f"tensors.{col.key}"
+        for (text_,) in session.execute(select(txt(col)).distinct()):
+            why = bad(text_, parse)
+            if why is None:
+                continue
+            rows = session.execute(
+                select(Run.name, Tensor.name).join(Run, Run.id == Tensor.run_id).where(txt(col) == text_).limit(limit)
+            )
+            out += [f"run {r!r} tensor {t!r}: {name} {text_!r:.60} cannot be read ({why})" for r, t in rows]
+    for rid, rname, text_ in session.execute(select(Run.id, Run.name, txt(Run.manifest)).execution_options(yield_per=64)):
+        why = bad(text_, obj)
+        if why:
+            out.append(f"run {rname!r} (id {rid}): runs.manifest cannot be read ({why})")
+    q = select(ComparisonRecord.id, txt(ComparisonRecord.request), txt(ComparisonRecord.result))
+    for cid, req, res in session.execute(q.execution_options(yield_per=16)):
+        for what, text_, nullable in (("request", req, False), ("result", res, True)):
+            why = bad(text_, obj, nullable) if text_ != "null" or not nullable else None
+            if why:
+                out.append(f"comparison {cid}: comparisons.{what} cannot be read ({why})")
+    return out
 
 
 def blob_sizes(session: Session, *, shas: Sequence[str] | None = None) -> dict[str, int]:

@@ -7,42 +7,80 @@ Problems found (each one line, naming the blob or file):
 - a blob row's object is missing or has another size; with ``deep``, a local blob's bytes do not hash to its
   name;
 - a blob row nothing points at, or (local store) a blob file with no row: an orphan;
-- a temporary file or staging directory left by a process that is gone.
+- a temporary file or staging directory left by a process that is gone;
+- a stored JSON column the readers cannot decode (a manifest or a shape cut short: :func:`crud.damaged_rows`);
+- a table the database cannot read (a damaged page): named, and what depends on it is not judged.
 
-Read-only: it reports, it does not repair.
+Read-only: it reports, it does not repair. It never raises for what it reads: a damaged store is its answer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from validator.store import crud
 from validator.store.blobs import LocalBlobStore, stale_temp
 
-__all__ = ["check_store"]
+__all__ = ["check_store", "database_problems"]
+
+T = TypeVar("T")
 
 _SHA_NAME = re.compile(r"[0-9a-f]{62}")
 _READ = 1 << 20
 
 
-def check_store(session: Session, blobs: Any, *, staging_dir: Path, deep: bool = True) -> list[str]:
-    """Every problem found in the store (empty: consistent). ``blobs``: the store's blob store."""
-    problems = [f"database: {p}" for p in crud.database_problems(session)]
-    rows = crud.blob_sizes(session)
+def database_problems(url: str) -> list[str] | None:
+    """SQLite's own integrity check of the database at ``url``, run first, alone, before the store is opened
+    (opening it migrates): its problems as ``database: ...`` lines, or None when it is not a SQLite file."""
+    got = crud.sqlite_integrity(url)
+    return None if got is None else [f"database: {p}" for p in got]
+
+
+def _unreadable(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)  # the driver's message, without SQLAlchemy's statement and link
+    return f"{type(orig or exc).__name__}: {orig or exc}".splitlines()[0][:300]
+
+
+def check_store(session: Session, blobs: Any, *, staging_dir: Path, deep: bool = True, database: bool = True) -> list[str]:
+    """Every problem found in the store (empty: consistent). ``blobs``: the store's blob store. ``database``:
+    run the database's own check too (False when :func:`database_problems` already did)."""
+    problems: list[str] = []
+
+    def read(what: str, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except (SQLAlchemyError, UnicodeDecodeError) as exc:  # a damaged page: say what could not be read
+            session.rollback()
+            problems.append(f"database: could not read {what}: {_unreadable(exc)}")
+            return None
+
+    if database:
+        got = read("the database's own check (SQLite integrity_check)", lambda: crud.database_problems(session))
+        problems += [f"database: {p}" for p in got or ()]
+    damaged = read("the stored JSON columns", lambda: crud.damaged_rows(session))
+    problems += damaged or []
+    rows = read("the blobs table", lambda: crud.blob_sizes(session))
+    refs = read("the tensors, artifacts and uploads tables", lambda: crud.blob_references(session))
     used: set[str] = set()
-    for what, sha, nbytes in crud.blob_references(session):
+    for what, sha, nbytes in refs or ():
         used.add(sha)
+        if rows is None:
+            continue
         if sha not in rows:
             problems.append(f"{what} row points at blob {sha}, which the blobs table does not hold")
         elif what != "upload" and nbytes != rows[sha]:
             problems.append(f"{what} row says blob {sha} has {nbytes} bytes, the blobs table {rows[sha]}")
-    problems += [f"blob {sha}: no tensor, artifact or upload points at it (orphan row)" for sha in sorted(rows.keys() - used)]
-    problems += _objects(blobs, rows, deep)
+    if rows is not None:
+        if refs is not None:  # orphans only when every reference was read
+            problems += [f"blob {sha}: no tensor, artifact or upload points at it (orphan row)" for sha in sorted(rows.keys() - used)]
+        problems += _objects(blobs, rows, deep)
     for directory, kinds in _temp_dirs(blobs, staging_dir):
         problems += [f"{p}: left by a process that is gone" for p in stale_temp(directory, kinds=kinds)]
     return problems

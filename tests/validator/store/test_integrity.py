@@ -76,3 +76,97 @@ def test_admin_route_needs_a_write_token_and_reports(home: Path) -> None:
             svc.close()
 
     assert asyncio.run(go()) == (401, 200, {"ok": True, "problems": []})
+
+
+# -- a damaged database (issue 39): reported as damage, exit 1, never an internal error ------------------
+
+
+def _damaged_copy(home: Path, tmp_path: Path, *, table: str, at: str) -> Path:
+    """A copy of a real store with 32 garbage bytes written into the first page of ``table`` (``at``: the
+    page's header, or its last bytes where the rows' cells are)."""
+    import shutil
+    import sqlite3
+
+    copy = tmp_path / f"damaged-{table}-{at}"
+    shutil.copytree(home, copy)
+    db = copy / "validator.db"
+    with sqlite3.connect(db) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the file itself
+        page_size = c.execute("PRAGMA page_size").fetchone()[0]
+        root = c.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    c.close()
+    data = bytearray(db.read_bytes())
+    start = (root - 1) * page_size + (0 if at == "header" else page_size - 40)
+    data[start : start + 32] = bytes((i * 37 + 11) % 256 for i in range(32))
+    db.write_bytes(bytes(data))
+    return copy
+
+
+@pytest.mark.parametrize(("table", "at"), [("tensors", "header"), ("blobs", "cells"), ("sqlite_master", "cells")])
+def test_a_damaged_database_is_reported_not_an_internal_error(home: Path, tmp_path: Path, capsys, table: str, at: str) -> None:
+    if table == "sqlite_master":  # the schema itself: the store cannot even be opened
+        import shutil
+        import sqlite3
+
+        copy = tmp_path / "damaged-schema"
+        shutil.copytree(home, copy)
+        with sqlite3.connect(copy / "validator.db") as c:
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            page_size = c.execute("PRAGMA page_size").fetchone()[0]
+        c.close()
+        data = bytearray((copy / "validator.db").read_bytes())
+        data[page_size - 32 : page_size] = bytes((i * 37 + 11) % 256 for i in range(32))
+        (copy / "validator.db").write_bytes(bytes(data))
+    else:
+        copy = _damaged_copy(home, tmp_path, table=table, at=at)
+    code, doc = _check(copy, capsys)
+    assert code == 1 and doc["ok"] is False
+    assert doc["problems"] and all(isinstance(p, str) for p in doc["problems"])
+    assert doc["problems"][0].startswith("database: ")  # SQLite's own check comes first
+
+
+def test_admin_check_answers_a_damaged_database_with_the_report(home: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from validator.app.api import create_app
+    from validator.service import Service
+    from validator.settings import Settings
+
+    copy = _damaged_copy(home, tmp_path, table="tensors", at="header")
+
+    async def go() -> tuple[int, dict]:
+        svc = Service(Settings(home=copy, tokens=("t0k",)))
+        try:
+            transport = httpx.ASGITransport(app=create_app(svc.settings, service=svc))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+                r = await c.post("/api/v1/admin/check", headers={"Authorization": "Bearer t0k"})
+                return r.status_code, r.json()
+        finally:
+            svc.close()
+
+    status, doc = asyncio.run(go())
+    assert status == 200 and doc["ok"] is False
+    assert any("malformed" in p for p in doc["problems"]), doc
+
+
+@pytest.mark.parametrize(
+    ("column", "damage"),
+    [("runs.manifest", "UPDATE runs SET manifest = substr(manifest, 1, 20)"),
+     ("tensors.shape", "UPDATE tensors SET shape = '[256,' WHERE id = (SELECT min(id) FROM tensors)"),
+     ("tensors.slot", "UPDATE tensors SET slot = '{\"c\": {' WHERE id = (SELECT min(id) FROM tensors)")],
+)
+def test_check_parses_every_stored_json_column_and_show_says_what_is_damaged(home: Path, capsys, column: str, damage: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(home / "validator.db") as c:
+        c.execute(damage)
+    c.close()
+    code, doc = _check(home, capsys)
+    assert code == 1 and any(p.startswith("run 'r'") and column in p for p in doc["problems"]), doc
+    capsys.readouterr()
+    assert main(["--home", str(home), "show", "r"]) == 2  # the stored run is unusable input, not an internal error
+    err = capsys.readouterr().err
+    assert err.startswith("validator: error: run 'r'") and column.split(".")[1] in err and "damaged" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

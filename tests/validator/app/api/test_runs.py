@@ -213,3 +213,37 @@ def test_manifest_size_cap_applies_to_every_ingest(tmp_path: Path) -> None:
     (bundle / MANIFEST).write_text(json.dumps(doc))
     with pytest.raises(InputError, match="more than the 4,194,304 a manifest may hold"):
         open_path(bundle)
+
+
+@pytest.mark.parametrize(
+    ("column", "damage"),
+    [("runs.manifest", "UPDATE runs SET manifest = substr(manifest, 1, 20) WHERE name = 'r'"),
+     ("tensors.shape", "UPDATE tensors SET shape = '[256,' WHERE id = (SELECT min(id) FROM tensors)")],
+)
+async def test_a_damaged_row_answers_a_clear_error(
+    client: httpx.AsyncClient, api_service, tmp_path: Path, column: str, damage: str
+) -> None:
+    """A stored manifest cut short, a shape `[256,`: every read of the run says so (422 naming run and column),
+    never 500; the other runs read fine; `check` lists the row (tests/validator/store/test_integrity.py)."""
+    import html
+
+    from sqlalchemy import text
+
+    if api_service.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL refuses invalid JSON in a JSON column: such a row cannot be stored")
+    await push(client, write_tp_bundle(tmp_path, "r", tensors(), tp=2), "r")
+    await push(client, write_tp_bundle(tmp_path, "ok", tensors(), tp=2), "ok")
+    with api_service.engine.begin() as c:
+        c.execute(text(damage))
+    for url in ("/api/v1/runs/r", "/api/v1/runs/r/tensors", "/runs/r", "/runs/r?format=json"):
+        r = await client.get(url)
+        assert r.status_code == 422, (url, r.status_code, r.text[:300])
+        body = html.unescape(r.text)  # the dashboard's page escapes the quotes
+        assert "run 'r'" in body and column.split(".")[1] in body and "damaged" in body, body[:300]
+    g = await client.post("/api/v1/gates", json={"baseline": "ok", "candidate": "r"})
+    assert g.status_code == 422 and "damaged" in g.json()["detail"]
+    assert (await client.get("/api/v1/runs/ok")).status_code == 200
+    assert (await client.get("/api/v1/runs")).status_code == 200
+    r = await client.post("/api/v1/admin/check")
+    assert r.status_code == 200 and not r.json()["ok"]
+    assert any("'r'" in p and column in p for p in r.json()["problems"]), r.json()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,14 @@ def _open_service(args: argparse.Namespace) -> Any:
 
 
 def cmd_rl_kl(args: argparse.Namespace) -> int:
+    from validator.store.bulk import cycle_collector_paused
+
+    # a million steps make millions of short-lived objects: the cycle collector would walk them again and again
+    with cycle_collector_paused():
+        return _rl_kl(args)
+
+
+def _rl_kl(args: argparse.Namespace) -> int:
     from validator.judging.rl_kl import KLSettings, kl_report
     from validator.runs.logprob_records import read_logprob_jsonl
 
@@ -55,7 +64,9 @@ def cmd_rl_kl(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     else:
-        print(report.format_table())
+        out = sys.stdout
+        for line in report.table_lines():
+            out.write(line + "\n")
     return report.exit_code
 
 

@@ -9,15 +9,17 @@ the rollout policy ``q``). KL(q || p) = E_q[-r] is estimated per token by ``k1 =
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
+from scipy.special import erfc as _erfc
 
 from validator.runs.logprob_records import LogprobRecords
 
@@ -25,6 +27,7 @@ __all__ = [
     "KLReport",
     "KLSettings",
     "StepKL",
+    "StepTable",
     "TrendTest",
     "VERDICT_EXIT",
     "kl_by_step",
@@ -160,10 +163,64 @@ class StepKL:
 
 
 @dataclass(frozen=True)
+class StepTable:
+    """The per-step results as columns, one entry per step (a million steps are a few dozen MB, not a million
+    objects). ``p_above``/``p_above_adjusted`` are NaN and ``status`` "floor window" for the first ``n_window``."""
+
+    step: IntArray
+    samples: IntArray
+    tokens: IntArray
+    k1: FloatArray
+    k2: FloatArray
+    k3: FloatArray
+    k3_se: FloatArray
+    k3_lo: FloatArray
+    k3_hi: FloatArray
+    weight_versions: tuple[tuple[int, ...], ...]
+    n_window: int = 0
+    p_above: FloatArray | None = None
+    p_above_adjusted: FloatArray | None = None
+    status: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.step.size)
+
+    def step_kl(self, i: int) -> StepKL:
+        judged = i >= self.n_window
+        return StepKL(
+            step=int(self.step[i]), samples=int(self.samples[i]), tokens=int(self.tokens[i]), k1=float(self.k1[i]),
+            k2=float(self.k2[i]), k3=float(self.k3[i]), k3_se=float(self.k3_se[i]),
+            k3_ci=(float(self.k3_lo[i]), float(self.k3_hi[i])), role="judged" if judged else "floor window",
+            p_above=float(self.p_above[i]) if judged and self.p_above is not None else math.nan,
+            p_above_adjusted=float(self.p_above_adjusted[i]) if judged and self.p_above_adjusted is not None else math.nan,
+            status=self.status[i] if judged else "floor window",  # type: ignore[arg-type]
+            weight_versions=self.weight_versions[i],
+        )
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """``[StepKL.to_dict() ...]``, column by column."""
+        n = len(self)
+        pa = self.p_above if self.p_above is not None else np.full(n, math.nan)
+        pq = self.p_above_adjusted if self.p_above_adjusted is not None else np.full(n, math.nan)
+        cols = [_nums(c) for c in (self.k1, self.k2, self.k3, self.k3_se, self.k3_lo, self.k3_hi, pa, pq)]
+        roles = ["floor window"] * min(self.n_window, n) + ["judged"] * max(0, n - self.n_window)
+        status = ["floor window"] * min(self.n_window, n) + list(self.status[self.n_window :])
+        return [
+            {
+                "step": st, "samples": ns, "tokens": nt, "k1": a1, "k2": a2, "k3": a3, "k3_se": se, "k3_ci": [lo, hi],
+                "role": role, "p_above": p, "p_above_adjusted": q, "status": stat, "weight_versions": list(wv),
+            }
+            for st, ns, nt, a1, a2, a3, se, lo, hi, p, q, role, stat, wv in zip(
+                self.step.tolist(), self.samples.tolist(), self.tokens.tolist(), *cols, roles, status, self.weight_versions
+            )
+        ]
+
+
+@dataclass(frozen=True)
 class KLReport:
     verdict: Verdict
     reasons: tuple[str, ...]
-    steps: tuple[StepKL, ...]
+    table: StepTable
     floor: float
     floor_se: float
     floor_source: Literal["declared", "estimated"]
@@ -173,34 +230,63 @@ class KLReport:
     trend: TrendTest | None
     settings: KLSettings = field(default_factory=KLSettings)
 
+    @functools.cached_property
+    def steps(self) -> tuple[StepKL, ...]:
+        """One :class:`StepKL` per step (built on first use; ``table`` holds the same as columns)."""
+        return tuple(self.table.step_kl(i) for i in range(len(self.table)))
+
     @property
     def exit_code(self) -> int:
         return VERDICT_EXIT[self.verdict]
 
     def format_table(self) -> str:
         """The per-step table, the floor and trend lines, and the verdict with its reasons."""
-        from validator.judging.text import fmt_num, format_rows
+        return "\n".join(self.table_lines())
 
-        rows = [
-            [
-                str(st.step), str(st.samples), str(st.tokens), fmt_num(st.k1), fmt_num(st.k2), fmt_num(st.k3),
-                f"[{fmt_num(st.k3_ci[0])}, {fmt_num(st.k3_ci[1])}]", fmt_num(st.p_above_adjusted) if st.role == "judged" else "-",
-                st.status, ",".join(map(str, st.weight_versions)) or "-",
+    def table_lines(self, chunk: int = 65536) -> Iterator[str]:
+        """:meth:`format_table` line by line, formatting ``chunk`` steps at a time (twice: the column widths
+        first), so printing a million steps holds no million strings."""
+        from validator.judging.text import fmt_num
+
+        t = self.table
+        n = len(t)
+        judged = np.arange(n) >= t.n_window
+        pq = t.p_above_adjusted if t.p_above_adjusted is not None else np.full(n, math.nan)
+        status = ("floor window",) * min(t.n_window, n) + tuple(t.status[t.n_window :])
+        fmt = _fmt_col
+
+        def cols(a: int, b: int) -> list[list[str]]:
+            return [
+                [str(v) for v in t.step[a:b].tolist()], [str(v) for v in t.samples[a:b].tolist()],
+                [str(v) for v in t.tokens[a:b].tolist()], fmt(t.k1[a:b]), fmt(t.k2[a:b]), fmt(t.k3[a:b]),
+                [f"[{lo}, {hi}]" for lo, hi in zip(fmt(t.k3_lo[a:b]), fmt(t.k3_hi[a:b]))],
+                [q if j else "-" for q, j in zip(fmt(pq[a:b]), judged[a:b].tolist())],
+                list(status[a:b]),
+                [",".join(map(str, wv)) or "-" for wv in t.weight_versions[a:b]],
             ]
-            for st in self.steps
-        ]
-        lines = [format_rows(["step", "samples", "tokens", "k1", "k2", "k3", "k3 95% CI", "p above (Holm)", "status", "weights"], rows), ""]
+
+        header = ["step", "samples", "tokens", "k1", "k2", "k3", "k3 95% CI", "p above (Holm)", "status", "weights"]
+        widths = [len(h) for h in header]
+        for a in range(0, n, chunk):
+            widths = [max([w] + [len(c) for c in col]) for w, col in zip(widths, cols(a, a + chunk))]
+        yield "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()
+        yield "  ".join("-" * w for w in widths)
+        template = "  ".join(f"{{:<{w}}}" for w in widths)
+        for a in range(0, n, chunk):
+            for row in zip(*cols(a, a + chunk)):
+                yield template.format(*row).rstrip()
+        lines = [""]
         se = f" +- {fmt_num(self.floor_se)}" if self.floor_source == "estimated" else ""
         lines.append(f"floor ({self.floor_source}): {fmt_num(self.floor)}{se}; band k3 <= {fmt_num(self.band)} ({self.settings.tolerance} x floor)")
         if self.trend is not None:
-            t = self.trend
+            tr = self.trend
             lines.append(
-                f"trend: Mann-Kendall S = {t.s}, p(increasing) = {fmt_num(t.p_increasing)}{' (exact)' if t.exact else ''}; "
-                f"Sen slope {fmt_num(t.slope)}/step [{fmt_num(t.slope_ci[0])}, {fmt_num(t.slope_ci[1])}], rise {fmt_num(t.rise)}"
+                f"trend: Mann-Kendall S = {tr.s}, p(increasing) = {fmt_num(tr.p_increasing)}{' (exact)' if tr.exact else ''}; "
+                f"Sen slope {fmt_num(tr.slope)}/step [{fmt_num(tr.slope_ci[0])}, {fmt_num(tr.slope_ci[1])}], rise {fmt_num(tr.rise)}"
             )
         lines.append(f"verdict: {self.verdict.upper()}")
         lines.extend(f"  {r}" for r in self.reasons)
-        return "\n".join(lines)
+        yield from lines
 
     def to_dict(self) -> dict[str, Any]:
         s = self.settings
@@ -216,7 +302,7 @@ class KLReport:
             },
             "level": {"mean": _num(self.level), "upper": _num(self.level_upper)},
             "trend": None if self.trend is None else self.trend.to_dict(),
-            "steps": [st.to_dict() for st in self.steps],
+            "steps": self.table.to_dicts(),
             "settings": {
                 "floor": s.floor,
                 "floor_steps": s.floor_steps,
@@ -239,6 +325,20 @@ def _num(x: float) -> float | str:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return x
+
+
+def _nums(col: FloatArray) -> list[float | str]:
+    """:func:`_num` of each element of a column."""
+    out: list[float | str] = list(col.tolist())
+    if not np.isfinite(col).all():
+        for i in np.flatnonzero(~np.isfinite(col)).tolist():
+            out[i] = _num(float(col[i]))
+    return out
+
+
+def _fmt_col(col: FloatArray) -> list[str]:
+    """``validator.judging.text.fmt_num`` of each element of a float column (4 significant digits)."""
+    return [f"{v:.4g}" for v in col.tolist()]
 
 
 # -- trend -----------------------------------------------------------------------------------------
@@ -430,7 +530,7 @@ class StepStats:
     with the same ``resamples`` and ``seed``. Memory O(tokens): arrays, one small dict per step."""
 
     steps: IntArray
-    rows: tuple[dict[str, Any], ...]
+    table: StepTable  # the per-step columns, without tests (``n_window`` 0, no p-values)
     sample_k3: FloatArray
     sample_tokens: FloatArray
     bounds: IntArray
@@ -454,7 +554,7 @@ class StepStats:
     def trend(self) -> TrendTest:
         """Mann-Kendall and Sen's slope of the k3 step means (computed once)."""
         if "trend" not in self._trend_cache:
-            self._trend_cache["trend"] = _trend(self.steps, np.array([r["k3"] for r in self.rows], dtype=np.float64))
+            self._trend_cache["trend"] = _trend(self.steps, self.table.k3)
         return self._trend_cache["trend"]
 
 
@@ -523,24 +623,13 @@ def step_stats(
     ver_list = pv_ver.tolist()
 
     z = float(sps.norm.ppf(0.975))
-    rows = tuple(
-        {
-            "step": s,
-            "samples": ns,
-            "tokens": int(nt),
-            "k1": m1,
-            "k2": m2,
-            "k3": m3,
-            "k3_se": e,
-            "k3_ci": (m3 - z * e, m3 + z * e) if math.isfinite(e) else (math.nan, math.nan),
-            "weight_versions": tuple(ver_list[cut[i] : cut[i + 1]]),
-        }
-        for i, (s, ns, nt, m1, m2, m3, e) in enumerate(
-            zip(step_values.tolist(), n_samples.tolist(), s_tok.tolist(), mean1.tolist(), mean2.tolist(),
-                mean3.tolist(), se.tolist())
-        )
+    finite = np.isfinite(se)
+    table = StepTable(
+        step=step_values, samples=n_samples, tokens=s_tok.astype(np.int64), k1=mean1, k2=mean2, k3=mean3, k3_se=se,
+        k3_lo=np.where(finite, mean3 - z * se, math.nan), k3_hi=np.where(finite, mean3 + z * se, math.nan),
+        weight_versions=tuple(tuple(ver_list[cut[i] : cut[i + 1]]) for i in range(step_values.size)),
     )
-    return StepStats(steps=step_values, rows=rows, sample_k3=g_k3, sample_tokens=g_tokens, bounds=bounds)
+    return StepStats(steps=step_values, table=table, sample_k3=g_k3, sample_tokens=g_tokens, bounds=bounds)
 
 
 def kl_by_step(
@@ -565,7 +654,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     cfg = settings or KLSettings()
     z = _Z975
     step_values = stats.steps
-    per_step = list(stats.rows)
+    base = stats.table
     estimated = cfg.floor is None
     n_window = min(cfg.floor_steps, step_values.size) if estimated else 0
     reasons: list[str] = []
@@ -576,34 +665,31 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     band = cfg.tolerance * floor
     band_se = cfg.tolerance * floor_se
 
-    judged = list(range(n_window, len(per_step)))
-    p_raw = np.array(
-        [_p_above(per_step[i]["k3"], math.hypot(per_step[i]["k3_se"], band_se), band) for i in judged], dtype=np.float64
-    )
+    n_steps = len(base)
+    judged = range(n_window, n_steps)
+    k3, k3_se = base.k3, base.k3_se
+    jk3, jse = k3[n_window:], np.hypot(k3_se[n_window:], band_se)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_raw = np.where(np.isfinite(jk3) & np.isfinite(jse), 0.5 * _erfc(((jk3 - band) / jse) / math.sqrt(2.0)), math.nan)
+        p_raw = np.where(np.isfinite(jse) & (jse <= 0), np.where(jk3 > band, 0.0, 1.0), p_raw)
     p_adj = _holm(p_raw)
-    steps_out: list[StepKL] = []
-    above: list[StepKL] = []
-    for i, row in enumerate(per_step):
-        if i < n_window:
-            steps_out.append(StepKL(**row, role="floor window"))
-            continue
-        j = i - n_window
-        p, q = float(p_raw[j]), float(p_adj[j])
-        if math.isfinite(q) and q < cfg.alpha:
-            status: Literal["at floor", "above floor", "unclear"] = "above floor"
-        elif math.isfinite(row["k3_se"]) and row["k3"] + z * math.hypot(row["k3_se"], band_se) <= band:
-            status = "at floor"
-        else:
-            status = "unclear"
-        one = StepKL(**row, role="judged", p_above=p, p_above_adjusted=q, status=status)
-        steps_out.append(one)
-        if status == "above floor":
-            above.append(one)
+    above_mask = np.isfinite(p_adj) & (p_adj < cfg.alpha)
+    at_mask = ~above_mask & np.isfinite(k3_se[n_window:]) & (jk3 + z * jse <= band)
+    status_of = np.where(above_mask, "above floor", np.where(at_mask, "at floor", "unclear")).tolist()
+    status_all = ("floor window",) * n_window + tuple(status_of)
+    table = replace(
+        base,
+        n_window=n_window,
+        p_above=np.concatenate([np.full(n_window, math.nan), p_raw]),
+        p_above_adjusted=np.concatenate([np.full(n_window, math.nan), p_adj]),
+        status=status_all,
+    )
+    above = [table.step_kl(n_window + int(j)) for j in np.flatnonzero(above_mask)]
 
     # the level of the judged steps: the mean of their k3 means, and its one-sided upper bound
-    if judged:
-        means = np.array([per_step[i]["k3"] for i in judged])
-        ses = np.array([per_step[i]["k3_se"] for i in judged])
+    if len(judged):
+        means = k3[n_window:]
+        ses = k3_se[n_window:]
         level = float(means.mean())
         level_se = math.hypot(float(math.sqrt(np.sum(ses**2))) / len(judged), band_se)
         level_upper = level + NormalDist().inv_cdf(1 - cfg.alpha) * level_se
@@ -639,7 +725,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
         )
     if verdict is None:
         problems = []
-        if not judged:
+        if not len(judged):
             problems.append(
                 f"no step to judge: the floor is estimated from the first {cfg.floor_steps} steps and the records "
                 f"have {step_values.size}"
@@ -668,7 +754,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     return KLReport(
         verdict=verdict,
         reasons=tuple(reasons),
-        steps=tuple(steps_out),
+        table=table,
         floor=floor,
         floor_se=floor_se,
         floor_source="estimated" if estimated else "declared",

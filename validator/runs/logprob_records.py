@@ -133,7 +133,21 @@ class _Builder:
         self.parts.append((len(self.step), prefix))
 
     def add(self, obj: Any, number: int) -> None:
-        st, sid, tok, ro, tr, ver = _check(obj, f"{self.parts[-1][1]}{number}")
+        try:  # the usual line, checked inline (a quarter of the cost); anything else through _check's messages
+            st, sid, tok, ro, tr = obj["step"], obj["sample_id"], obj["token_index"], obj["rollout_logprob"], obj["train_logprob"]
+            ver = obj.get("weight_version")
+            fast = (
+                type(obj) is dict and type(st) is int and type(tok) is int and 0 <= st <= _MAX_INT and 0 <= tok <= _MAX_INT
+                and ((type(sid) is str and sid != "") or type(sid) is int) and type(ro) is float and type(tr) is float
+                and -math.inf < ro <= _LOGPROB_TOL and -math.inf < tr <= _LOGPROB_TOL
+                and (ver is None or (type(ver) is int and 0 <= ver <= _MAX_INT))
+            )
+        except (TypeError, KeyError, AttributeError, IndexError):
+            fast = False
+        if fast:
+            sid, ver = str(sid), NO_VERSION if ver is None else ver
+        else:
+            st, sid, tok, ro, tr, ver = _check(obj, f"{self.parts[-1][1]}{number}")
         self.step.append(st)
         self.sample.append(self.names.setdefault(sid, len(self.names)))
         self.token.append(tok)
@@ -222,6 +236,8 @@ def read_logprob_files(paths: Iterable[str | Path]) -> LogprobRecords:
 
 
 def _read_into(b: _Builder, p: Path) -> None:
+    from orjson import loads as fast_loads  # 5x json's speed on a million lines; json reads what it refuses
+
     try:
         f = open(p, encoding="utf-8")
     except OSError as exc:
@@ -233,9 +249,12 @@ def _read_into(b: _Builder, p: Path) -> None:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
-                except (ValueError, RecursionError) as exc:
-                    raise LogprobInputError(f"{p} line {n}: not valid JSON ({exc})") from None
+                    obj = fast_loads(line)
+                except ValueError:  # what orjson refuses (NaN, 1e999, huge ints), json may read and _check name
+                    try:
+                        obj = json.loads(line)
+                    except (ValueError, RecursionError) as exc:
+                        raise LogprobInputError(f"{p} line {n}: not valid JSON ({exc})") from None
                 b.add(obj, n)
         except UnicodeDecodeError:
             raise LogprobInputError(f"{p}: not UTF-8 text") from None

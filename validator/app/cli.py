@@ -148,7 +148,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    doc = _service(args).show_run(args.run)
+    from sqlalchemy.exc import DatabaseError
+
+    from validator.store.crud import DamagedRowError
+
+    try:
+        doc = _service(args).show_run(args.run)
+    except DatabaseError as exc:  # a damaged page (the database's, not a row's): say so, not an internal error
+        raise DamagedRowError(f"the store's database could not be read: {str(exc.orig or exc).splitlines()[0][:300]}; "
+                              "see `validator check`") from None
     if args.json:
         _print_json(doc)
         return 0

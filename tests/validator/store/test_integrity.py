@@ -170,3 +170,11 @@ def test_check_parses_every_stored_json_column_and_show_says_what_is_damaged(hom
     err = capsys.readouterr().err
     assert err.startswith("validator: error: run 'r'") and column.split(".")[1] in err and "damaged" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_show_on_a_damaged_database_says_so(home: Path, tmp_path: Path, capsys) -> None:
+    copy = _damaged_copy(home, tmp_path, table="tensors", at="header")
+    capsys.readouterr()
+    assert main(["--home", str(copy), "show", "r"]) == 2
+    err = capsys.readouterr().err
+    assert "database could not be read" in err and "malformed" in err and "internal error" not in err, err

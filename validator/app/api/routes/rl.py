@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.errors import InputError
 
 router = APIRouter(prefix="/rl", tags=["rl"])
+
+# Records a POSTed KL gate may carry: the body cap (``max_json_bytes``, 1 MiB by default) holds about 11,000;
+# this bounds the work (linear in the records) and memory also where that cap is raised. Files of any size
+# go through ``validator rl kl`` (docs/rl.md, docs/reliability.md).
+MAX_KL_RECORDS = 1_000_000
 
 
 class KLGate(BaseModel):
@@ -33,6 +38,12 @@ def kl_gate(body: KLGate) -> dict[str, Any]:
     from validator.judging.rl_kl import VERDICT_EXIT, KLSettings, kl_report
     from validator.runs.logprob_records import records_from_objects
 
+    if len(body.records) > MAX_KL_RECORDS:
+        raise HTTPException(
+            status_code=413,
+            detail=f"{len(body.records):,} records; POST /api/v1/rl/kl judges at most {MAX_KL_RECORDS:,} "
+            "(use validator rl kl on a file, or store the run and GET /api/v1/rl/runs/{run}/kl)",
+        )
     try:
         settings = KLSettings(floor=body.floor, floor_steps=body.floor_steps, tolerance=body.tolerance)
     except ValueError as exc:

@@ -62,12 +62,26 @@ def _rl_kl(args: argparse.Namespace) -> int:
         finally:
             svc.close()
     if args.json:
-        _print_json(report.to_dict())
+        _print_kl_json(report)
     else:
         out = sys.stdout
         for line in report.table_lines():
             out.write(line + "\n")
     return report.exit_code
+
+
+def _print_kl_json(report: Any, chunk: int = 65536) -> None:
+    """The KL document as ``_print_json`` prints it, except each step on one line, written ``chunk`` steps at a
+    time: a million steps never exist as a million dicts at once."""
+    head = json.dumps(report.to_dict(steps=False), indent=1, allow_nan=False)
+    before, after = head.split('\n "steps": [],\n', 1)
+    out = sys.stdout
+    out.write(before + '\n "steps": [\n')
+    n = len(report.table)
+    for a in range(0, n, chunk):
+        lines = [json.dumps(d, allow_nan=False) for d in report.table.to_dicts(a, a + chunk)]
+        out.write("  " + ",\n  ".join(lines) + (",\n" if a + chunk < n else "\n"))
+    out.write(" ],\n" + after + "\n")
 
 
 def _version(text: str | None) -> int | None:

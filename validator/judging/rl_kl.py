@@ -197,21 +197,26 @@ class StepTable:
             weight_versions=self.weight_versions[i],
         )
 
-    def to_dicts(self) -> list[dict[str, Any]]:
-        """``[StepKL.to_dict() ...]``, column by column."""
+    def to_dicts(self, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        """``[StepKL.to_dict() ...]`` of steps ``start:stop``, column by column."""
         n = len(self)
+        a, b = max(0, start), n if stop is None else min(n, stop)
+        if b <= a:
+            return []
         pa = self.p_above if self.p_above is not None else np.full(n, math.nan)
         pq = self.p_above_adjusted if self.p_above_adjusted is not None else np.full(n, math.nan)
-        cols = [_nums(c) for c in (self.k1, self.k2, self.k3, self.k3_se, self.k3_lo, self.k3_hi, pa, pq)]
-        roles = ["floor window"] * min(self.n_window, n) + ["judged"] * max(0, n - self.n_window)
-        status = ["floor window"] * min(self.n_window, n) + list(self.status[self.n_window :])
+        cols = [_nums(c[a:b]) for c in (self.k1, self.k2, self.k3, self.k3_se, self.k3_lo, self.k3_hi, pa, pq)]
+        w = min(self.n_window, b)
+        roles = ["floor window"] * max(0, w - a) + ["judged"] * (b - max(a, w))
+        status = ["floor window"] * max(0, w - a) + list(self.status[max(a, w) : b])
         return [
             {
                 "step": st, "samples": ns, "tokens": nt, "k1": a1, "k2": a2, "k3": a3, "k3_se": se, "k3_ci": [lo, hi],
                 "role": role, "p_above": p, "p_above_adjusted": q, "status": stat, "weight_versions": list(wv),
             }
             for st, ns, nt, a1, a2, a3, se, lo, hi, p, q, role, stat, wv in zip(
-                self.step.tolist(), self.samples.tolist(), self.tokens.tolist(), *cols, roles, status, self.weight_versions
+                self.step[a:b].tolist(), self.samples[a:b].tolist(), self.tokens[a:b].tolist(), *cols, roles, status,
+                self.weight_versions[a:b],
             )
         ]
 
@@ -288,7 +293,8 @@ class KLReport:
         lines.extend(f"  {r}" for r in self.reasons)
         yield from lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, steps: bool = True) -> dict[str, Any]:
+        """The verdict document; ``steps=False``: with an empty ``steps`` list (to stream ``table.to_dicts``)."""
         s = self.settings
         return {
             "kind": "rl_kl",
@@ -302,7 +308,7 @@ class KLReport:
             },
             "level": {"mean": _num(self.level), "upper": _num(self.level_upper)},
             "trend": None if self.trend is None else self.trend.to_dict(),
-            "steps": self.table.to_dicts(),
+            "steps": self.table.to_dicts() if steps else [],
             "settings": {
                 "floor": s.floor,
                 "floor_steps": s.floor_steps,

@@ -58,3 +58,17 @@ def test_a_200000_step_series_is_judged_in_seconds_with_bounded_memory() -> None
     assert took < 10.0, took
     assert peak < 400e6, peak  # all pairwise slopes would be 2e10 floats (160 GB)
     assert rep.table.k3.size == n and len(rep.format_table().splitlines()) > n
+
+
+def test_step_dicts_in_chunks_are_the_whole_list() -> None:
+    rng = np.random.default_rng(5)
+    n = 23
+    step = np.repeat(np.arange(n), 3)
+    sample = np.tile(np.arange(3), n)
+    ro = -rng.random(step.size)
+    tr = np.minimum(0.0, ro + rng.normal(0, 0.05, step.size))
+    rep = kl_by_step(step, sample, ro, tr)  # the floor estimated: a 5-step window
+    whole = rep.table.to_dicts()
+    assert whole == [st.to_dict() for st in rep.steps]
+    for chunk in (1, 3, 5, 7, 40):
+        assert [d for a in range(0, n, chunk) for d in rep.table.to_dicts(a, a + chunk)] == whole

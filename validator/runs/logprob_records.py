@@ -307,6 +307,9 @@ def read_logprob_parquet(path: str | Path) -> LogprobRecords:
     missing = [c for c in _REQUIRED if c not in table.column_names]
     if missing:
         raise LogprobInputError(f"{path}: missing column(s) {missing}")
+    fast = _parquet_columns(table, str(path))
+    if fast is not None:
+        return fast
     cols = {c: table.column(c).to_pylist() for c in LOGPROB_FIELDS if c in table.column_names}
     n = table.num_rows
     b = _Builder(str(path))
@@ -314,3 +317,50 @@ def read_logprob_parquet(path: str | Path) -> LogprobRecords:
     for i in range(n):
         b.add({c: v[i] for c, v in cols.items()}, i)
     return b.build()
+
+
+def _parquet_columns(table: Any, source: str) -> LogprobRecords | None:
+    """A table of the fixed schema whose values all pass, as arrays without a Python object per row; ``None``
+    when anything is off (then the row-by-row path names the row and field)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    want = {"step": pa.int64(), "sample_id": pa.string(), "token_index": pa.int64(), "rollout_logprob": pa.float64(),
+            "train_logprob": pa.float64()}
+    if table.num_rows == 0 or any(table.schema.field(c).type != t for c, t in want.items()):
+        return None
+    if any(table.column(c).null_count for c in want):
+        return None
+    has_ver = "weight_version" in table.column_names
+    if has_ver and table.schema.field("weight_version").type != pa.int64():
+        return None
+    step = table.column("step").to_numpy()
+    token = table.column("token_index").to_numpy()
+    ro = table.column("rollout_logprob").to_numpy()
+    tr = table.column("train_logprob").to_numpy()
+    if has_ver:
+        ver = pc.fill_null(table.column("weight_version"), NO_VERSION).to_numpy()
+        if (ver < NO_VERSION).any() or (pc.sum(pc.equal(table.column("weight_version"), NO_VERSION)).as_py() or 0):
+            return None
+    else:
+        ver = np.full(step.size, NO_VERSION, dtype=np.int64)
+    if (step < 0).any() or (token < 0).any():
+        return None
+    for lp in (ro, tr):
+        if not (np.isfinite(lp).all() and (lp <= _LOGPROB_TOL).all()):
+            return None
+    sid = pc.dictionary_encode(table.column("sample_id").combine_chunks())
+    names = tuple(sid.dictionary.to_pylist())
+    if any(not n for n in names):
+        return None
+    sample = sid.indices.to_numpy().astype(np.int64)
+    b = _Builder(source)
+    b.start(f"{source} row ")
+    b.line = array("q", range(step.size))
+    step, token, ver = (np.ascontiguousarray(x, dtype=np.int64) for x in (step, token, ver))
+    b._check_keys(step, sample, token, ver, names)
+    return LogprobRecords(
+        step=step, sample=sample, sample_ids=names, token_index=token,
+        rollout_logprob=np.ascontiguousarray(ro, dtype=np.float64), train_logprob=np.ascontiguousarray(tr, dtype=np.float64),
+        weight_version=ver, source=source,
+    )

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.errors import InputError
+from validator.store.bulk import cycle_collector_paused
 
 router = APIRouter(prefix="/rl", tags=["rl"])
 
@@ -48,7 +49,8 @@ def kl_gate(body: KLGate) -> dict[str, Any]:
         settings = KLSettings(floor=body.floor, floor_steps=body.floor_steps, tolerance=body.tolerance)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    doc = kl_report(records_from_objects(body.records, source="records"), settings).to_dict()
+    with cycle_collector_paused():  # thousands of step dicts: no repeated full walks of them
+        doc = kl_report(records_from_objects(body.records, source="records"), settings).to_dict()
     doc["exit_code"] = VERDICT_EXIT[doc["verdict"]]
     return doc
 
@@ -62,7 +64,8 @@ def stored_kl(ref: str, svc: ServiceDep, floor: float | None = None, floor_steps
         settings = KLSettings(floor=floor, floor_steps=floor_steps, tolerance=tolerance)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    doc = svc.rl_kl(ref, settings).to_dict()
+    with cycle_collector_paused():
+        doc = svc.rl_kl(ref, settings).to_dict()
     doc["exit_code"] = VERDICT_EXIT[doc["verdict"]]
     return doc
 

@@ -46,6 +46,7 @@ from validator.errors import InputError, ValidatorError
 from validator.runs.reassembly import LogicalTensor
 from validator.runs.tensorfile import ITEMSIZES
 from validator.runs.view import TensorRef
+from validator.settings import ExecutorSpec, parse_executor
 from validator.store.blob_read import open_blob_range, open_blob_tensor, open_file_range, open_file_tensor
 
 if TYPE_CHECKING:
@@ -67,28 +68,6 @@ HEAD_CHECK_S = 2.0  # while waiting for results, whether the head still answers 
 
 class RayUnavailable(ValidatorError):
     """No Ray (not installed), no cluster, or the cluster was lost: the comparison did not run (exit 2)."""
-
-
-@dataclass(frozen=True)
-class ExecutorSpec:
-    """Where a comparison measures its pairs: ``local`` (this process) or ``ray`` (``address`` None: the
-    cluster of ``RAY_ADDRESS`` or of this machine)."""
-
-    kind: str = "local"
-    address: str | None = None
-
-    def __str__(self) -> str:
-        return self.kind if self.address is None else f"{self.kind}={self.address}"
-
-
-def parse_executor(text: str | None) -> ExecutorSpec:
-    """``local``, ``ray`` or ``ray=ADDRESS`` (``HOST:PORT`` of the head's GCS, or ``ray://HOST:PORT``)."""
-    if not text or text == "local":
-        return ExecutorSpec()
-    kind, sep, address = text.partition("=")
-    if kind != "ray" or (sep and not address.strip()):
-        raise InputError(f"executor {text!r}: use local, ray or ray=ADDRESS (HOST:PORT of the Ray head, or ray://HOST:PORT)")
-    return ExecutorSpec("ray", address.strip() or None)
 
 
 # -- planning (no Ray needed) -------------------------------------------------------------------

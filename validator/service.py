@@ -26,7 +26,7 @@ from validator.runs.reassembly import group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import check_dtype, file_byte_chunks, torch_dtype
 from validator.runs.view import RunView, TensorRef
-from validator.settings import Settings
+from validator.settings import Settings, parse_executor
 from validator.store import crud as store
 from validator.store.blob_url import open_blob_store
 from validator.store.blobs import Durability, remove_stale_temp, temp_prefix
@@ -98,8 +98,6 @@ class Service:
         # Identical requests arriving meanwhile wait on it instead of answering the unfinished record.
         self._computing: dict[int, threading.Event] = {}
         self._computing_lock = threading.Lock()
-        from validator.ray_executor import parse_executor  # no Ray import: only the setting's syntax
-
         parse_executor(settings.compare_executor)  # a bad VALIDATOR_COMPARE_EXECUTOR fails at start
 
     def close(self) -> None:

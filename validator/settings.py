@@ -96,10 +96,30 @@ def check_blob_url(url: str, name: str) -> None:
         raise InputError(f"{name}={_hide_password(url)!r:.200} is not a blob store URL (use file://PATH or s3://BUCKET/PREFIX)")
 
 
-def check_executor(text: str, name: str) -> None:
-    """``local``, ``ray`` or ``ray=ADDRESS`` (validator.ray_executor.parse_executor: syntax only, no Ray)."""
-    from validator.ray_executor import parse_executor
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """Where a comparison measures its pairs: ``local`` (this process) or ``ray`` (``address`` None: the
+    cluster of ``RAY_ADDRESS`` or of this machine)."""
 
+    kind: str = "local"
+    address: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.address is None else f"{self.kind}={self.address}"
+
+
+def parse_executor(text: str | None) -> ExecutorSpec:
+    """``local``, ``ray`` or ``ray=ADDRESS`` (``HOST:PORT`` of the head's GCS, or ``ray://HOST:PORT``)."""
+    if not text or text == "local":
+        return ExecutorSpec()
+    kind, sep, address = text.partition("=")
+    if kind != "ray" or (sep and not address.strip()):
+        raise InputError(f"executor {text!r}: use local, ray or ray=ADDRESS (HOST:PORT of the Ray head, or ray://HOST:PORT)")
+    return ExecutorSpec("ray", address.strip() or None)
+
+
+def check_executor(text: str, name: str) -> None:
+    """``local``, ``ray`` or ``ray=ADDRESS`` (:func:`parse_executor`: syntax only, no Ray)."""
     try:
         parse_executor(text)
     except InputError as exc:

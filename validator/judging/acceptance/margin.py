@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from scipy import stats as sps
+from validator.judging.acceptance.primitives import tost_trials
 
 Scale = Literal["log_odds", "absolute"]
 
@@ -90,10 +90,7 @@ class Margin:
         true effect is 0: ``deff * (z[1-alpha] + z[1-(1-power)/2])**2 * (v(p_A) + v(p_B)) / width**2`` with
         ``v`` from :meth:`trial_variance`."""
         var = self.trial_variance(rate_a) + self.trial_variance(rate_b)
-        if not math.isfinite(var):
-            return 0
-        z = float(sps.norm.ppf(1 - alpha) + sps.norm.ppf(1 - (1 - power) / 2))
-        return math.ceil(max(design_effect, 0.0) * z * z * var / (self.width * self.width))
+        return tost_trials(var, self.width, alpha=alpha, power=power, design_effect=design_effect)
 
     @property
     def effect_name(self) -> str:

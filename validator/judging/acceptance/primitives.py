@@ -70,10 +70,18 @@ def needed_trials(
     true difference is 0: ``deff * (z[1-alpha] + z[1-(1-power)/2])**2 * (p_a(1-p_a) + p_b(1-p_b)) / margin**2``.
     """
     var = p_a * (1 - p_a) + p_b * (1 - p_b)
-    if not math.isfinite(var) or margin <= 0:
+    return tost_trials(var, margin, alpha=alpha, power=power, design_effect=design_effect)
+
+
+def tost_trials(variance: float, width: float, *, alpha: float, power: float, design_effect: float) -> int:
+    """``deff * (z[1-alpha] + z[1-(1-power)/2])**2 * variance / width**2``, rounded up: the trials per run
+    for the TOST of an effect whose variance times the trials is ``variance`` (both runs together) to show
+    equivalence within ``+-width`` with probability ``power`` when the true effect is 0; 0 when that
+    variance is not finite or ``width <= 0``."""
+    if not math.isfinite(variance) or width <= 0:
         return 0
     z = float(sps.norm.ppf(1 - alpha) + sps.norm.ppf(1 - (1 - power) / 2))
-    return math.ceil(max(design_effect, 0.0) * z * z * var / (margin * margin))
+    return math.ceil(max(design_effect, 0.0) * z * z * variance / (width * width))
 
 
 def js_distance(p: npt.ArrayLike, q: npt.ArrayLike) -> float:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from validator.judging.acceptance.primitives import IntArray
 from validator.judging.acceptance.results import DivergenceSummary, _Result
-from validator.judging.acceptance.steps import StepArrays
+from validator.judging.acceptance.steps import StepArrays, paired_rows
 
 __all__ = ["RequestParting", "AcceptanceFrontier", "acceptance_frontier"]
 
@@ -94,18 +94,14 @@ def acceptance_frontier(
 ) -> AcceptanceFrontier:
     """The paired requests ``ma`` (rows of A's requests) and ``mb`` (B's), as ``pair_requests`` gave them;
     ``divergence``: the greedy-output divergence of the same pairs (``divergence_summary``), if any."""
-    starts_a, starts_b = sa.request_slices(), sb.request_slices()
     per: list[RequestParting] = []
     greedy = divergence.per_request if divergence is not None else None
-    for n, (ia, ib) in enumerate(zip(ma.tolist(), mb.tolist(), strict=True)):
-        ra = range(int(starts_a[ia]), int(starts_a[ia + 1]))
-        rb = range(int(starts_b[ib]), int(starts_b[ib + 1]))
+    for n, (ia, ib, ra, rb, key) in enumerate(paired_rows(sa, sb, ma, mb, mode)):
         step, pos = _acceptance_parting(sa, sb, ra, rb)
         g = greedy[n] if greedy is not None else None
-        key = sa.prompt_hashes[ia] if mode == "prompt_hash" else sa.request_ids[ia]
         per.append(
             RequestParting(
-                key=str(key),
+                key=key,
                 request_a=sa.request_ids[ia],
                 request_b=sb.request_ids[ib],
                 acceptance_step=step,

@@ -17,7 +17,7 @@ from validator.judging.acceptance.results import (
     PairBy,
     RequestDivergence,
 )
-from validator.judging.acceptance.steps import StepArrays
+from validator.judging.acceptance.steps import StepArrays, paired_rows
 
 
 def _hash_usable(s: StepArrays) -> bool:
@@ -134,9 +134,7 @@ def divergence_summary(
     if source is None:
         return None
     per: list[RequestDivergence] = []
-    for ia, ib in zip(ma.tolist(), mb.tolist(), strict=True):
-        ra = range(int(starts_a[ia]), int(starts_a[ia + 1]))
-        rb = range(int(starts_b[ib]), int(starts_b[ib + 1]))
+    for ia, ib, ra, rb, key in paired_rows(sa, sb, ma, mb, mode):
         i = j = offset = compared = 0
         first_step: int | None = None
         first_tok: int | None = None
@@ -157,10 +155,9 @@ def divergence_summary(
             if i < len(ra) or j < len(rb):  # one run went on for more steps
                 first_step = int(sa.step[ra[i]]) if i < len(ra) else int(sb.step[rb[j]])
                 first_tok = offset
-        key = sa.prompt_hashes[ia] if mode == "prompt_hash" else sa.request_ids[ia]
         per.append(
             RequestDivergence(
-                key=str(key),
+                key=key,
                 request_a=sa.request_ids[ia],
                 request_b=sb.request_ids[ib],
                 steps_compared=compared,

@@ -8,6 +8,7 @@ Steps of one request are correlated, so every uncertainty that crosses steps res
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,3 +202,15 @@ def bootstrap(
         if wb is not None:
             out_b[s : s + c] = wb @ mb
     return out_a, out_b
+
+
+def paired_rows(
+    sa: StepArrays, sb: StepArrays, ma: IntArray, mb: IntArray, mode: str
+) -> Iterator[tuple[int, int, range, range, str]]:
+    """Per pair of requests (``ma``, ``mb``: rows of A's and B's requests, as ``pairing.pair_requests`` gave
+    them): the two requests, their step rows in A and in B, and the pair's key (the prompt hash with ``mode``
+    ``prompt_hash``, else A's request id)."""
+    starts_a, starts_b = sa.request_slices(), sb.request_slices()
+    for ia, ib in zip(ma.tolist(), mb.tolist(), strict=True):
+        key = sa.prompt_hashes[ia] if mode == "prompt_hash" else sa.request_ids[ia]
+        yield ia, ib, range(int(starts_a[ia]), int(starts_a[ia + 1])), range(int(starts_b[ib]), int(starts_b[ib + 1])), str(key)

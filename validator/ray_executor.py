@@ -46,7 +46,7 @@ from validator.errors import InputError, ValidatorError
 from validator.runs.reassembly import LogicalTensor
 from validator.runs.tensorfile import ITEMSIZES
 from validator.runs.view import TensorRef
-from validator.settings import ExecutorSpec, parse_executor
+from validator.settings import ExecutorSpec, parse_executor, ray_hostport
 from validator.store.blob_read import open_blob_range, open_blob_tensor, open_file_range, open_file_tensor
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ BATCH_BYTES = 256 << 20  # pairs are packed into one task until their tensors ho
 BATCH_PAIRS = 256  # ...or this many pairs
 RANGE_BYTES = 1 << 30  # a pair holding more bytes (A's and B's shards) is measured in ranges of at most this many
 MAX_RETRIES = 3  # Ray runs a task again this many times when its worker process or node dies
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0  # whether a cluster answers at an address: known within this (docs/ray.md promises 5 s)
 LOST_AFTER_S = 30.0  # a cluster with no node able to run a task for this long is lost
 HEAD_CHECK_S = 2.0  # while waiting for results, whether the head still answers is checked this often
 
@@ -415,19 +415,43 @@ def _import_ray() -> Any:
     return ray
 
 
+# An HTTP/2 client's opening (the connection preface and an empty SETTINGS frame): Ray's GCS and Ray Client
+# ports are gRPC servers, which answer with a SETTINGS frame of their own; anything else (an HTTP/1 server,
+# a database) answers otherwise or not at all.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4  # the frame type in byte 3 of a frame header
+
+
 def _check_reachable(address: str) -> None:
-    """Fail fast, with a clear message, when nothing listens at ``HOST:PORT`` (ray.init would wait)."""
-    hostport = address.removeprefix("ray://")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        raise InputError(f"Ray address {address!r}: use HOST:PORT (the head's GCS port, 6379 by default) or ray://HOST:PORT")
+    """Fail fast, with a clear message, when nothing listens at ``HOST:PORT`` or what listens is not a gRPC
+    server (Ray's GCS or Ray Client): ray.init would wait minutes. Bounded by CONNECT_TIMEOUT_S in all."""
+    host, port = ray_hostport(address)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    except (OSError, UnicodeError) as exc:
         raise RayUnavailable(
-            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one (`ray start --head`) or point "
-            "--executor ray=HOST:PORT at its head (docs/ray.md)"
+            f"no Ray cluster answers at {address} ({getattr(exc, 'strerror', None) or exc}); start one (`ray start "
+            "--head`) or point --executor ray=HOST:PORT at its head (docs/ray.md)"
         ) from None
+    got = b""
+    with sock:
+        try:
+            sock.sendall(_H2_PREFACE)
+            while len(got) < 9:
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
+                chunk = sock.recv(9 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except OSError:
+            pass
+    if len(got) < 9 or got[3] != _H2_SETTINGS:
+        seen = f"it answered {got[:16]!r}" if got else f"nothing answered within {CONNECT_TIMEOUT_S:g} s"
+        raise RayUnavailable(
+            f"{address} accepts connections but is not a Ray cluster's head ({seen}, not gRPC); point --executor "
+            "ray=HOST:PORT at the head's GCS port (6379 by default) or ray://HOST:PORT at its Ray Client port (docs/ray.md)"
+        )
 
 
 _CONNECTED: str | None = None

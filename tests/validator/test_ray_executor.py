@@ -130,6 +130,75 @@ def test_no_cluster_is_exit_2(runs: dict[str, Path]) -> None:
     assert got.returncode == 2 and "use local, ray or ray=ADDRESS" in got.stderr
 
 
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """A port that speaks TCP (an HTTP server) but not Ray."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield int(srv.server_address[1])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@needs_ray
+def test_a_port_that_is_not_ray_is_exit_2_at_once(runs: dict[str, Path], http_port: int) -> None:
+    """An HTTP server at the address: exit 2 within seconds, naming the address, without Ray's own warnings."""
+    t = time.monotonic()
+    got = _cli([*_compare_args(runs), "--executor", f"ray=127.0.0.1:{http_port}"], {}, timeout=60)
+    took = time.monotonic() - t
+    assert got.returncode == 2, got.stderr
+    assert f"127.0.0.1:{http_port} accepts connections but is not a Ray cluster's head" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr and "rpc_client" not in got.stderr and "Failed to connect" not in got.stderr
+    assert got.stdout == ""
+    assert took < 15, took  # the probe is bounded by CONNECT_TIMEOUT_S (3 s); the rest is the CLI's start
+
+
+def test_an_absurd_address_is_a_usage_error() -> None:
+    for bad in ("a" * 5000 + ":6379", "ray://" + "b" * 300 + ":1", "host:0", "host:65536", "host:port", "bad host:1", ":6379"):
+        with pytest.raises(InputError, match="Ray address"):
+            parse_executor(f"ray={bad}")
+    got = _cli(["compare", "x", "y", "--executor", f"ray={'a' * 5000}:6379"], {}, timeout=60)
+    assert got.returncode == 2 and "Ray address 'aaaa" in got.stderr and len(got.stderr) < 1000, got.stderr
+
+
+@needs_ray
+def test_service_comparison_on_a_port_that_is_not_ray_ends_in_error(
+    runs: dict[str, Path], http_port: int, tmp_path: Path
+) -> None:
+    """The server's executor at an HTTP port: a background comparison ends ``error`` with the reason within
+    seconds, and the next one is not held up behind it."""
+    from validator.service import Service
+    from validator.settings import Settings
+
+    svc = Service(Settings(home=tmp_path / "home", compare_executor=f"ray=127.0.0.1:{http_port}"))
+    try:
+        for name in ("a", "b", "fa"):
+            svc.ingest(runs[name], name=name)
+        first = svc.cached_comparison("a", "b", background=True)
+        second = svc.cached_comparison("a", "fa", background=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            first, second = svc.get_comparison(first["id"]), svc.get_comparison(second["id"])
+            if first["status"] == second["status"] == "error":
+                break
+            time.sleep(0.1)
+        for got in (first, second):
+            assert got["status"] == "error", got
+            assert "RayUnavailable" in got["error"] and "is not a Ray cluster's head" in got["error"], got["error"]
+    finally:
+        svc.close()
+
+
 def test_without_ray_installed_is_exit_2(runs: dict[str, Path]) -> None:
     """Ray missing (as in the default install): --executor ray says what to install; exit 2."""
     script = "import sys\nsys.modules['ray'] = None\nfrom validator.app.cli import main\nsys.exit(main(sys.argv[1:]))\n"

@@ -21,6 +21,7 @@ Values that are not tensors are skipped and listed in the run manifest.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections import defaultdict
@@ -35,6 +36,7 @@ from probes.bundle import BundleError, check_tensor_name
 from probes.config import glob_match
 from probes.shards import Coords, ShardSpec
 from validator.errors import InputError
+from validator.runs.dims import LayoutError, Op, axes_of, parse_dims, plan_layout
 from validator.runs.tensorfile import DTYPES, dtype_name
 from validator.runs.view import RunView, TensorRef
 
@@ -202,32 +204,37 @@ def read_dumper_dir(
             tname = tags["name"] + (f".{key}" if key is not None else "")
             pieces.append(DumpFile(f, None if key is None else str(key), _safe_name(tname), tags, meta, v.dtype, tuple(v.shape)))
         del obj
-    refs = _refs(pieces, dict(split or {}), max_file_bytes)
+    unassembled: list[str] = []
+    refs = _refs(pieces, dict(split or {}), max_file_bytes, unassembled)
+    dims = {p.name: p.meta["dims"] for p in pieces if isinstance(p.meta.get("dims"), str)}
     return RunView(
         name=name or root.name,
         source="sglang-dumper",
         location=str(root),
         labels={"engine": "sglang", "dumper_naming": gen_key},
         manifest={"sglang_dumper": {"folder": str(root), "naming": gen_key, "files": len(files),
-                                    "tensors": len(refs), "skipped": skipped}},
+                                    "tensors": len(refs), "skipped": skipped, "dims": dict(sorted(dims.items())),
+                                    "unassembled": unassembled}},
         tensors=refs,
     )
 
 
-def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) -> list[TensorRef]:
+def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int,
+          unassembled: list[str] | None = None) -> list[TensorRef]:
     # identity: name, step, layer and every other non-placement tag
     def ident(p: DumpFile) -> tuple[Any, ...]:
         extra = tuple(sorted((k, v) for k, v in p.tags.items()
                              if k not in _PLACEMENT_TAGS and k not in _STEP_KEYS and k not in ("name", "layer_id")))
         return (p.name, p.tags.get("forward_pass_id", p.tags.get("step")), p.tags.get("layer_id"), extra)
 
-    # a name dumped more than once by one rank with the same identity: number the calls in dump order
+    # a name dumped more than once by one rank with the same identity: number the calls in dump order (the
+    # original and the recomputed forward of activation checkpointing are two copies, not two calls)
     per_rank: dict[tuple[Any, ...], list[DumpFile]] = defaultdict(list)
     for p in pieces:
-        per_rank[(ident(p), p.rank())].append(p)
+        per_rank[(ident(p), p.rank(), p.tags.get("recompute_status"))].append(p)
     repeated = {k[0] for k, v in per_rank.items() if len(v) > 1}
     call: dict[int, int] = {}
-    for (idn, _), ps in per_rank.items():
+    for (idn, _, _), ps in per_rank.items():
         if idn in repeated:
             for i, p in enumerate(sorted(ps, key=lambda p: int(p.tags.get("dump_index", "0")))):
                 call[id(p)] = i
@@ -243,7 +250,7 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
                 final[(idn, k, st)] = [p for p in ps if p.parallel("pp_rank") == st]
         else:
             final[(idn, k, None)] = ps
-    refs = []
+    refs: list[TensorRef] = []
     for (idn, k, stage), ps in final.items():
         ps.sort(key=lambda p: (p.parallel("tp_rank") if p.parallel("tp_rank") is not None else p.rank(), p.rank()))
         dim = next((d for pat, d in split.items() if glob_match(pat, ps[0].name)), None)
@@ -252,6 +259,24 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
             extra["call"] = str(k)
         if stage is not None:
             extra["pp"] = str(stage)
+        dims_text = {p.meta.get("dims") for p in ps}
+        if dim is None and dims_text != {None}:  # the dumper's dims say the layout (--split overrides)
+            try:
+                refs.extend(_dims_refs(ps, dims_text, extra, max_file_bytes))
+                continue
+            except LayoutError as exc:
+                problem = str(exc)
+        elif dim is None and len({p.shape for p in ps}) > 1:
+            problem = f"its ranks dumped different shapes {sorted({p.shape for p in ps})} and no dims say how they fit"
+        else:
+            problem = None
+        if problem is not None:  # not guessed: each rank's dump stays a tensor of its own (coordinate rank=)
+            where = f"{ps[0].name} (step {idn[1]}" + (f", layer {idn[2]}" if idn[2] is not None else "") + ")"
+            if unassembled is None:
+                raise InputError(f"{ps[0].path.parent}: tensor {where}: {problem}")
+            unassembled.append(f"{where}: {problem}; kept per rank")
+            refs.extend(_ref([p], ShardSpec.full(), {**extra, "rank": str(p.rank())}, max_file_bytes, placed=True) for p in ps)
+            continue
         for i, p in enumerate(ps):
             if len(ps) == 1:
                 shard = ShardSpec.full()
@@ -259,20 +284,121 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int) ->
                 shard = ShardSpec.split(dim, i, len(ps))
             else:
                 shard = ShardSpec.replicated(i, len(ps))
-            try:
-                check_tensor_name(p.name)
-                coords = Coords.make(
-                    step=_int_tag(p.tags, "forward_pass_id" if "forward_pass_id" in p.tags else "step", p.path),
-                    layer=_int_tag(p.tags, "layer_id", p.path),
-                    pp_stage=p.parallel("pp_rank"), tp_rank=p.parallel("tp_rank"), tp_size=p.parallel("tp_size"),
-                    **extra,
-                )
-            except BundleError as exc:
-                raise InputError(f"{p.path}: {exc}") from None
-            nbytes = int(torch.Size(p.shape).numel()) * torch.empty((), dtype=p.dtype).element_size()
-            refs.append(TensorRef(
-                name=p.name, coords=coords, shard=shard, dtype=dtype_name(p.dtype), shape=p.shape, sha256=None,
-                nbytes=nbytes, origin=f"{p.path}" + (f"[{p.key}]" if p.key else ""),
-                loader=functools.partial(_value, p.path, p.key, max_file_bytes),
-            ))  # fmt: skip
+            refs.append(_ref([p], shard, extra, max_file_bytes, placed=True))
     return refs
+
+
+def _ref(ps: list[DumpFile], shard: ShardSpec, extra: Mapping[str, str], max_file_bytes: int, *, placed: bool,
+         ops: tuple[Op, ...] = (), coords: tuple[Mapping[str, int], ...] = ()) -> TensorRef:
+    """A record of one dump file (``placed``: with its rank's placement), or of several ranks' files that
+    ``ops`` combine on load."""
+    p = ps[0]
+    try:
+        check_tensor_name(p.name)
+        c = Coords.make(
+            step=_int_tag(p.tags, "forward_pass_id" if "forward_pass_id" in p.tags else "step", p.path),
+            layer=_int_tag(p.tags, "layer_id", p.path),
+            pp_stage=p.parallel("pp_rank"),
+            tp_rank=p.parallel("tp_rank") if placed else None,
+            tp_size=p.parallel("tp_size") if placed else None,
+            **extra,
+        )
+    except BundleError as exc:
+        raise InputError(f"{p.path}: {exc}") from None
+    shape = p.shape
+    if len(ps) == 1:
+        origin = f"{p.path}" + (f"[{p.key}]" if p.key else "")
+        loader: Any = functools.partial(_value, p.path, p.key, max_file_bytes)
+    else:
+        shape = _combined_shape([q.shape for q in ps], ops, coords)
+        ranks = ", ".join(f"{q.rank()} ({', '.join(f'{a}={r}' for a, r in sorted(cs.items()))})" for q, cs in zip(ps, coords))
+        origin = f"{p.path.parent}/{p.name}" + (f"[{p.key}]" if p.key else "") + f" of ranks {ranks}"
+        loader = functools.partial(_combined, tuple((q.path, q.key) for q in ps), ops, coords, p.dtype, max_file_bytes)
+    nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=p.dtype).element_size()
+    return TensorRef(name=p.name, coords=c, shard=shard, dtype=dtype_name(p.dtype), shape=shape, sha256=None,
+                     nbytes=nbytes, origin=origin, loader=loader)
+
+
+def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str], max_file_bytes: int) -> list[TensorRef]:
+    """The records of one tensor whose dumps carry ``dims`` (validator/runs/dims.py)."""
+    if len(dims_text) > 1 or not all(isinstance(t, str) for t in dims_text):
+        raise LayoutError(f"its ranks dumped it with different dims {sorted(map(repr, dims_text))}")
+    dims = parse_dims(str(next(iter(dims_text))))
+    for p in ps[1:]:
+        if p.dtype != ps[0].dtype:
+            raise LayoutError(f"rank {p.rank()} dumped it as {dtype_name(p.dtype)}, rank {ps[0].rank()} as {dtype_name(ps[0].dtype)}")
+    lay = plan_layout(dims, [axes_of(p.meta) for p in ps], [p.shape for p in ps], [p.rank() for p in ps])
+    kept = [ps[i] for i in lay.kept]
+    coords = [lay.coords[i] for i in lay.kept]
+    if len(kept) == 1:
+        return [_ref(kept, ShardSpec.full(), extra, max_file_bytes, placed=False)]
+    rep_sizes = [lay.sizes[a] for a in lay.replicated]
+    replicas = math.prod(rep_sizes)
+
+    def rep_index(c: Mapping[str, int]) -> int:
+        i = 0
+        for a, n in zip(lay.replicated, rep_sizes):
+            i = i * n + c[a]
+        return i
+
+    if lay.primary is None and not lay.replicated and len(lay.ops) == 1 and lay.ops[0].partial:
+        ax = lay.ops[0].axis  # one axis of addends: reassembly sums them in float64
+        return [_ref([p], ShardSpec.partial(c[ax], lay.sizes[ax]), extra, max_file_bytes, placed=False)
+                for p, c in zip(kept, coords)]
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, c in enumerate(coords):
+        groups[(c[lay.primary.axis] if lay.primary else 0, rep_index(c))].append(i)
+    out = []
+    for (slot, rep), members in sorted(groups.items()):
+        if lay.primary is not None:
+            shard = ShardSpec.split(lay.primary.dim, slot, lay.sizes[lay.primary.axis], replica=rep, replicas=replicas)
+        elif replicas > 1:
+            shard = ShardSpec.replicated(rep, replicas)
+        else:
+            shard = ShardSpec.full()
+        out.append(_ref([kept[i] for i in members], shard, extra, max_file_bytes, placed=False, ops=lay.ops,
+                        coords=tuple(coords[i] for i in members)))
+    return out
+
+
+def _apply_ops(items: list[tuple[Mapping[str, int], Any]], ops: tuple[Op, ...], cat: Any, add: Any) -> Any:
+    """Fold ``items`` (coordinates, value) through ``ops``: per op, the items that differ only on its axis
+    become one, in rank order, by ``cat(values, op)`` or ``add(values)``."""
+    for op in ops:
+        buckets: dict[tuple[tuple[str, int], ...], list[tuple[int, Any]]] = defaultdict(list)
+        for c, v in items:
+            buckets[tuple(sorted((a, r) for a, r in c.items() if a != op.axis))].append((c.get(op.axis, 0), v))
+        items = []
+        for key, vs in sorted(buckets.items()):
+            vals = [v for _, v in sorted(vs, key=lambda x: x[0])]
+            items.append((dict(key), add(vals) if op.partial else cat(vals, op)))
+    if len(items) != 1:
+        raise InputError(f"{len(items)} pieces left after unsharding: the dims do not describe these ranks")
+    return items[0][1]
+
+
+def _combined_shape(shapes: list[tuple[int, ...]], ops: tuple[Op, ...], coords: tuple[Mapping[str, int], ...]) -> tuple[int, ...]:
+    def cat(vals: list[tuple[int, ...]], op: Op) -> tuple[int, ...]:
+        return tuple(sum(v[op.dim] for v in vals) if j == op.dim else n for j, n in enumerate(vals[0]))
+
+    return tuple(_apply_ops(list(zip(coords, shapes)), ops, cat, lambda vals: vals[0]))
+
+
+def _combined(files: tuple[tuple[Path, str | None], ...], ops: tuple[Op, ...], coords: tuple[Mapping[str, int], ...],
+              dtype: torch.dtype, max_file_bytes: int) -> torch.Tensor:
+    """Several ranks' dumps of one tensor combined by ``ops``: concatenated in rank order (zigzag halves put
+    back in sequence order), addends summed in float64 and rounded once to the dumped dtype."""
+
+    def cat(vals: list[torch.Tensor], op: Op) -> torch.Tensor:
+        if not op.zigzag:
+            return torch.cat(vals, dim=op.dim)
+        n = len(vals)
+        halves = [h for v in vals for h in v.chunk(2, dim=op.dim)]  # rank r holds chunks r and 2n-1-r
+        return torch.cat([halves[2 * c] if c < n else halves[2 * (2 * n - 1 - c) + 1] for c in range(2 * n)], dim=op.dim)
+
+    def add(vals: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([v.to(torch.float64) for v in vals]).sum(dim=0)
+
+    values = [_value(p, k, max_file_bytes) for p, k in files]
+    out: torch.Tensor = _apply_ops(list(zip(coords, values)), ops, cat, add)
+    return out.to(dtype).contiguous()

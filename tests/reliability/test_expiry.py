@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def _validator(home: Path, db_url: str | None, *args: str) -> subprocess.Complet
 
 
 def _age(home: Path, db_url: str | None, name: str, days: float) -> None:
-    from sqlalchemy import update
+    from sqlalchemy import select, update
 
     from validator.service import Service
     from validator.store.models import Run
@@ -52,6 +53,9 @@ def _age(home: Path, db_url: str | None, name: str, days: float) -> None:
     try:
         with svc.session() as s, s.begin():
             s.execute(update(Run).where(Run.name == name).values(created_at=datetime.now(UTC) - timedelta(days=days)))
+            run_id = s.scalars(select(Run.id).where(Run.name == name)).one()
+        for f in svc.settings.staging_dir.glob(f"{run_id}.*"):  # and received nothing for as long
+            os.utime(f, (time.time() - days * 24 * 3600,) * 2)
     finally:
         svc.close()
 

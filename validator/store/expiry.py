@@ -1,8 +1,9 @@
 """Expiring abandoned uploads: pending runs nobody finalized, and the blobs only they held.
 
 A pending run (``POST /runs`` or ``validator push``, never finalized) expires once it was created more than
-``Settings.pending_expiry_hours`` ago and none of its files in progress has received a byte for that long
-(completed files carry no time). Expiring it deletes the run's row (with its upload rows and labels), its
+``Settings.pending_expiry_hours`` ago and it has received no byte for that long: no file in progress has
+(a partial upload's modification time) and no file completed since (the run's activity marker in staging,
+touched as each file completes; :func:`activity_marker`). Expiring it deletes the run's row (with its upload rows and labels), its
 partial uploads in staging, and every blob no stored row references any more. :func:`collect` with
 ``full=False`` is what the server runs on every run creation and at startup (one indexed query when nothing
 is due); ``full=True`` (``validator gc``, ``POST /api/v1/admin/gc``) also collects every other unreferenced
@@ -20,6 +21,7 @@ is written again, and none can be deleted between that check and the commit.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +35,7 @@ from validator.store.blobs import LocalBlobStore, remove_stale_temp
 if TYPE_CHECKING:
     from validator.service import Service
 
-__all__ = ["Collected", "collect", "partial_glob", "MAX_AGE_HOURS"]
+__all__ = ["Collected", "activity_marker", "collect", "expired_marker", "leave_marker", "partial_glob", "MAX_AGE_HOURS"]
 
 MAX_AGE_HOURS = 1e6  # an expiry age beyond this overflows dates
 
@@ -56,10 +58,25 @@ def partial_glob(run_id: int) -> str:
     return f"{run_id}.*.partial"
 
 
+def activity_marker(staging: Path, run_id: int, run_key: str) -> Path:
+    """``RUNID.KEY.active``: an empty file whose modification time is when the run's last completed file
+    received its last byte (``run_key``: what tells this run from an expired one given the same id)."""
+    return staging / f"{run_id}.{run_key}.active"
+
+
+def expired_marker(staging: Path, name: str) -> Path:
+    """``expired.HASH``: left when a pending run named ``name`` expires, so that a push still sending to it
+    is told so (``is no longer pending``) rather than that no such run exists; removed when a run of that
+    name is created again, and by a full collection once older than the expiry age."""
+    return staging / f"expired.{hashlib.sha256(name.encode()).hexdigest()}"
+
+
 def _last_write(staging: Path, run_id: int) -> float:
-    """When a file of this run last received bytes (0 if none is in progress)."""
+    """When a file of this run last received bytes: a file in progress, or the last one completed (0: none)."""
     latest = 0.0
-    for p in staging.glob(partial_glob(run_id)) if staging.is_dir() else ():
+    if not staging.is_dir():
+        return latest
+    for p in [*staging.glob(partial_glob(run_id)), *staging.glob(f"{run_id}.*.active")]:
         try:
             latest = max(latest, p.stat().st_mtime)
         except FileNotFoundError:  # finished meanwhile: it was being written to just now
@@ -106,6 +123,10 @@ def collect(svc: Service, *, full: bool = False, older_than_hours: float | None 
             for p in staging.glob(partial_glob(i)) if staging.is_dir() else ():
                 p.unlink(missing_ok=True)
                 out.staging_files += 1
+            for p in staging.glob(f"{i}.*.active") if staging.is_dir() else ():
+                p.unlink(missing_ok=True)
+        for _, name in expired:
+            leave_marker(expired_marker(staging, name))
     out.expired_runs = [name for _, name in expired]
     out.blobs += len(gone)
     out.bytes += sum(gone.values())
@@ -130,7 +151,8 @@ def _staging_leftovers(svc: Service, cutoff: float) -> int:
     spools = (getattr(svc.blobs, "tmp", None), getattr(getattr(svc.blobs, "cache", None), "tmp", None))
     for d in {Path(x) for x in spools if x is not None}:
         n += len(remove_stale_temp(d, kinds=("tmp",)))
-    for p in staging.glob("*.partial") if staging.is_dir() else ():
+    leftovers = [*staging.glob("*.partial"), *staging.glob("*.active"), *staging.glob("expired.*")] if staging.is_dir() else []
+    for p in leftovers:
         try:
             if p.stat().st_mtime < cutoff:
                 p.unlink(missing_ok=True)
@@ -138,3 +160,13 @@ def _staging_leftovers(svc: Service, cutoff: float) -> int:
         except FileNotFoundError:
             pass
     return n
+
+
+
+def leave_marker(path: Path) -> None:
+    """Create ``path`` empty, or set its modification time to now (best effort: a full disk is no error)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass

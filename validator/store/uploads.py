@@ -28,7 +28,7 @@ from validator.runs.sources import read_bundle
 from validator.store import crud as store
 from validator.store.blobs import temp_prefix
 from validator.store.bulk import cycle_collector_paused
-from validator.store.expiry import collect, partial_glob
+from validator.store.expiry import activity_marker, collect, expired_marker, leave_marker, partial_glob
 from validator.store.models import Run
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ def _pending_run(svc: Service, ref: str) -> Run:
     with svc.session() as s:
         run = store.get_run(s, ref=ref, include_pending=True)
     if run is None:
+        if expired_marker(svc.settings.staging_dir, ref).exists():
+            raise NotFoundError(f"run {ref!r} is no longer pending (finalized, or expired unfinished); push it again")
         raise NotFoundError(f"no run named {ref!r}")
     if run.status != "pending":
         raise ConflictError(f"run {run.name!r} is already finalized")
@@ -77,7 +79,16 @@ def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = N
                 return {"id": run.id, "name": run.name, "status": run.status}
             raise ConflictError(f"a run named {name!r} already exists")
         run = store.create_run(s, name=name, source="upload", manifest={}, labels=labels or {})
+        expired_marker(svc.settings.staging_dir, name).unlink(missing_ok=True)
         return {"id": run.id, "name": run.name, "status": run.status}
+
+
+def _run_key(run: Run) -> str:
+    """What tells this run's staging files from those of an expired run given the same id: a hash of its id
+    and creation time."""
+    at = run.created_at
+    created = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() if at else 0.0  # whatever the session's zone
+    return hashlib.sha256(f"{run.id}\0{created}".encode()).hexdigest()[:32]
 
 
 def _partial_path(svc: Service, run: Run, part: str, filename: str) -> Path:
@@ -185,6 +196,8 @@ def upload_file(
             p.unlink(missing_ok=True)
             svc._discard([sha] if new else [])
             raise
+        # the run's activity: this file's last byte (before its partial goes, so that expiry always sees one)
+        leave_marker(activity_marker(svc.settings.staging_dir, r.id, _run_key(r)))
         p.unlink(missing_ok=True)
     return {"complete": True, "received": n, "sha256": sha, "created": created}
 
@@ -216,7 +229,9 @@ def finalize(svc: Service, *, run: str) -> RunSummary:
         with cycle_collector_paused():
             view = read_bundle(tmp)
             view.location = f"upload:{r.id}"
-            return svc.ingest_view(view, name=r.name, pending=r.id)
+            summary = svc.ingest_view(view, name=r.name, pending=r.id)
+        activity_marker(svc.settings.staging_dir, r.id, _run_key(r)).unlink(missing_ok=True)
+        return summary
     except ValidatorError as exc:  # messages name files in the staging folder: never show the server's paths
         msg = str(exc).replace(str(tmp) + os.sep, "").replace(str(tmp), "the upload")
         raise type(exc)(f"run {r.name!r}: {msg}" if r.name not in msg else msg) from None

@@ -40,6 +40,13 @@ def _partials(service) -> list[Path]:
     return sorted(service.settings.staging_dir.glob("*.partial"))
 
 
+def _idle(service, days: float) -> None:
+    """Make every file in progress, and every run's last completed file, look written ``days`` ago."""
+    staging = service.settings.staging_dir
+    for p in [*staging.glob("*.partial"), *staging.glob("*.active")]:
+        os.utime(p, (time.time() - days * DAY,) * 2)
+
+
 def test_an_abandoned_pending_run_expires_with_what_only_it_held(service) -> None:
     shared, own = b"a file two runs uploaded", b"a file only the abandoned run uploaded"
     uploads.create_pending(service, name="abandoned")
@@ -50,8 +57,7 @@ def test_an_abandoned_pending_run_expires_with_what_only_it_held(service) -> Non
     _upload(service, "active", "p0", "tensors-00000.safetensors", shared)
     assert len(_partials(service)) == 1
     _age(service, "abandoned", 8)
-    for p in _partials(service):  # nothing written to it for as long
-        os.utime(p, (time.time() - 8 * DAY,) * 2)
+    _idle(service, 8)  # nothing received for as long
 
     got = service.collect()
 
@@ -61,7 +67,7 @@ def test_an_abandoned_pending_run_expires_with_what_only_it_held(service) -> Non
         assert {u.sha256 for u in s.scalars(select(Upload))} == {sha_shared}
     assert _blob_rows(service) == {sha_shared}
     assert service.blobs.exists(sha_shared) and not service.blobs.exists(sha_own)
-    assert _partials(service) == []
+    assert _partials(service) == [] and len(list(service.settings.staging_dir.glob("*.active"))) == 1  # "active"'s
     assert service.check_store() == []
     assert service.collect().expired_runs == []  # nothing left to do
 
@@ -72,6 +78,20 @@ def test_a_pending_run_still_receiving_a_file_is_kept(service) -> None:
     _upload(service, "slow", "p0", "tensors-00000.safetensors", b"first bytes", final=False)
     assert service.collect(full=True).expired_runs == []
     assert uploads.upload_status(service, run="slow", part="p0", filename="tensors-00000.safetensors")["received"] == 11
+
+
+def test_a_push_active_between_files_is_kept(service) -> None:
+    """Activity counts from the last byte received: a file that took longer than the expiry age to stream
+    keeps its run once complete, and the push's next file is accepted."""
+    uploads.create_pending(service, name="long")
+    _age(service, "long", 8)
+    _upload(service, "long", "p0", "tensors-00000.safetensors", b"a file streamed for ", final=False)
+    _idle(service, 0.5)  # streaming, well within the age
+    uploads.upload_file(service, run="long", part="p0", filename="tensors-00000.safetensors", chunks=[b"days"], offset=20)
+    assert service.collect().expired_runs == []  # its last byte arrived just now
+    assert _upload(service, "long", "p0", "part.json", b"{}")["complete"]
+    _idle(service, 8)  # and then nothing for longer than the age
+    assert service.collect().expired_runs == ["long"]
 
 
 def test_young_pending_runs_and_complete_runs_are_never_collected(service, tmp_path: Path) -> None:
@@ -94,12 +114,17 @@ def test_creating_a_run_collects_expired_ones(service) -> None:
     uploads.create_pending(service, name="old")
     sha = _upload(service, "old", "p0", "part.json", b'{"tensors": []}')["sha256"]
     _age(service, "old", 8)
+    _idle(service, 8)
     uploads.create_pending(service, name="new")
     with service.session() as s:
         assert s.scalars(select(Run.name)).all() == ["new"]
     assert not service.blobs.exists(sha) and sha not in _blob_rows(service)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="run 'old' is no longer pending"):  # what the push is told
         _upload(service, "old", "p0", "tensors-00000.safetensors", b"late")
+    with pytest.raises(NotFoundError, match="no run named 'never'"):
+        _upload(service, "never", "p0", "tensors-00000.safetensors", b"late")
+    uploads.create_pending(service, name="old")  # pushed again: a run like any other
+    assert uploads.upload_status(service, run="old", part="p0", filename="part.json")["received"] == 0
     assert service.check_store() == []
 
 
@@ -180,6 +205,7 @@ def test_an_ingest_whose_blob_is_collected_before_its_transaction_writes_it_agai
     _upload(service, "abandoned", "p0", "tensors-00000.safetensors", t.numpy().tobytes())
     assert service.blobs.exists(sha)
     _age(service, "abandoned", 8)
+    _idle(service, 8)
     original = service_mod.store.blob_gc_lock
     fired = []
 

@@ -10,12 +10,13 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.judging.frontier import Frontier, Node, divergence_frontier
-from validator.judging.policy import Decision, Floor, Policy
+from validator.judging.policy import Decision, Floor, Policy, fail_level
+from validator.judging.pooling import Member, PooledUnit, judge_units, plan_units, settled
 from validator.judging.text import fmt_interval, fmt_judged, frontier_note
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
 from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts",
-    "VERDICT_EXIT", "pair_frontier",
+    "VERDICT_EXIT", "pair_frontier", "tensor_verdict",
 ]
 
 VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
@@ -46,6 +47,7 @@ class PairResult:
     shape_b: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
     capture_index: int | None = None  # the tensor's place in run A's capture order (records as written)
+    pooled_pass: bool = False  # inconclusive alone (its interval too wide), settled by its name's passing pooled unit
 
     @property
     def floor_rel_l2(self) -> float | None:
@@ -95,6 +97,8 @@ class PairResult:
             "shape_a": list(self.shape_a),
             "shape_b": list(self.shape_b),
             "capture_index": self.capture_index,
+            "fail_bound": _json_safe(d.fail_bound) if d and d.fail_bound is not None else None,
+            "pooled_pass": self.pooled_pass,
             "metrics": m,
         }
 
@@ -113,6 +117,7 @@ class Comparison:
     sections: dict[str, Any] = field(default_factory=dict)  # e.g. "acceptance"
     headline: str = ""  # the deciding reason of the verdict, one line
     frontier: Frontier | None = None  # where the runs first part (judging.frontier); None: of ``pairs``, when asked
+    pooled: list[PooledUnit] = field(default_factory=list)  # the pairs of one capture point judged together
 
     def divergence(self) -> Frontier:
         """The frontier stored with the comparison, or that of its pairs (one built by hand)."""
@@ -131,6 +136,14 @@ class Comparison:
             out[p.status] += 1
         return out
 
+    def pooled_counts(self) -> dict[str, int]:
+        """Pooled units by status, and the pairs settled by pooling (``pooled_pass``)."""
+        out = {k: 0 for k in ("fail", "inconclusive", "pass")}
+        for u in self.pooled:
+            out[u.status] += 1
+        out["settled_pairs"] = sum(p.pooled_pass for p in self.pairs)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
@@ -142,7 +155,9 @@ class Comparison:
             "floor": list(self.floor) if self.floor else None,
             "policy": self.policy,
             "counts": self.counts(),
+            "pooled_counts": self.pooled_counts(),
             "pairs": [p.to_dict() for p in self.pairs],
+            "pooled": [u.to_dict() for u in self.pooled],
             "only_a": self.only_a,
             "only_b": self.only_b,
             **self.sections,
@@ -326,6 +341,9 @@ def compare_runs(
     dtypes = [(la.dtype, lb.dtype) for la, lb in both]
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], dt, have_floor=have).floor_multiple is not None for k, dt in zip(keys, dtypes)]
     work = [(la, lb, r) for (la, lb), r in zip(both, rounding)]
+    plan = plan_units([(la.name, la.coords.to_dict()) for la, _ in both])
+    units = len(keys) + len(plan)  # every unit judged counts in the FAIL level (policy.fail_level)
+    members: list[Member | None] = []
     for batch in _measure_batches(work, executor):  # judged as measured, a batch at a time: its intervals drawn together
         done = len(pairs)
         got = list(zip(keys[done : done + len(batch)], work[done : done + len(batch)], batch, dtypes[done : done + len(batch)]))
@@ -334,13 +352,16 @@ def compare_runs(
             for key, (la, _, _), g, dt in got
             if g.metrics is not None
         ]
-        decisions = iter(policy.decide_many(judging, have_floor=have))
+        decisions = iter(policy.decide_many(judging, have_floor=have, units=units))
+        floors = iter([fl for _, _, fl, _, _ in judging])
         for key, (la, lb, _), g, _ in got:
             if g.metrics is None:
                 status, d = "error", Decision("fail", None, (g.error or "",))
+                members.append(None)
             else:
                 d = next(decisions)
                 status = d.status
+                members.append(_member(d, g, next(floors)))
             pairs.append(
                 PairResult(
                     name=la.name,
@@ -357,6 +378,10 @@ def compare_runs(
             )
             if progress:
                 progress(len(pairs), len(keys))
+    pooled = judge_units(plan, members, level=fail_level(units))
+    done = settled(pooled)
+    pairs = [replace(p, pooled_pass=True) if i in done and p.status == "inconclusive" and p.decision is not None
+             and p.decision.borderline else p for i, p in enumerate(pairs)]
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
     only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())
     pairs.sort(key=lambda p: (_STATUS_ORDER[p.status], -(p.ratio or 0.0), p.label))
@@ -366,7 +391,7 @@ def compare_runs(
     reasons: list[str] = []
     deciding: list[tuple[str, str]] = []  # (a section's verdict, its deciding reason)
     if ga or gb:
-        v, r = _verdict(pairs, only_a, only_b, policy, front)
+        v, r = tensor_verdict(pairs, only_a, only_b, policy, front, pooled)
         verdicts.append(v)
         reasons += r
         deciding.append((v, r[0] if r else v))
@@ -419,7 +444,16 @@ def compare_runs(
         policy=policy.source,
         sections=sections,
         frontier=front,
+        pooled=pooled,
     )
+
+
+def _member(d: Decision, g: Measured, floor: Floor) -> Member | None:
+    """What a pooled unit needs of a judged pair (None: nothing numeric was judged)."""
+    if g.metrics is None or d.no_finite:
+        return None
+    m = g.metrics
+    return Member(d.judged, d.limit, d.floor_kind, g.blocks, floor.blocks, max(1, m.numel - m.nonfinite_a - m.nonfinite_b))
 
 
 def pair_frontier(pairs: list[PairResult]) -> Frontier:
@@ -476,13 +510,17 @@ def _pair_reason(p: PairResult) -> str:
     return f"{p.label}: {'; '.join(p.decision.reasons) if p.decision and p.decision.reasons else p.status}"
 
 
-def _verdict(
-    pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy, front: Frontier
+def tensor_verdict(
+    pairs: list[PairResult], only_a: list[str], only_b: list[str], policy: Policy, front: Frontier,
+    pooled: list[PooledUnit] | None = None,
 ) -> tuple[str, list[str]]:
     """The tensor verdict and its reasons, the deciding one first: when pairs fail, the first divergence
-    (with what follows it), then the worst failing pairs."""
+    (with what follows it), then the worst failing pairs, then the failing pooled units. A pair inconclusive
+    alone that its capture point's passing pooled unit settles (``pooled_pass``) does not hold the verdict back."""
+    pooled = pooled or []
     reasons: list[str] = []
     failed = [p for p in pairs if p.status in ("fail", "error")]
+    pool_failed = [u for u in pooled if u.status == "fail"]
     missing = []
     if only_a:
         missing.append(f"{len(only_a)} tensor(s) only in A")
@@ -495,13 +533,19 @@ def _verdict(
         reasons += [_pair_reason(p) for p in [p for p in failed if p is not first][:19]]
         if len(failed) > 20:
             reasons.append(f"... and {len(failed) - 20} more failing pairs")
+    if pool_failed:
+        # the most specific failing unit first: the one of fewest pairs, i.e. where the drift is confined
+        ranked = sorted(pool_failed, key=lambda u: (len(u.members), -(u.fail_bound / u.limit), u.label))
+        reasons += [f"pooled {u.label}: {u.describe()}" for u in ranked[:10]]
+        if len(ranked) > 10:
+            reasons.append(f"... and {len(ranked) - 10} more failing pooled units")
     if missing and policy.missing == "fail":
-        reasons.insert(0 if not failed else 1, ", ".join(missing) + " (missing = fail)")
+        reasons.insert(0 if not (failed or pool_failed) else 1, ", ".join(missing) + " (missing = fail)")
     elif missing:
         reasons.append(", ".join(missing) + " (missing = warn)")
-    if failed or (missing and policy.missing == "fail"):
+    if failed or pool_failed or (missing and policy.missing == "fail"):
         return "fail", reasons
-    undecided = [p for p in pairs if p.status == "inconclusive"]
+    undecided = [p for p in pairs if p.status == "inconclusive" and not p.pooled_pass]
     if not pairs:
         return "inconclusive", ["no tensors in common to compare"] + reasons
     if undecided:
@@ -516,11 +560,19 @@ def _verdict(
         if nofloor:
             head.append(f"{len(nofloor)} pair(s) without a floor, e.g. {_pair_reason(nofloor[0])}")
         return "inconclusive", ["; ".join(head)] + [_pair_reason(p) for p in undecided[:20]] + reasons
-    judged = [(p, p.decision) for p in pairs if p.decision is not None and p.decision.value is not None]
+    judged = [(p, p.decision) for p in pairs if p.decision is not None and p.decision.value is not None and not p.pooled_pass]
     worst = max(judged, key=lambda pd: (pd[1].value or 0.0) / (pd[1].limit or 1.0), default=(None, None))[0]
-    summary = f"all {len(pairs)} pairs within their limits"
-    if worst is not None and worst.decision is not None:
-        summary += f" (closest: {worst.label}, {_describe(worst.decision)})"
+    together = [p for p in pairs if p.pooled_pass]
+    if together:
+        passing = [u for u in pooled if u.scope == "all" and u.status == "pass"]
+        closest = max(passing, key=lambda u: u.interval[1] / u.limit)
+        summary = (f"all {len(pairs)} pairs within their limits: {len(pairs) - len(together)} alone, {len(together)} too small "
+                   f"to judge alone and judged with their capture point in {len(passing)} pooled unit(s) "
+                   f"(closest: {closest.label}, {closest.describe()})")
+    else:
+        summary = f"all {len(pairs)} pairs within their limits"
+        if worst is not None and worst.decision is not None:
+            summary += f" (closest: {worst.label}, {_describe(worst.decision)})"
     matched = [p for p in pairs if p.decision is not None and p.decision.no_finite]
     if matched:  # passed on matching NaN/Inf alone (nonfinite = "match"): the headline says so
         summary += (f"; {len(matched)} of them with no finite element, passed on matching NaN/Inf alone "

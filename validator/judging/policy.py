@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from validator.errors import InputError
 from validator.judging.text import fmt_interval, fmt_judged
-from validator.numerics.floors import BlockSums, bootstrap_intervals
+from validator.numerics.floors import BlockSums, judged_intervals
 
 if TYPE_CHECKING:
     from validator.numerics.metrics import TensorMetrics
@@ -48,15 +48,28 @@ __all__ = [
     "default_rounding_multiple",
     "FLOOR_MULTIPLE",
     "JUDGING_VERSION",
+    "FAMILY_ALPHA",
+    "fail_level",
 ]
 
 # Bumped whenever a default or a judging rule changes, so that cached comparisons are judged again.
-JUDGING_VERSION = 5  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
+JUDGING_VERSION = 6  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
 # divergence frontier (first_divergence, problem_nodes, downstream) in the document and the headline; 5: a pair with
-# no finite element is inconclusive unless nonfinite = "match" (then noted), intervals printed rounded outward
+# no finite element is inconclusive unless nonfinite = "match" (then noted), intervals printed rounded outward; 6:
+# intervals that hold at every size (bootstrap, log-scale t and F envelope), FAILs at the run's Bonferroni level,
+# pooled units
 
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5
+# False FAILs allowed per comparison, over all the units it judges (pairs and pooled units): each unit FAILs only
+# when the lower end of its interval at level 1 - FAMILY_ALPHA / units is beyond its limit (Bonferroni).
+FAMILY_ALPHA = 0.05
+
+
+def fail_level(units: int) -> float:
+    """The two-sided level of the interval whose lower end a unit FAILs on, in a comparison of ``units`` units."""
+    return 1.0 - FAMILY_ALPHA / max(1, units)
+
 # Results stored in <= 16 bits: a short chain of roundings (a bf16 GEMM is 1x, GEMM-norm-GEMM-norm-RoPE 2.5x).
 _ROUNDING_MULTIPLE_NARROW = 4.0
 # float32/float64 results: accumulation error, not the final rounding, sets their error, and it grows with
@@ -155,6 +168,7 @@ class Decision:
     notes: tuple[str, ...] = ()
     borderline: bool = False
     no_finite: bool = False  # no element is finite in both runs: nothing numeric was judged (policy.md)
+    fail_bound: float | None = None  # the lower end of the interval at the comparison's FAIL level (fail_level)
 
 
 class _Pending(NamedTuple):
@@ -167,6 +181,7 @@ class _Pending(NamedTuple):
     floor_kind: str | None
     sums: tuple[BlockSums, BlockSums | None] | None
     kept: bool
+    elements: int = 1  # elements finite in the pair: the degrees of freedom its F interval may claim
 
     def words(self, ci: tuple[float, float]) -> tuple[str, str]:
         """How a reason shows the value with its interval, and the limit."""
@@ -185,12 +200,17 @@ class _Verdicts:
     notes: list[str] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
 
-    def judge(self, p: _Pending, ci: tuple[float, float]) -> None:
-        """Interval entirely within the limit: fine; entirely beyond: fail; across it: borderline."""
+    def judge(self, p: _Pending, ci: tuple[float, float], fail_lo: float, level: float) -> None:
+        """Interval entirely within the limit: fine; entirely beyond it at the comparison's FAIL level (lower end
+        ``fail_lo``): fail; else borderline."""
         value, limit = p.value, p.limit
-        if ci[0] > limit or (value > limit and ci[0] == ci[1]):
+        if fail_lo > limit or (value > limit and ci[0] == ci[1]):
             shown, limit_text = p.words(ci)
             self.fails.append(f"{shown} > {limit_text}")
+        elif ci[0] > limit:  # beyond at 95%, not at the level that keeps a comparison's false FAILs at 5%
+            shown, limit_text = p.words(ci)
+            self.borderline.append(f"borderline: {shown} > {limit_text} at 95%, but its lower end at the comparison's "
+                                   f"FAIL level ({level:.6g}) is {fail_lo:.3g}")
         elif not ci[1] <= limit or not value <= limit:  # an infinite or undefined bound never passes
             shown, limit_text = p.words(ci)
             self.borderline.append(f"borderline: {shown} straddles {limit_text}")
@@ -261,13 +281,16 @@ class Policy:
         pairs: Sequence[tuple[str, TensorMetrics, Floor | None, tuple[str, str] | None, BlockSums | None]],
         *,
         have_floor: bool,
+        units: int = 1,
     ) -> list[Decision]:
         """:meth:`decide` of each pair ``(name, m, floor, dtypes, blocks)``, in order, with the same results: the
-        bootstrap intervals of all of them are drawn together (``floors.bootstrap_intervals``)."""
+        intervals of all of them are drawn together (``floors.judged_intervals``). ``units``: how many units the
+        comparison judges in all (its pairs and pooled units), which sets the level a FAIL needs (:func:`fail_level`)."""
         started = [self._start(name, m, floor, have_floor, dtypes, blocks) for name, m, floor, dtypes, blocks in pairs]
-        wanted = [p.sums for j in started for p in j.v.pending if p.sums is not None]
-        intervals = iter(bootstrap_intervals(wanted))
-        return [_finish(j, intervals) for j in started]
+        wanted = [(*p.sums, p.elements) for j in started for p in j.v.pending if p.sums is not None]
+        level = fail_level(units)
+        intervals = iter(judged_intervals(wanted, fail_level=level))
+        return [_finish(j, intervals, level) for j in started]
 
     def _start(
         self, name: str, m: TensorMetrics, floor: Floor | None, have_floor: bool, dtypes: tuple[str, str] | None,
@@ -288,7 +311,7 @@ class Policy:
                 if kept:
                     out.update(judged="rel_l2", value=m.rel_l2, limit=bound)
                 sums = None if blocks is None else (blocks, None)
-                v.pending.append(_Pending(m.rel_l2, bound, None, sums, kept))
+                v.pending.append(_Pending(m.rel_l2, bound, None, sums, kept, _finite(m)))
         return _Judging(rule, m, v, out)
 
 
@@ -301,14 +324,19 @@ class _Judging(NamedTuple):
     out: dict[str, Any]
 
 
-def _finish(j: _Judging, intervals: Iterator[tuple[float, float]]) -> Decision:
+def _finite(m: TensorMetrics) -> int:
+    """Elements finite in both runs, at least (a NaN or Inf in either drops the element)."""
+    return max(1, m.numel - m.nonfinite_a - m.nonfinite_b)
+
+
+def _finish(j: _Judging, intervals: Iterator[tuple[tuple[float, float], float]], level: float) -> Decision:
     """The pair's decision, its pending values judged with their intervals (the next ones of ``intervals``)."""
     rule, m, v, out = j
     for p in v.pending:
-        ci = next(intervals) if p.sums is not None else (p.value, p.value)
+        ci, fail_lo = next(intervals) if p.sums is not None else ((p.value, p.value), p.value)
         if p.kept:
-            out["interval"] = ci
-        v.judge(p, ci)
+            out["interval"], out["fail_bound"] = ci, fail_lo
+        v.judge(p, ci, fail_lo, level)
     if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
         v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
     if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
@@ -327,6 +355,7 @@ def _finish(j: _Judging, intervals: Iterator[tuple[float, float]]) -> Decision:
         notes=tuple(v.notes),
         borderline=bool(v.borderline) and not v.fails,
         no_finite=out["no_finite"],
+        fail_bound=out.get("fail_bound"),
     )
 
 
@@ -403,7 +432,7 @@ def _against_floor(
     ratio = m.rel_l2 / floor.rel_l2
     out.update(judged="x floor", value=ratio)
     sums = (blocks, floor.blocks) if blocks is not None and floor.blocks is not None else None
-    v.pending.append(_Pending(ratio, multiple, floor.kind, sums, True))
+    v.pending.append(_Pending(ratio, multiple, floor.kind, sums, True, _finite(m)))
 
 
 def _ratio(x: float, floor: float) -> float:

@@ -123,6 +123,14 @@ def format_comparison(doc: dict[str, Any], *, limit: int | None = 50, tables: di
         lines += [f"note: {p['label']}: {n}" for n in p.get("notes", [])]
         if p["status"] == "error":
             lines.append(f"error: {p['label']}: {'; '.join(p.get('reasons', []))}")
+    units = sorted(doc.get("pooled") or [], key=lambda u: ({"fail": 0, "inconclusive": 1}.get(u["status"], 2), u["label"]))
+    if units:
+        lines += ["", "pooled units (the pairs of one capture point judged together):"]
+        unit_rows = [[{"pass": "ok"}.get(u["status"], u["status"].upper()), u["label"], str(u["elements"]), u["reason"].split(": ", 1)[-1]]
+                     for u in (units if limit is None else units[:limit])]
+        lines.append(format_rows(["status", "unit", "elements", "judged [95% interval]"], unit_rows))
+        if limit is not None and len(units) > limit:
+            lines.append(f"... {len(units) - limit} more pooled units (use --json for all)")
     for side in ("a", "b"):
         names = doc.get(f"only_{side}", [])
         if names:

@@ -106,6 +106,10 @@ def counts_line(doc: dict[str, Any]) -> str:
         f"{len(doc['pairs'])} pairs: {c.get('pass', 0)} ok, {c.get('fail', 0)} fail, {c.get('error', 0)} error, "
         f"{c.get('inconclusive', 0)} inconclusive"
     )
+    pc = doc.get("pooled_counts") or {}
+    if doc.get("pooled"):
+        out += (f" ({pc.get('settled_pairs', 0)} settled by pooling); {len(doc['pooled'])} pooled units: {pc.get('pass', 0)} ok, "
+                f"{pc.get('fail', 0)} fail, {pc.get('inconclusive', 0)} inconclusive")
     only = [f"{len(doc.get(f'only_{s}', []))} only in {s.upper()}" for s in ("a", "b") if doc.get(f"only_{s}")]
     return out + ("; " + ", ".join(only) if only else "")
 
@@ -113,6 +117,8 @@ def counts_line(doc: dict[str, Any]) -> str:
 def pair_status(p: dict[str, Any]) -> str:
     if p["status"] == "pass":
         return "ok"
+    if p["status"] == "inconclusive" and p.get("pooled_pass"):
+        return "ok (pooled)"
     if p["status"] == "inconclusive" and p.get("borderline"):
         return "BORDERLINE"
     return str(p["status"]).upper()

@@ -47,6 +47,7 @@ __all__ = [
     "more_precise",
     "bootstrap_interval",
     "bootstrap_intervals",
+    "judged_intervals",
 ]
 
 BLOCKS = 64  # row blocks per tensor (fewer when the tensor has fewer rows)
@@ -232,3 +233,116 @@ def _draws(n: int, m: int | None, resamples: int) -> tuple[np.ndarray, np.ndarra
 
     first = counts(n)
     return first, (None if m is None else counts(m))
+
+
+def judged_intervals(
+    wanted: Sequence[tuple[BlockSums, BlockSums | None, int]],
+    *,
+    level: float = LEVEL,
+    fail_level: float = LEVEL,
+    bootstrap: bool = True,
+) -> list[tuple[tuple[float, float], float]]:
+    """The interval a verdict rests on for each ``(cand, floor, elements)``, and the lower end it FAILs on.
+
+    The interval (at ``level``) is the envelope of three intervals of the same quantity (``rel_l2``, or
+    ``rel_l2 / floor``), so that it is as wide as the widest of them:
+
+    - the block bootstrap (:func:`bootstrap_intervals`; skipped with ``bootstrap=False``, as for pooled units);
+    - a *t interval on the log scale*: ``log(ratio²) ± t(B-1) · se`` with ``se²`` the blocks' linearised
+      (delta-method) variance of ``log(Σd²/Σa²)`` minus that of the floor's, block by block when the floor
+      covers the same rows (then a common scale per block cancels), each side's own otherwise;
+    - an *F (or chi-square) interval* with ``elements`` degrees of freedom on each side: exact for independent
+      Gaussian errors of one variance, and never narrower than what that many elements can support. It is what
+      holds the coverage of tiny tensors (8 elements: ratio ×/÷ 2.1), where 8 resampled values cannot.
+
+    The FAIL end is the lower end of the same envelope at ``fail_level`` (the parametric intervals only: the
+    bootstrap cannot draw such rare quantiles), never above the interval's own lower end; a comparison of many
+    judged units asks for ``fail_level = 1 - 0.05 / units`` (Bonferroni), so that its false FAILs stay at 5% per
+    run however many units it judges (docs/policy.md, "Intervals" and "Pooled units")."""
+    boots = bootstrap_intervals([(c, f) for c, f, _ in wanted], level=level) if bootstrap else [None] * len(wanted)
+    out = []
+    for (cand, floor, elements), boot in zip(wanted, boots):
+        shown = _parametric(cand, floor, elements, level)
+        if shown is None:  # an undefined or zero sum: the bootstrap alone (or the value alone)
+            value = _value(cand, floor)
+            ci = boot if boot is not None else (value, value)
+            out.append((ci, ci[0]))
+            continue
+        ci = shown if boot is None else (min(shown[0], boot[0]), max(shown[1], boot[1]))
+        strict = shown if fail_level == level else _parametric(cand, floor, elements, fail_level)
+        assert strict is not None
+        out.append((ci, min(ci[0], strict[0])))
+    return out
+
+
+def _value(cand: BlockSums, floor: BlockSums | None) -> float:
+    r = cand.rel_l2
+    if floor is None:
+        return r
+    f = floor.rel_l2
+    return (1.0 if r == 0 else math.inf) if f == 0 else r / f
+
+
+def _parametric(cand: BlockSums, floor: BlockSums | None, elements: int, level: float) -> tuple[float, float] | None:
+    """The envelope of the log-scale t interval and the F interval (see :func:`judged_intervals`); None where a
+    sum is zero or not finite (no log scale)."""
+    sides = [cand] if floor is None else [cand, floor]
+    totals = [(float(s.d2.sum()), float(s.a2.sum())) for s in sides]
+    if not all(0 < x < math.inf for t in totals for x in t):
+        return None
+    log_r2 = math.log(totals[0][0] / totals[0][1])
+    if floor is not None:
+        log_r2 -= math.log(totals[1][0] / totals[1][1])
+    n = max(1, int(elements))
+    tail = (1.0 - level) / 2.0
+    if floor is None:  # Σd²/σ² ~ chi-square(n): rel_l2² within rel_l2² · n / chi2 quantiles
+        lo_f, hi_f = log_r2 + math.log(n / _chi2(n, 1 - tail)), log_r2 + math.log(n / _chi2(n, tail))
+    else:  # (Σd²/Σf²) / true ratio² ~ F(n, n)
+        lo_f, hi_f = log_r2 - math.log(_f(n, 1 - tail)), log_r2 - math.log(_f(n, tail))
+    infl = [s.d2 / t[0] - s.a2 / t[1] for s, t in zip(sides, totals)]
+    paired = floor is not None and len(floor.d2) == len(cand.d2) and floor.rows == cand.rows
+    if paired:
+        parts = [(infl[0] - infl[1], len(cand.d2))]
+    else:
+        parts = [(u, len(u)) for u in infl]
+    var, dof_den, usable = 0.0, 0.0, True
+    for u, b in parts:
+        if b < 2:
+            usable = False
+            break
+        u2 = u * u
+        s2, s4 = float(u2.sum()), float(np.dot(u2, u2))
+        v = s2 * b / (b - 1)
+        # the variance estimate's own degrees of freedom, fewer where a few blocks carry it (outliers): b - 1 for
+        # Gaussian influences, down to 1 where one block carries all of it
+        excess = s4 - s2 * s2 / b
+        k = b - 1 if excess <= 0 else min(b - 1, max(1.0, 2 * s2 * s2 / excess))
+        var += v
+        dof_den += v * v / k
+    lo, hi = lo_f, hi_f
+    if usable and var > 0:
+        dof = var * var / dof_den  # Welch-Satterthwaite over the sides (one side, or paired: that side's)
+        half = _t(max(1, math.floor(dof)), 1 - tail) * math.sqrt(var)  # dof rounded down: wider, never narrower
+        lo, hi = min(lo, log_r2 - half), max(hi, log_r2 + half)
+    return math.exp(lo / 2.0), math.exp(hi / 2.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t(dof: int, q: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(q, dof))
+
+
+@functools.lru_cache(maxsize=4096)
+def _f(n: int, q: float) -> float:
+    from scipy import stats
+
+    return float(stats.f.ppf(q, n, n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _chi2(n: int, q: float) -> float:
+    from scipy import stats
+
+    return float(stats.chi2.ppf(q, n))

@@ -379,8 +379,8 @@ def compare_runs(
             if progress:
                 progress(len(pairs), len(keys))
     pooled = judge_units(plan, members, level=fail_level(units))
-    done = settled(pooled)
-    pairs = [replace(p, pooled_pass=True) if i in done and p.status == "inconclusive" and p.decision is not None
+    by_pool = settled(pooled)
+    pairs = [replace(p, pooled_pass=True) if i in by_pool and p.status == "inconclusive" and p.decision is not None
              and p.decision.borderline else p for i, p in enumerate(pairs)]
     only_a = sorted(ga[k].label for k in ga.keys() - gb.keys())
     only_b = sorted(gb[k].label for k in gb.keys() - ga.keys())

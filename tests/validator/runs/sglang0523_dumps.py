@@ -88,9 +88,9 @@ def load_dumper() -> Any:
 
 
 def _play(dumper: Any, exp: str, rank: int, world: int, *, tp: tuple[int, int], attn_dp: tuple[int, int] = (0, 1)) -> None:
-    dist.is_initialized = lambda: True  # type: ignore[assignment]
-    dist.get_rank = lambda group=None: rank  # type: ignore[assignment]
-    dist.get_world_size = lambda group=None: world  # type: ignore[assignment]
+    dist.is_initialized = lambda: True
+    dist.get_rank = lambda group=None: rank
+    dist.get_world_size = lambda group=None: world
     PARALLEL.clear()
     PARALLEL.update(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, moe_ep_rank=0, moe_ep_size=1,
                     moe_tp_rank=tp[0], moe_tp_size=tp[1], moe_dp_rank=0, attn_tp_rank=tp[0], attn_tp_size=tp[1],

@@ -153,7 +153,7 @@ def test_admin_gc_route(tmp_path: Path) -> None:
         uploads.upload_file(svc, run="left", part="p0", filename="part.json", chunks=[b"{}"])
         (anon, _), (neg, _), (default, d1), (zero, d2) = asyncio.run(go(svc))
         assert (anon, neg, default, zero) == (401, 422, 200, 200)
-        assert d1 == {"expired_runs": [], "blobs": 0, "bytes": 0, "staging_files": 0}  # a minute old: kept
+        assert d1 == {"expired_runs": [], "blobs": 0, "bytes": 0, "staging_files": 0, "foreign": []}  # a minute old: kept
         assert d2["expired_runs"] == ["left"] and d2["blobs"] == 1 and d2["bytes"] == 2
         assert svc.check_store() == []
     finally:

@@ -144,6 +144,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         names = ", ".join(repr(n) for n in got.expired_runs)
         print(f"expired {len(got.expired_runs)} pending run(s){': ' + names if names else ''}; "
               f"deleted {got.blobs} blob(s), {got.bytes} bytes; removed {got.staging_files} staging file(s)")
+        for name in got.foreign:
+            print(f"left blobs/{name}: not a blob of this store (a foreign file or folder)")
     return 0
 
 

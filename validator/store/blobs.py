@@ -28,6 +28,11 @@ __all__ = ["BlobStore", "Durability", "LocalBlobStore", "check_sha", "write_temp
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 SMALL_BLOB = 1 << 20  # bytes: blobs no larger are read into memory by LocalBlobStore.open_tensor
+# Reads are checked against the blob's digest, as S3 reads are: a small blob's bytes as read, a larger one's
+# file once per version of it in this process (LocalBlobStore._verify_file): blob -> the version checked
+_VERIFIED: dict[str, tuple[int, ...]] = {}
+_VERIFIED_MAX = 1 << 18
+_CORRUPT = "blob {sha} in {root} does not match its digest (damaged on disk; `validator check` lists such blobs)"
 
 
 def check_sha(sha256: str) -> str:
@@ -294,9 +299,12 @@ class LocalBlobStore:
                 created = False
             except OSError as exc:
                 raise StorageError(f"cannot write to the blob store ({self.root}): {exc.strerror or exc}") from None
-            return sha, size, created
         finally:
             os.unlink(tmp)
+        if created and size > SMALL_BLOB:  # hashed as written: a read in this process need not hash it again
+            st = os.stat(dest)  # after the unlink, which changes its change time
+            _VERIFIED[sha] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return sha, size, created
 
     def delete(self, sha256: str) -> None:
         Path(self._file(sha256)).unlink(missing_ok=True)
@@ -309,8 +317,10 @@ class LocalBlobStore:
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
         if nbytes > SMALL_BLOB:
+            path = Path(self._file(sha256))
             try:
-                return raw_tensor(Path(self._file(sha256)), 0, nbytes, dtype, shape)
+                self._verify_file(sha256, path)
+                return raw_tensor(path, 0, nbytes, dtype, shape)
             except FileNotFoundError:
                 raise InputError(f"blob {sha256} is missing from {self.root}") from None
         # a bytearray the tensor is made on: two torch calls fewer than a uint8 tensor viewed as the dtype
@@ -330,3 +340,44 @@ class LocalBlobStore:
             os.close(fd)
         if got != len(out):
             raise InputError(f"blob {sha256} in {self.root} is shorter than its record's {len(out)} bytes")
+        if hashlib.sha256(out).hexdigest() != sha256:
+            raise InputError(_CORRUPT.format(sha=sha256, root=self.root))
+
+    def _verify_file(self, sha256: str, path: Path) -> None:
+        """The file's bytes hash to its name, checked once per version of the file in this process (a version:
+        its device, inode, size and modification and change times; editing a file changes its change time)."""
+        st = path.stat()
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if _VERIFIED.get(sha256) == version:
+            return
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != sha256:
+            raise InputError(_CORRUPT.format(sha=sha256, root=self.root))
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()
+        _VERIFIED[sha256] = version
+
+
+_SHARD_DIR = re.compile(r"[0-9a-f]{2}")
+_BLOB_NAME = re.compile(r"[0-9a-f]{62}")
+
+
+def blob_files(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """A local blob store's blob files as (sha256, path), and every other entry in it but ``tmp/`` (its
+    write spool): foreign files and folders, as paths relative to ``root`` (``validator check`` and
+    ``validator gc`` report them and touch none)."""
+    found: list[tuple[str, Path]] = []
+    foreign: list[str] = []
+    for d in sorted(root.iterdir()) if root.is_dir() else ():
+        if d.name == "tmp" and d.is_dir() and not d.is_symlink():
+            continue
+        if not (_SHARD_DIR.fullmatch(d.name) and d.is_dir() and not d.is_symlink()):
+            foreign.append(d.name + ("/" if d.is_dir() else ""))
+            continue
+        for f in sorted(d.iterdir()):
+            if _BLOB_NAME.fullmatch(f.name) and f.is_file() and not f.is_symlink():
+                found.append((d.name + f.name, f))
+            else:
+                foreign.append(f"{d.name}/{f.name}" + ("/" if f.is_dir() else ""))
+    return found, foreign

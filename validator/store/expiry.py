@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
 from validator.store import crud as store
-from validator.store.blobs import LocalBlobStore, remove_stale_temp
+from validator.store.blobs import LocalBlobStore, blob_files, remove_stale_temp
 
 if TYPE_CHECKING:
     from validator.service import Service
@@ -48,6 +48,7 @@ class Collected:
     blobs: int = 0  # blob objects and rows deleted
     bytes: int = 0  # their size
     staging_files: int = 0  # partial uploads and dead processes' temporary files
+    foreign: list[str] = field(default_factory=list)  # (full, local store) entries of blobs/ that are not blobs: left alone
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -114,7 +115,8 @@ def collect(svc: Service, *, full: bool = False, older_than_hours: float | None 
         store.delete_blob_rows(s, shas=list(gone))
         if full and isinstance(svc.blobs, LocalBlobStore):
             rows = set(store.blob_sizes(s))
-            for sha, path in _blob_files(svc.blobs):
+            found, out.foreign = blob_files(svc.blobs.root)
+            for sha, path in found:
                 if sha not in rows and path.stat().st_mtime < cutoff:  # a finalize that died long ago
                     out.bytes += path.stat().st_size
                     out.blobs += 1
@@ -132,14 +134,6 @@ def collect(svc: Service, *, full: bool = False, older_than_hours: float | None 
     out.bytes += sum(gone.values())
     if full:
         out.staging_files += _staging_leftovers(svc, cutoff)
-    return out
-
-
-def _blob_files(blobs: LocalBlobStore) -> list[tuple[str, Path]]:
-    out = []
-    for d in sorted(blobs.root.iterdir()):
-        if d.is_dir() and len(d.name) == 2 and d.name != "tmp":
-            out += [(d.name + f.name, f) for f in sorted(d.iterdir()) if len(f.name) == 62]
     return out
 
 

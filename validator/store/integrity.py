@@ -7,6 +7,7 @@ Problems found (each one line, naming the blob or file):
 - a blob row's object is missing or has another size; with ``deep``, a local blob's bytes do not hash to its
   name;
 - a blob row nothing points at, or (local store) a blob file with no row: an orphan;
+- (local store) a file or folder in the blob directory that is not a blob (nor its write spool, ``tmp/``);
 - a temporary file or staging directory left by a process that is gone;
 - a stored JSON column the readers cannot decode (a manifest or a shape cut short: :func:`crud.damaged_rows`);
 - a table the database cannot read (a damaged page): named, and what depends on it is not judged.
@@ -17,7 +18,6 @@ Read-only: it reports, it does not repair. It never raises for what it reads: a 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,13 +26,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from validator.store import crud
-from validator.store.blobs import LocalBlobStore, stale_temp
+from validator.store.blobs import LocalBlobStore, blob_files, stale_temp
 
 __all__ = ["check_store", "database_problems"]
 
 T = TypeVar("T")
 
-_SHA_NAME = re.compile(r"[0-9a-f]{62}")
 _READ = 1 << 20
 
 
@@ -102,11 +101,9 @@ def _objects(blobs: Any, rows: dict[str, int], deep: bool) -> list[str]:
         elif deep and _sha256(path) != sha:
             problems.append(f"blob {sha}: its bytes hash to something else (corrupt)")
     if local is not None:
-        for d in sorted(local.root.iterdir()):
-            if d.is_dir() and len(d.name) == 2 and d.name != "tmp":
-                for f in sorted(d.iterdir()):
-                    if _SHA_NAME.fullmatch(f.name) and d.name + f.name not in rows:
-                        problems.append(f"blob file {d.name}/{f.name}: no row in the blobs table (orphan file)")
+        found, foreign = blob_files(local.root)
+        problems += [f"blob file {sha[:2]}/{sha[2:]}: no row in the blobs table (orphan file)" for sha, _ in found if sha not in rows]
+        problems += [f"blobs/{name}: not a blob of this store (a foreign file or folder; nothing removes it)" for name in foreign]
     return problems
 
 

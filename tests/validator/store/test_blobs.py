@@ -106,3 +106,49 @@ def test_service_on_object_storage(tmp_path: Path) -> None:
         assert c.verdict == "pass" and all(p.metrics.rel_l2 == 0.0 for p in c.pairs)
     finally:
         svc.close()
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 1]))
+
+
+@pytest.mark.parametrize("numel", [64, (2 << 20) // 4])  # read into memory; memory-mapped (above SMALL_BLOB)
+def test_a_local_blob_flipped_on_disk_is_refused(tmp_path: Path, numel: int) -> None:
+    """Local reads are checked against the digest as S3 reads are, also after a first good read (the file's
+    change time tells a new version of it)."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    t = torch.arange(numel, dtype=torch.float32)
+    sha, n, _ = store.put([t.numpy().tobytes()])
+    assert torch.equal(store.open_tensor(sha, torch.float32, (numel,), n), t)
+    fresh = LocalBlobStore(tmp_path / "blobs")  # as another process would
+    assert torch.equal(fresh.open_tensor(sha, torch.float32, (numel,), n), t)
+    _flip(store.path(sha), n // 2)
+    with pytest.raises(InputError, match=f"blob {sha} in .* does not match its digest"):
+        store.open_tensor(sha, torch.float32, (numel,), n)
+    with pytest.raises(InputError, match="does not match its digest"):
+        store.read_into(sha, memoryview(bytearray(n)))
+
+
+def test_a_stored_run_with_a_flipped_blob_never_passes(tmp_path: Path) -> None:
+    from probes import BundleWriter
+    from validator.service import Service
+    from validator.settings import Settings
+
+    big, small = torch.randn(512, 1024), torch.randn(16, 16)  # 2 MiB: memory-mapped; 1 KiB: read
+    with BundleWriter(tmp_path / "src", run_name="src", part="p0") as w:
+        w.add("big", big)
+        w.add("small", small)
+    svc = Service(Settings(home=tmp_path / "home"))
+    try:
+        svc.ingest(tmp_path / "src", name="stored")
+        assert svc.compare("stored", str(tmp_path / "src")).verdict == "pass"
+        for t in (big, small):
+            _flip(svc.blobs.path(hashlib.sha256(t.numpy().tobytes()).hexdigest()), 100)
+        with pytest.raises(InputError, match="does not match its digest"):
+            svc.compare("stored", str(tmp_path / "src"))
+    finally:
+        svc.close()

@@ -47,6 +47,29 @@ def test_corrupt_missing_and_orphan_blobs_are_named(home: Path, capsys) -> None:
     assert any("orphan file" in p for p in doc["problems"])
 
 
+def test_foreign_files_and_folders_in_blobs_are_reported_by_check_and_gc(home: Path, capsys) -> None:
+    """Whatever is in blobs/ and is not a blob: named by `check` (exit 1) and by `gc`, which removes none."""
+    blobs = home / "blobs"
+    shard = _a_blob(home).parent
+    (blobs / "notes.txt").write_text("mine")
+    (blobs / "backup").mkdir()
+    (blobs / "zz").mkdir()  # two characters, not hex
+    (shard / "copy.bak").write_bytes(b"x")
+    (shard / ("f" * 62 + ".old")).write_bytes(b"x")
+    (shard / ("a" * 62)).mkdir()  # a blob's name, but a folder
+    foreign = ["backup/", "notes.txt", f"{shard.name}/{'a' * 62}/", f"{shard.name}/copy.bak", f"{shard.name}/{'f' * 62}.old", "zz/"]
+    code, doc = _check(home, capsys, "--quick")
+    assert code == 1
+    assert sorted(doc["problems"]) == sorted(f"blobs/{n}: not a blob of this store (a foreign file or folder; nothing removes it)"
+                                             for n in foreign)
+    capsys.readouterr()
+    assert main(["--home", str(home), "gc", "--json", "--older-than", "0"]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["foreign"]) == sorted(foreign)
+    assert main(["--home", str(home), "gc", "--older-than", "0"]) == 0
+    assert "left blobs/notes.txt: not a blob of this store" in capsys.readouterr().out
+    assert (blobs / "notes.txt").exists() and (shard / "copy.bak").exists() and (shard / ("a" * 62)).is_dir()
+
+
 def test_leftovers_of_dead_processes_are_named(home: Path, capsys) -> None:
     staging = home / "staging"
     staging.mkdir(exist_ok=True)

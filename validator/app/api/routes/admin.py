@@ -29,6 +29,7 @@ class Collection(BaseModel):
     blobs: int
     bytes: int
     staging_files: int
+    foreign: list[str]  # entries of the local blob directory that are not blobs (left alone; `validator check` lists them)
 
 
 @router.post("/gc", dependencies=[WriteAuth])

@@ -23,8 +23,21 @@ Rounding floors: the ratio of valid results to the rounding floor of their dtype
 -> RoPE, and fp32 GEMMs at K = 512, 7168 and 43008 (the Kimi-K3 concat width); and one row that must be
 caught (DETECT): an fp32 result that went through bf16.
 
+Small tensors and runs of them (``--small``; NumPy float64 errors, judged by the real code: ``Policy.decide_many``,
+``pooling.judge_units`` and ``compare.tensor_verdict``, as ``compare_runs`` calls them):
+
+- *coverage*: single pairs of 8, 16, 32, 64 and 1,024 elements, one decode token (4 x 256) and 64 x 256, the
+  reference Gaussian; the floor's and the candidate's errors independent draws of one of three noises:
+  ``gauss`` (additive Gaussian), ``bf16`` (the bf16 rounding of a value perturbed by 2^-9 relative: rounding noise
+  that scales with |a|) and ``outliers`` (bf16 noise on a reference with 1 element in 16 thirty times larger). A
+  drift s multiplies the candidate's error draw by s: random drift whose true ratio is s, never a scaled copy of
+  the floor's error. Counted: how often the 95% interval misses s, and the verdict;
+- *runs*: runs of 20, 200 and 2,000 pairs of 16 elements (steps x 4 layers of one capture point, Gaussian noise),
+  null, and with one layer drifting 2x: the run's verdict, with its pooled units and multiplicity.
+
     python benchmarks/calibration.py                 # the committed results (benchmarks/calibration.md)
     python benchmarks/calibration.py --replicates 20 # a quick look
+    python benchmarks/calibration.py --small          # the small-tensor and run tables alone
 """
 
 from __future__ import annotations
@@ -34,12 +47,14 @@ import math
 import time
 from collections import Counter
 
+import numpy as np
 import torch
 
-from validator.judging.compare import Measured, floor_from, measure_tensors
-from validator.judging.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple
-from validator.numerics.floors import rounding_sums
-from validator.numerics.metrics import compare_tensors
+from validator.judging.compare import Measured, PairResult, floor_from, measure_tensors, pair_frontier, tensor_verdict
+from validator.judging.policy import FLOOR_MULTIPLE, Floor, Policy, default_rounding_multiple, fail_level
+from validator.judging.pooling import Member, judge_units, plan_units, settled
+from validator.numerics.floors import BlockSums, block_edges, rounding_sums
+from validator.numerics.metrics import TensorMetrics, compare_tensors
 
 SIZES = [(64, 256), (256, 512), (1024, 1024)]  # tokens x hidden: 16 Ki, 128 Ki, 1 Mi elements
 K = 1024
@@ -150,6 +165,113 @@ def rounding_floor(replicates: int) -> dict[str, list[float]]:
     return out
 
 
+SMALL_SHAPES = [(8,), (16,), (32,), (64,), (1024,), (4, 256), (64, 256)]
+NOISES = ("gauss", "bf16", "outliers")
+SMALL_DRIFTS = (1.0, 1.5, 2.0, 3.0)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to bfloat16 (nearest even), in float64."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _small_pair(rng: np.random.Generator, shape: tuple[int, ...], noise: str, s: float) -> tuple[TensorMetrics, BlockSums, Floor]:
+    """A reference, a floor error and a candidate error drawn independently (the candidate's times ``s``): the
+    pair's metrics, block sums and measured floor, as compare_runs hands them to the policy."""
+    n = math.prod(shape)
+    a = rng.standard_normal(n)
+    if noise == "outliers":
+        a[rng.choice(n, max(1, n // 16), replace=False)] *= 30.0
+    if noise == "gauss":
+        ef, ec = 1e-3 * rng.standard_normal(n), 1e-3 * s * rng.standard_normal(n)
+    else:
+        ef = _bf16(a * (1 + 2.0**-9 * rng.standard_normal(n))) - a
+        ec = s * (_bf16(a * (1 + 2.0**-9 * rng.standard_normal(n))) - a)
+    edges = block_edges(shape)
+    rows = shape[0] if len(shape) > 1 and shape[0] >= 64 else n
+
+    def sums(e: np.ndarray) -> BlockSums:
+        return BlockSums(np.add.reduceat(e * e, edges[:-1]), np.add.reduceat(a * a, edges[:-1]), rows)
+
+    cand, floor = sums(ec), sums(ef)
+    rel = math.sqrt(float(cand.d2.sum() / cand.a2.sum()))
+    m = TensorMetrics(n, "float64", "bfloat16", float(np.linalg.norm(a)), float(np.linalg.norm(a + ec)), rel,
+                      1.0, float(np.abs(ec).max()), float(np.abs(ec).mean()), 0.0, 0.0, 1.0, 0.0, 0.0, 0, 0, 0, None)
+    return m, cand, Floor("measured", floor.rel_l2, floor)
+
+
+MISSES: dict[tuple[tuple[int, ...], str, float], int] = {}
+
+
+def small_coverage(replicates: int) -> dict[tuple[tuple[int, ...], str, float], Counter[str]]:
+    """Single pairs: how often the interval misses the true ratio, and the verdicts (one unit each)."""
+    rng = np.random.default_rng(20261206)
+    out: dict[tuple[tuple[int, ...], str, float], Counter[str]] = {}
+    for shape in SMALL_SHAPES:
+        for noise in NOISES:
+            for s in SMALL_DRIFTS:
+                drawn = [_small_pair(rng, shape, noise, s) for _ in range(replicates)]
+                ds = POLICY.decide_many([("y", m, fl, ("float64", "bfloat16"), c) for m, c, fl in drawn], have_floor=True)
+                c: Counter[str] = Counter(d.status for d in ds)
+                MISSES[(shape, noise, s)] = sum(not (d.interval and d.interval[0] <= s <= d.interval[1]) for d in ds)
+                out[(shape, noise, s)] = c
+    return out
+
+
+RUN_SIZES = (20, 200, 2000)
+LAYERS = 4
+
+
+def small_runs(replicates: int, elements: int = 16) -> dict[tuple[int, str], Counter[str]]:
+    """Runs of small pairs (steps x LAYERS of one capture point), null and with layer 2 drifting 2x: the run's
+    tensor verdict, through the calls compare_runs makes."""
+    rng = np.random.default_rng(20261207)
+    out: dict[tuple[int, str], Counter[str]] = {}
+    for size in RUN_SIZES:
+        reps = replicates if size < 2000 else max(20, replicates // 2)
+        ids = [("router", {"step": i // LAYERS, "layer": i % LAYERS}) for i in range(size)]
+        plan = plan_units(ids)
+        units = size + len(plan)
+        for case in ("null", "layer 2 at 2x"):
+            c: Counter[str] = Counter()
+            for _ in range(reps):
+                drawn = [_small_pair(rng, (elements,), "gauss", 2.0 if case != "null" and cd["layer"] == 2 else 1.0) for _, cd in ids]
+                ds = POLICY.decide_many([("router", m, fl, ("float64", "bfloat16"), cb) for m, cb, fl in drawn],
+                                        have_floor=True, units=units)
+                members: list[Member | None] = [Member(d.judged, d.limit, d.floor_kind, cb, fl.blocks, elements)
+                                                for d, (_, cb, fl) in zip(ds, drawn)]
+                pooled = judge_units(plan, members, level=fail_level(units))
+                by_pool = settled(pooled)
+                pairs = [PairResult("router", cd, f"router step={cd['step']} layer={cd['layer']}", d.status, m, d, (elements,),
+                                    (elements,), capture_index=i,
+                                    pooled_pass=i in by_pool and d.status == "inconclusive" and d.borderline)
+                         for i, ((_, cd), d, (m, _, _)) in enumerate(zip(ids, ds, drawn))]
+                verdict, _ = tensor_verdict(pairs, [], [], POLICY, pair_frontier(pairs), pooled)
+                c[verdict] += 1
+                c["pairs alone fail"] += sum(d.status == "fail" for d in ds)
+            out[(size, case)] = c
+    return out
+
+
+def print_small(replicates: int) -> None:
+    cov = small_coverage(replicates)
+    print(f"## Single small pairs: random drift, measured floor, limit {FLOOR_MULTIPLE}x ({replicates} pairs per row)\n")
+    print("| elements (shape) | noise | true ratio | interval misses it | fail | inconclusive | pass |\n|---|---|---|---|---|---|---|")
+    for (shape, noise, s), c in cov.items():
+        n = sum(c.values())
+        print(f"| {math.prod(shape):,} {shape} | {noise} | {s:g} | {MISSES[(shape, noise, s)] / n:.1%} | {_rate(c, 'fail')} | "
+              f"{_rate(c, 'inconclusive')} | {_rate(c, 'pass')} |")
+    runs = small_runs(replicates)
+    print(f"\n## Runs of small pairs (16 elements each, steps x {LAYERS} layers, pooled units, Bonferroni FAIL level)\n")
+    print("| pairs per run | candidate | runs | run FAIL | run INCONCLUSIVE | run PASS | pairs failing alone |\n|---|---|---|---|---|---|---|")
+    for (size, case), c in runs.items():
+        n = sum(c[k] for k in ("fail", "inconclusive", "pass"))
+        print(f"| {size:,} | {case} | {n} | {c['fail'] / n:.1%} | {c['inconclusive'] / n:.1%} | {c['pass'] / n:.1%} | "
+              f"{c['pairs alone fail']} |")
+
+
 def _rate(c: Counter[str], key: str) -> str:
     n = sum(c.values())
     return f"{c[key] / n:.1%} ({c[key]}/{n})"
@@ -158,9 +280,14 @@ def _rate(c: Counter[str], key: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicates", type=int, default=200)
+    ap.add_argument("--small", action="store_true", help="the small-tensor and run tables alone")
     args = ap.parse_args()
     torch.manual_seed(0)
     t0 = time.time()
+    print_small(args.replicates)
+    print(f"\n({time.time() - t0:.0f} s)\n")
+    if args.small:
+        return
     null, drift = measured_floor(args.replicates)
     print(f"## Measured floor, default floor_multiple = {FLOOR_MULTIPLE} ({args.replicates} comparisons per null, "
           f"{len(SIZES)} tensors each)\n")

@@ -169,9 +169,10 @@ def judge_units(
 
 
 def settled(units: Sequence[PooledUnit]) -> set[int]:
-    """Pairs that a passing ``all`` unit of their name settles, unless a unit that holds them fails."""
-    failed = {i for u in units if u.status == "fail" for i in u.members}
-    return {i for u in units if u.scope == "all" and u.status == "pass" for i in u.members} - failed
+    """Pairs that a passing ``all`` unit of their name settles, unless a unit that holds them fails, or is beyond
+    its limit at 95% (its whole interval above it) without reaching the FAIL level."""
+    beyond = {i for u in units if u.status == "fail" or u.interval[0] > u.limit for i in u.members}
+    return {i for u in units if u.scope == "all" and u.status == "pass" for i in u.members} - beyond
 
 
 def _concat(parts: list[BlockSums], *, paired: bool) -> BlockSums:

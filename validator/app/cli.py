@@ -194,6 +194,8 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     policy = _policy_doc(args.policy)
     if args.server and args.executor not in (None, "local"):
         raise InputError("--executor is for local comparisons; a server measures where its VALIDATOR_COMPARE_EXECUTOR says")
+    if args.server and getattr(args, "align_tokens", False):
+        raise InputError("--align-tokens aligns local SGLang dumps; leave out --server")
     if args.server:
         client = _client(args)
         try:
@@ -206,7 +208,20 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
-        c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog, executor=args.executor)
+        if getattr(args, "align_tokens", False):  # SGLang dumps batched differently (validator/runs/token_align.py)
+            from validator.comparing import compare_resolved
+            from validator.runs.sources import open_path
+            from validator.runs.token_align import align_views
+
+            def resolve(r: str) -> Any:
+                return open_path(r) if os.path.exists(r) else _service(args).resolve(r)
+
+            pairs = [("A", "B", a, b)] + ([("FA", "FB", *floor)] if floor else [])
+            views = {k: v for ka, kb, ra, rb in pairs for k, v in zip((ka, kb), align_views(resolve(ra), resolve(rb)))}
+            c = compare_resolved(views.__getitem__, "A", "B", policy=pol, floor=("FA", "FB") if floor else None,
+                                 progress=prog, executor=args.executor)
+        else:
+            c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog, executor=args.executor)
     tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
     return comparison_doc(c), tables
 
@@ -329,6 +344,8 @@ def _judging_options(s: argparse.ArgumentParser, *, json_help: str) -> None:
     s.add_argument("--floor", nargs=2, metavar=("RUN_A", "RUN_B"), help="noise-floor pair: thresholds as multiples of it")
     s.add_argument("--json", action="store_true", help=json_help)
     s.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    s.add_argument("--align-tokens", action="store_true", help="SGLang dumper runs batched differently: pair the "
+                   "tensors token by token, by the requests' input ids and positions (docs/sglang.md, section 4)")
     s.add_argument(
         "--executor",
         metavar="WHERE",

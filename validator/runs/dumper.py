@@ -182,6 +182,7 @@ def read_dumper_dir(
     gen_key = next(iter(generation or {"step": ""}))
     pieces: list[DumpFile] = []
     skipped: list[str] = []
+    rids: dict[str, list[str]] = {}  # per step: the batch's request ids, in batch order
     for f in files:
         tags = parse_dump_name(f.name)
         assert tags is not None
@@ -193,6 +194,9 @@ def read_dumper_dir(
         meta: dict[str, Any] = obj["meta"] if isinstance(obj.get("meta"), dict) else {}
         value = obj["value"]
         items = value.items() if isinstance(value, dict) else [(None, value)]
+        if tags["name"] == "rids" and isinstance(value, (list, tuple)) and all(isinstance(r, str) for r in value):
+            rids.setdefault(tags.get("forward_pass_id") or tags.get("step", ""), [str(r) for r in value])  # token alignment
+            continue
         for key, v in items:
             label = f"{f.name}" + (f"[{key}]" if key is not None else "")
             if not isinstance(v, torch.Tensor):
@@ -214,7 +218,7 @@ def read_dumper_dir(
         labels={"engine": "sglang", "dumper_naming": gen_key},
         manifest={"sglang_dumper": {"folder": str(root), "naming": gen_key, "files": len(files),
                                     "tensors": len(refs), "skipped": skipped, "dims": dict(sorted(dims.items())),
-                                    "unassembled": unassembled}},
+                                    "unassembled": unassembled, "rids": rids}},
         tensors=refs,
     )
 

@@ -148,7 +148,7 @@ def align_run(dumper: Any, exp: str) -> None:
         dumper.dump("input_ids", torch.tensor(ids))
         dumper.dump("positions", torch.tensor(pos))
         dumper.dump("seq_lens", torch.tensor([p + n for _, p, n in batch]))
-        dumper.dump("rids", [r for r, _, _ in batch])
+        dumper.dump("rids", [f"{exp}-{r}" for r, _, _ in batch])  # each run names its requests its own way
         dumper.dump("hidden", hidden, dims="t h", layer_id=0)
         dumper.step()
 

@@ -210,11 +210,10 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
         if getattr(args, "align_tokens", False):  # SGLang dumps batched differently (validator/runs/token_align.py)
             from validator.comparing import compare_resolved
-            from validator.runs.sources import open_path
-            from validator.runs.token_align import align_views
+            from validator.runs.token_align import align_views, open_for_alignment
 
             def resolve(r: str) -> Any:
-                return open_path(r) if os.path.exists(r) else _service(args).resolve(r)
+                return open_for_alignment(r) if os.path.exists(r) else _service(args).resolve(r)
 
             pairs = [("A", "B", a, b)] + ([("FA", "FB", *floor)] if floor else [])
             views = {k: v for ka, kb, ra, rb in pairs for k, v in zip((ka, kb), align_views(resolve(ra), resolve(rb)))}

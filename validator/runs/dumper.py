@@ -40,7 +40,7 @@ from validator.runs.dims import LayoutError, Op, axes_of, parse_dims, plan_layou
 from validator.runs.tensorfile import DTYPES, dtype_name
 from validator.runs.view import RunView, TensorRef
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "DumpFile", "find_dump_dir", "is_dumper_dir", "parse_dump_name", "read_dumper_dir"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "DumpFile", "dump_folders", "find_dump_dir", "is_dumper_dir", "parse_dump_name", "read_dumper_dir"]
 
 DEFAULT_MAX_FILE_BYTES = 4 << 30
 _STEP_KEYS = ("forward_pass_id", "step")
@@ -82,13 +82,24 @@ def is_dumper_dir(path: str | os.PathLike[str]) -> bool:
     return True
 
 
+def dump_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """``path`` itself when it holds dump files, else its sub-folders that do (in name order)."""
+    p = Path(path)
+    if _dump_files(p):
+        return [p]
+    try:
+        return sorted(s for s in p.iterdir() if s.is_dir() and _dump_files(s))
+    except OSError:
+        return []
+
+
 def find_dump_dir(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if not p.is_dir():
         raise InputError(f"{p}: not a directory")
-    if _dump_files(p):
+    subs = dump_folders(p)
+    if subs == [p]:
         return p
-    subs = sorted(s for s in p.iterdir() if s.is_dir() and _dump_files(s))
     if len(subs) == 1:
         return subs[0]
     if subs:

@@ -12,8 +12,14 @@ the shorter) are compared. Request ids need not agree between the runs.
 
 The aligned run has, per matched request and per tensor that has a token dimension in every step (the dim
 named ``t`` in the dumper's dims, else dim 0), one tensor ``name [req=<A's request id> tok=0:n layer=...]``:
-the request's rows, in position order, gathered from the steps' reassembled tensors. What could not be aligned
-is listed in the manifest (``token_alignment``).
+the request's rows, in position order, gathered from the steps' reassembled tensors. A request found in one
+run only keeps its tensors under its own id, so the comparison reports them as present on one side. What
+could not be aligned (steps whose aux fields disagree, positions never dumped, tensors without a token
+dimension) is listed in the aligned run's manifest (``token_alignment``). Without ``rids`` each step's requests
+are told apart by batch index, so only whole prompts prefilled from position 0 can be aligned.
+
+A folder holding several dump folders (a prefill server's and a decode server's, one run split in two) is
+read as one run by :func:`open_for_alignment`: each folder's steps follow the previous folder's.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +41,7 @@ from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.tensorfile import torch_dtype
 from validator.runs.view import RunView, TensorRef
 
-__all__ = ["Sequence", "align_views", "match_sequences", "token_sequences"]
+__all__ = ["Sequence", "align_views", "match_sequences", "merge_runs", "open_for_alignment", "token_sequences"]
 
 AUX_NAMES = frozenset({"input_ids", "positions", "seq_lens", "req_pool_indices"})
 
@@ -69,9 +76,9 @@ def token_sequences(view: RunView) -> tuple[dict[str, Sequence], list[str]]:
     """The requests of a dumper run and their tokens (module docstring), and the problems met."""
     per_step, _ = _aux(view)
     rids: Mapping[str, list[str]] = (view.manifest.get("sglang_dumper") or {}).get("rids") or {}
-    seqs: dict[str, Sequence] = {}
+    cover: dict[str, dict[int, tuple[int, int, int]]] = {}  # request -> position -> (id, step, row)
     problems: list[str] = []
-    for step in sorted(per_step):
+    for step in sorted(per_step):  # a later step's rows replace an earlier one's at the same positions
         aux = per_step[step]
         if not {"input_ids", "positions", "seq_lens"} <= aux.keys():
             problems.append(f"step {step}: no {', '.join(sorted({'input_ids', 'positions', 'seq_lens'} - aux.keys()))} dumped")
@@ -93,18 +100,58 @@ def token_sequences(view: RunView) -> tuple[dict[str, Sequence], list[str]]:
             if key is None:
                 problems.append(f"step {step}: request {i} continues at position {start}, and no rids say whose it is")
             else:
-                s = seqs.setdefault(key, Sequence(key))
-                if start > len(s.ids):
-                    problems.append(f"request {key}: step {step} starts at position {start}, only {len(s.ids)} seen before")
-                else:  # positions seen before are replaced by this step's
-                    del s.ids[start:], s.rows[start:]
-                    s.ids += ids[at : at + n]
-                    s.rows += [(step, r) for r in range(at, at + n)]
+                c = cover.setdefault(key, {})
+                for j in range(n):
+                    c[start + j] = (ids[at + j], step, at + j)
             at += n
         else:
             if at != len(ids):
                 problems.append(f"step {step}: {len(ids) - at} rows beyond the batch's seq_lens")
+    seqs: dict[str, Sequence] = {}
+    for key, c in cover.items():
+        n = 0
+        while n in c:
+            n += 1
+        if len(c) > n:
+            problems.append(f"request {key}: position {n} was never dumped; its tokens from there on are not aligned")
+        seqs[key] = Sequence(key, [c[p][0] for p in range(n)], [(c[p][1], c[p][2]) for p in range(n)])
     return seqs, problems
+
+
+def merge_runs(views: list[RunView], name: str, location: str) -> RunView:
+    """Several dumper folders of one run (a prefill server's and a decode server's) as one: each folder's steps
+    follow the previous folder's."""
+    tensors: list[TensorRef] = []
+    dims: dict[str, str] = {}
+    rids: dict[str, list[str]] = {}
+    offset = 0
+    for v in views:
+        steps = [r.coords.step for r in v.tensors if r.coords.step is not None]
+        for r in v.tensors:
+            c = r.coords if r.coords.step is None else replace(r.coords, step=r.coords.step + offset)
+            tensors.append(replace(r, coords=c))
+        info = v.manifest.get("sglang_dumper") or {}
+        dims.update(info.get("dims") or {})
+        rids.update({str(int(k) + offset): x for k, x in (info.get("rids") or {}).items() if str(k).isdigit()})
+        offset += max(steps, default=-1) + 1
+    manifest = {"sglang_dumper": {"folders": [v.location for v in views], "dims": dims, "rids": rids,
+                                  "unassembled": [u for v in views for u in (v.manifest.get("sglang_dumper") or {}).get("unassembled", [])]}}
+    return RunView(name=name, source="sglang-dumper", location=location, labels=dict(views[0].labels), manifest=manifest,
+                   tensors=tensors)
+
+
+def open_for_alignment(path: str | Path) -> RunView:
+    """What :func:`validator.runs.sources.open_path` opens, except that a folder holding several SGLang dump
+    folders (a disaggregated run: the prefill and the decode server's) is read as one run (:func:`merge_runs`,
+    in folder-name order)."""
+    from validator.runs.dumper import dump_folders, read_dumper_dir
+    from validator.runs.sources import open_path
+
+    p = Path(path)
+    folders = dump_folders(p) if p.is_dir() else []
+    if len(folders) > 1:
+        return merge_runs([read_dumper_dir(f) for f in folders], p.name, str(p))
+    return open_path(p)
 
 
 def match_sequences(a: Mapping[str, Sequence], b: Mapping[str, Sequence]) -> list[tuple[Sequence, Sequence, int]]:
@@ -150,7 +197,7 @@ def _gather(steps: Mapping[int, LogicalTensor], rows: tuple[tuple[int, int], ...
     return torch.cat(pieces, dim=dim).contiguous()
 
 
-def _aligned_refs(view: RunView, pairs: list[tuple[Sequence, Sequence, int]], side: int,
+def _aligned_refs(view: RunView, items: list[tuple[str, Sequence, int]],
                   others: dict[tuple[Any, ...], dict[int, LogicalTensor]], rows_per_step: dict[int, int],
                   left_out: list[str]) -> list[TensorRef]:
     refs = []
@@ -163,15 +210,14 @@ def _aligned_refs(view: RunView, pairs: list[tuple[Sequence, Sequence, int]], si
             continue
         lt0 = next(iter(steps.values()))
         dtype = "float64" if lt0.kind == "partial" and len(lt0.shards) > 1 else lt0.dtype
-        for sa, sb, n in pairs:
-            seq = (sa, sb)[side]
+        for request, seq, n in items:
             rows = tuple(seq.rows[:n])
             if any(s not in steps for s, _ in rows):
                 left_out.append(f"{label} for request {seq.key}: not dumped in every step that holds its tokens")
                 continue
             shape = list(shapes[rows[0][0]])
             shape[dim] = n
-            coords = Coords.make(request=sa.key, tokens=(0, n), layer=layer, **dict(extra))
+            coords = Coords.make(request=request, tokens=(0, n), layer=layer, **dict(extra))
             refs.append(TensorRef(
                 name=name, coords=coords, shard=ShardSpec.full(), dtype=dtype, shape=tuple(shape), sha256=None,
                 nbytes=math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size(), origin=f"{view.location}: {name} of request {seq.key}, rows (step, row) {list(rows)[:4]}...",
@@ -194,9 +240,11 @@ def align_views(a: RunView, b: RunView) -> tuple[RunView, RunView]:
         per_step, others = _aux(view)
         rows = {s: len(v.get("input_ids", [])) for s, v in per_step.items()}
         left_out: list[str] = []
-        refs = _aligned_refs(view, pairs, side, others, rows, left_out)
         mine = seqs if side == 0 else seqs_b
         unmatched = sorted(set(mine) - {(sa if side == 0 else sb).key for sa, sb, _ in pairs})
+        # a request of one run only keeps its tensors (under its own id): the comparison sees them unpaired
+        items = [(sa.key, sa if side == 0 else sb, n) for sa, sb, n in pairs] + [(k, mine[k], len(mine[k].ids)) for k in unmatched]
+        refs = _aligned_refs(view, items, others, rows, left_out)
         report = {"requests": [{"a": sa.key, "b": sb.key, "tokens": n, "a_tokens": len(sa.ids), "b_tokens": len(sb.ids)}
                                for sa, sb, n in pairs],
                   "unmatched": unmatched, "problems": problems, "left_out": left_out}

@@ -18,7 +18,7 @@ dims; ``num_tokens`` (an int). Experiments (folders under OUT):
 - ``tp2-bad``: TP 2 where rank 1's ``hidden`` of layer 1 is off by 1e-3, plus ``mlp_gate`` dumped as ``t f``
   (sharded, but the dims do not say so);
 - ``tp2-dp2``: world 4, TP 2 x attention-DP 2, the batch on attention-DP rank 1 only (``# dp:=attn_dp``);
-- ``align-a`` / ``align-b``: token-alignment captures, see ``ALIGN`` below.
+- ``align-a`` / ``align-b``, and ``pd/pd-prefill`` + ``pd/pd-decode``: token-alignment captures, see ``ALIGN``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ DECODED = {"p0": [6, 10], "p1": [2, 5]}
 ALIGN = {
     "align-a": [[("p0", 0, 6), ("p1", 0, 4)], [("p0", 6, 1), ("p1", 4, 1)], [("p0", 7, 1), ("p1", 5, 1)]],
     "align-b": [[("p0", 0, 4)], [("p0", 4, 2)], [("p1", 0, 4)], [("p0", 6, 1), ("p1", 4, 1)], [("p1", 5, 1), ("p0", 7, 1)]],
+    # prefill / decode disaggregation: two servers, two dumpers, one folder each under OUT/pd
+    "pd-prefill": [[("p0", 0, 6)], [("p1", 0, 4)]],
+    "pd-decode": [[("p0", 6, 1), ("p1", 4, 1)], [("p0", 7, 1), ("p1", 5, 1)]],
 }
 
 
@@ -148,7 +151,8 @@ def align_run(dumper: Any, exp: str) -> None:
         dumper.dump("input_ids", torch.tensor(ids))
         dumper.dump("positions", torch.tensor(pos))
         dumper.dump("seq_lens", torch.tensor([p + n for _, p, n in batch]))
-        dumper.dump("rids", [f"{exp}-{r}" for r, _, _ in batch])  # each run names its requests its own way
+        names = [f"pd-{r}" if exp.startswith("pd-") else f"{exp}-{r}" for r, _, _ in batch]
+        dumper.dump("rids", names)  # each run names its requests its own way; P and D of one run share them
         dumper.dump("hidden", hidden, dims="t h", layer_id=0)
         dumper.step()
 
@@ -162,6 +166,9 @@ def main(out: str) -> None:
     mlp_run(dumper, "tp2-dp2", 2, attn_dp=2)
     align_run(dumper, "align-a")
     align_run(dumper, "align-b")
+    dumper.configure(dir=os.path.join(out, "pd"))
+    align_run(dumper, "pd-prefill")
+    align_run(dumper, "pd-decode")
 
 
 if __name__ == "__main__":

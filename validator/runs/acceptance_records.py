@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from validator.errors import InputError
 from validator.judging.acceptance import AcceptanceSummary, StepArrays, summarize_run
+from validator.runs.jsonlines import DuplicateKeyError, check_unique
 
 __all__ = [
     "ACCEPTANCE_FILE",
@@ -357,6 +358,9 @@ def _read_jsonl(path: Path, col: _Collector, strict: bool) -> None:
             where = f"{path} line {lineno}"
             try:
                 obj = json.loads(line)
+                check_unique(line, obj)
+            except DuplicateKeyError as exc:
+                raise AcceptanceInputError(f"{where}: {exc}") from None
             except json.JSONDecodeError as exc:
                 raise AcceptanceInputError(
                     f"{where}: not valid JSON: {exc.msg} (column {exc.colno})"

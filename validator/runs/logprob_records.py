@@ -15,7 +15,6 @@ Bad input raises :class:`LogprobInputError` naming the file, the line and the fi
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
 from bisect import bisect_right
@@ -28,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from validator.errors import InputError
+from validator.runs.jsonlines import DuplicateKeyError, check_unique, loads_unique
 
 __all__ = [
     "LOGPROB_FIELDS",
@@ -250,11 +250,16 @@ def _read_into(b: _Builder, p: Path) -> None:
                     continue
                 try:
                     obj = fast_loads(line)
+                    if type(obj) is not dict or line.count(":") > len(obj):  # else no key can repeat (jsonlines)
+                        check_unique(line, obj)
+                except DuplicateKeyError as exc:
+                    raise LogprobInputError(f"{p} line {n}: {exc}") from None
                 except ValueError:  # what orjson refuses (NaN, 1e999, huge ints), json may read and _check name
                     try:
-                        obj = json.loads(line)
+                        obj = loads_unique(line)
                     except (ValueError, RecursionError) as exc:
-                        raise LogprobInputError(f"{p} line {n}: not valid JSON ({exc})") from None
+                        what = exc if isinstance(exc, DuplicateKeyError) else f"not valid JSON ({exc})"
+                        raise LogprobInputError(f"{p} line {n}: {what}") from None
                 b.add(obj, n)
         except UnicodeDecodeError:
             raise LogprobInputError(f"{p}: not UTF-8 text") from None

@@ -1,5 +1,6 @@
 """Writes dumps with the real dumper of SGLang 0.5.23 (``sglang/srt/debug_utils/dumper.py`` of the wheel that
-scripts/setup unpacks into .venv/sglang-versions/0.5.23), run as a script: ``python sglang0523_dumps.py OUT``.
+scripts/setup unpacks into .venv/sglang-versions/0.5.23), run as a script: ``python sglang0523_dumps.py OUT
+[all|tp|align]``.
 
 The dumper module is loaded from its file as ``sglang.srt.debug_utils.dumper``. Its imports outside torch
 (pyzmq, ``sglang.srt.managers.io_struct``, ``sglang.srt.runtime_context``, ``sglang.srt.utils`` and the modules
@@ -157,19 +158,21 @@ def align_run(dumper: Any, exp: str) -> None:
         dumper.step()
 
 
-def main(out: str) -> None:
+def main(out: str, which: str = "all") -> None:
     os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
     dumper = load_dumper()
-    mlp_run(dumper, "tp1", 1)
-    mlp_run(dumper, "tp2", 2)
-    mlp_run(dumper, "tp2-bad", 2, bad=True)
-    mlp_run(dumper, "tp2-dp2", 2, attn_dp=2)
-    align_run(dumper, "align-a")
-    align_run(dumper, "align-b")
-    dumper.configure(dir=os.path.join(out, "pd"))
-    align_run(dumper, "pd-prefill")
-    align_run(dumper, "pd-decode")
+    if which in ("all", "tp"):
+        mlp_run(dumper, "tp1", 1)
+        mlp_run(dumper, "tp2", 2)
+        mlp_run(dumper, "tp2-bad", 2, bad=True)
+        mlp_run(dumper, "tp2-dp2", 2, attn_dp=2)
+    if which in ("all", "align"):
+        align_run(dumper, "align-a")
+        align_run(dumper, "align-b")
+        dumper.configure(dir=os.path.join(out, "pd"))
+        align_run(dumper, "pd-prefill")
+        align_run(dumper, "pd-decode")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

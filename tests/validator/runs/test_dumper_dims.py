@@ -30,7 +30,7 @@ def d23(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not SIDE.exists():
         pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE.parents[4]} (scripts/setup installs it)")
     out = tmp_path_factory.mktemp("d23")
-    got = subprocess.run([sys.executable, str(SCRIPT), str(out)], capture_output=True, text=True, timeout=120)
+    got = subprocess.run([sys.executable, str(SCRIPT), str(out), "tp"], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr[-3000:]
     return out
 

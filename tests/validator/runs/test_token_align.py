@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.validator.runs.sglang0523_dumps import DECODED, H, PROMPTS, SIDE, VOCAB
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, SIDE, VOCAB, H
 from validator.app.cli import main
 from validator.runs.dumper import read_dumper_dir
 from validator.runs.token_align import Sequence, align_views, match_sequences, open_for_alignment, token_sequences

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,12 @@ class KLSettings:
     - ``trend_alpha``: level of the one-sided Mann-Kendall test for an increasing k3 series.
     - ``min_rise``: *diverging* also needs the Sen line to rise by more than ``min_rise * floor`` over the steps.
     - ``min_trend_steps``: fewer steps in all: no trend test, and the verdict cannot be *at floor*.
+    - ``variation``: with an estimated floor, how steps and their level are judged. ``"measured"``: a step is
+      *above floor* only when it exceeds the band beyond both its sampling error and the run's own step-to-step
+      variation (the spread of successive log step means), and the level of the judged steps passes unless it is
+      significantly above the band given that variation; so a healthy run whose batches move k3 by 30-40% is *at
+      floor*. ``"sampling"``: sampling error alone, and the level must be *shown* inside the band, which a run whose
+      floor moves from step to step rarely is (then *inconclusive*). A declared floor is always judged by sampling.
     """
 
     floor: float | None = None
@@ -70,8 +76,11 @@ class KLSettings:
     min_trend_steps: int = 8
     resamples: int = 1000
     seed: int = 0
+    variation: Literal["measured", "sampling"] = "measured"
 
     def __post_init__(self) -> None:
+        if self.variation not in ("measured", "sampling"):
+            raise ValueError(f"variation must be 'measured' or 'sampling', got {self.variation!r}")
         if self.floor is not None and not (math.isfinite(self.floor) and self.floor >= 0):
             raise ValueError(f"floor must be a finite number >= 0, got {self.floor}")
         if self.floor_steps < 1:
@@ -234,6 +243,10 @@ class KLReport:
     level_upper: float  # its one-sided (1 - alpha) upper bound
     trend: TrendTest | None
     settings: KLSettings = field(default_factory=KLSettings)
+    variation: float = math.nan  # step-to-step SD of log k3 step means (successive differences); nan: not measured
+    level_ratio: float = math.nan  # judged steps' geometric-mean k3 over the floor's (measured variation)
+    level_ratio_upper: float = math.nan  # its one-sided (1 - alpha) upper bound, from the measured variation
+    flag_ratio: float = math.nan  # about how far above the floor a single step must be to be flagged above it
 
     @functools.cached_property
     def steps(self) -> tuple[StepKL, ...]:
@@ -283,6 +296,11 @@ class KLReport:
         lines = [""]
         se = f" +- {fmt_num(self.floor_se)}" if self.floor_source == "estimated" else ""
         lines.append(f"floor ({self.floor_source}): {fmt_num(self.floor)}{se}; band k3 <= {fmt_num(self.band)} ({self.settings.tolerance} x floor)")
+        if math.isfinite(self.variation):
+            lines.append(
+                f"step-to-step variation: {self.variation:.0%} (SD of log k3 between successive steps); judged level "
+                f"{self.level_ratio:.3g}x the floor (upper bound {self.level_ratio_upper:.3g}x)"
+            )
         if self.trend is not None:
             tr = self.trend
             lines.append(
@@ -306,7 +324,9 @@ class KLReport:
                 "source": self.floor_source,
                 "band": _num(self.band),
             },
-            "level": {"mean": _num(self.level), "upper": _num(self.level_upper)},
+            "level": {"mean": _num(self.level), "upper": _num(self.level_upper), "ratio": _num(self.level_ratio),
+                      "ratio_upper": _num(self.level_ratio_upper)},
+            "variation": {"log_sd": _num(self.variation), "flag_ratio": _num(self.flag_ratio)},
             "trend": None if self.trend is None else self.trend.to_dict(),
             "steps": self.table.to_dicts() if steps else [],
             "settings": {
@@ -319,6 +339,7 @@ class KLReport:
                 "min_trend_steps": s.min_trend_steps,
                 "resamples": s.resamples,
                 "seed": s.seed,
+                "variation": s.variation,
             },
         }
 
@@ -678,6 +699,9 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     with np.errstate(invalid="ignore", divide="ignore"):
         p_raw = np.where(np.isfinite(jk3) & np.isfinite(jse), 0.5 * _erfc(((jk3 - band) / jse) / math.sqrt(2.0)), math.nan)
         p_raw = np.where(np.isfinite(jse) & (jse <= 0), np.where(jk3 > band, 0.0, 1.0), p_raw)
+    measured = _measured_level(cfg, k3, n_window, floor) if len(judged) and estimated else None
+    if measured is not None:  # above the band beyond both its sampling error and the run's step-to-step variation
+        p_raw = np.maximum(p_raw, measured.p_steps)
     p_adj = _holm(p_raw)
     above_mask = np.isfinite(p_adj) & (p_adj < cfg.alpha)
     at_mask = ~above_mask & np.isfinite(k3_se[n_window:]) & (jk3 + z * jse <= band)
@@ -701,6 +725,14 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
         level_upper = level + NormalDist().inv_cdf(1 - cfg.alpha) * level_se
     else:
         level, level_upper = math.nan, math.nan
+    flag_ratio = math.nan
+    if len(judged) and floor > 0:
+        jse_fin = jse[np.isfinite(jse)]
+        if jse_fin.size:
+            z_first = NormalDist().inv_cdf(1 - cfg.alpha / len(judged))  # Holm's first step
+            flag_ratio = (band + z_first * float(np.median(jse_fin))) / floor
+        if measured is not None:
+            flag_ratio = max(flag_ratio, measured.flag) if math.isfinite(flag_ratio) else measured.flag
 
     trend: TrendTest | None = None
     diverging = False
@@ -729,6 +761,12 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
             f"{len(above)} step(s) above the floor band k3 <= {band:.3g} ({cfg.tolerance} x floor {floor:.3g}): "
             f"{names}; worst step {worst.step} at {worst.k3:.3g} (Holm-adjusted p {worst.p_above_adjusted:.3g})"
         )
+    if verdict is None and measured is not None and measured.p < cfg.alpha:
+        verdict = "above floor"
+        reasons.append(
+            f"the judged steps' level is {measured.ratio:.3g}x the floor, above the {cfg.tolerance}x band by more than "
+            f"the run's own step-to-step variation ({measured.s:.0%}) explains (p = {measured.p:.3g})"
+        )
     if verdict is None:
         problems = []
         if not len(judged):
@@ -738,7 +776,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
             )
         elif not math.isfinite(level_upper):
             problems.append("some judged step has a single sample, so no interval (the bootstrap is over samples)")
-        elif level_upper > band:
+        elif measured is None and level_upper > band:
             problems.append(
                 f"the judged steps' mean k3 {level:.3g} is not shown inside the band: its upper bound {level_upper:.3g} > "
                 f"{band:.3g}; more samples per step narrow it"
@@ -748,6 +786,15 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
         if problems:
             verdict = "inconclusive"
             reasons.extend(problems)
+        elif measured is not None:
+            verdict = "at floor"
+            assert trend is not None
+            reasons.append(
+                f"k3 at floor within the run's own step-to-step variation ({measured.s:.0%}): the judged steps' level "
+                f"is {measured.ratio:.3g}x the floor (upper bound {measured.upper:.3g}x), not significantly above the "
+                f"{cfg.tolerance}x band (p = {measured.p:.3g}); no step above the band {band:.3g}; no increasing trend "
+                f"(Mann-Kendall p = {trend.p_increasing:.3g}, Sen rise {trend.rise:.3g})"
+            )
         else:
             verdict = "at floor"
             assert trend is not None
@@ -755,6 +802,13 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
                 f"k3 at floor: judged steps' mean {level:.3g} (upper bound {level_upper:.3g}) inside the band "
                 f"{band:.3g} = {cfg.tolerance} x floor {floor:.3g}; no step above it; no increasing trend "
                 f"(Mann-Kendall p = {trend.p_increasing:.3g}, Sen rise {trend.rise:.3g})"
+            )
+        if math.isfinite(flag_ratio):
+            spread = f" and steps vary by {measured.s:.0%} between batches" if measured is not None else ""
+            reasons.append(
+                f"KL cannot rule out a sync one version behind: a single step is flagged only from about {flag_ratio:.3g}x "
+                f"the floor{spread}, and one stale version adds less (1.8x on the step it hit in benchmarks/rl_h200.md); "
+                f"compare the trainer's and the engine's weight manifests (validator manifest diff) to rule it out"
             )
     assert verdict is not None
     return KLReport(
@@ -769,7 +823,53 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
         level_upper=level_upper,
         trend=trend,
         settings=cfg,
+        variation=measured.s if measured is not None else math.nan,
+        level_ratio=measured.ratio if measured is not None else math.nan,
+        level_ratio_upper=measured.upper if measured is not None else math.nan,
+        flag_ratio=flag_ratio,
     )
+
+
+class _Variation(NamedTuple):
+    s: float  # SD of log k3 step means (successive differences)
+    ratio: float  # the judged steps' geometric-mean k3 over the floor's
+    upper: float  # its one-sided (1 - alpha) upper bound
+    p: float  # one-sided p-value of "the level exceeds tolerance x the floor"
+    p_steps: FloatArray  # per judged step: the p-value of "this step exceeds tolerance x the floor", by the variation
+    flag: float  # the ratio to the floor from which a single step's p survives Holm's first step
+
+
+def _measured_level(cfg: KLSettings, k3: FloatArray, n_window: int, floor: float) -> _Variation | None:
+    """The judged steps' level, and each judged step, against the floor by the run's own step-to-step variation.
+
+    ``s``: the SD of log k3 step means from successive differences (``sqrt(mean(diff²) / 2)``, which a trend or a
+    lasting shift barely moves; it holds the steps' sampling error too), with ``2 (n-1)² / (3n - 4)`` degrees of
+    freedom (t tests). The reference is the floor window's geometric mean (only an estimated floor is judged so: a
+    declared floor is held to its tolerance). None with ``variation = "sampling"``, fewer than 3 steps, or a step
+    mean <= 0."""
+    n = k3.size
+    if cfg.variation != "measured" or n < 3 or not (np.all(np.isfinite(k3)) and np.all(k3 > 0)) or floor <= 0:
+        return None
+    y = np.log(k3)
+    s = math.sqrt(float(np.mean(np.diff(y) ** 2)) / 2.0)
+    dof = 2.0 * (n - 1) ** 2 / (3 * n - 4)
+    judged = n - n_window
+    ref = float(y[:n_window].mean())
+    se = s * math.sqrt(1.0 / judged + 1.0 / n_window)
+    d = float(y[n_window:].mean()) - ref
+    excess = d - math.log(cfg.tolerance)
+    step_se = s * math.sqrt(1.0 + 1.0 / n_window)  # a new step against the floor's estimate
+    step_excess = y[n_window:] - ref - math.log(cfg.tolerance)
+    if se > 0:
+        p = float(sps.t.sf(excess / se, dof))
+        upper = math.exp(d + float(sps.t.ppf(1 - cfg.alpha, dof)) * se)
+        p_steps = sps.t.sf(step_excess / step_se, dof)
+        flag = cfg.tolerance * math.exp(float(sps.t.ppf(1 - cfg.alpha / judged, dof)) * step_se + ref) / floor
+    else:
+        p, upper = (0.0 if excess > 0 else 1.0), math.exp(d)
+        p_steps = np.where(step_excess > 0, 0.0, 1.0)
+        flag = cfg.tolerance * math.exp(ref) / floor
+    return _Variation(s, math.exp(d), upper, p, np.asarray(p_steps, dtype=np.float64), flag)
 
 
 def kl_report(records: LogprobRecords, settings: KLSettings | None = None) -> KLReport:

@@ -1,6 +1,6 @@
 """Writes dumps with the real dumper of SGLang 0.5.23 (``sglang/srt/debug_utils/dumper.py`` of the wheel that
 scripts/setup unpacks into .venv/sglang-versions/0.5.23), run as a script: ``python sglang0523_dumps.py OUT
-[all|tp|align]``.
+[all|tp|align|bench]``.
 
 The dumper module is loaded from its file as ``sglang.srt.debug_utils.dumper``. Its imports outside torch
 (pyzmq, ``sglang.srt.managers.io_struct``, ``sglang.srt.runtime_context``, ``sglang.srt.utils`` and the modules
@@ -19,6 +19,7 @@ dims; ``num_tokens`` (an int). Experiments (folders under OUT):
 - ``tp2-bad``: TP 2 where rank 1's ``hidden`` of layer 1 is off by 1e-3, plus ``mlp_gate`` dumped as ``t f``
   (sharded, but the dims do not say so);
 - ``tp2-dp2``: world 4, TP 2 x attention-DP 2, the batch on attention-DP rank 1 only (``# dp:=attn_dp``);
+- ``tp2-w`` (``bench`` only): TP 2 with every weight element scaled by 1 + 0.01 N(0, 1);
 - ``align-a`` / ``align-b``, and ``pd/pd-prefill`` + ``pd/pd-decode``: token-alignment captures, see ``ALIGN``.
 """
 
@@ -104,7 +105,7 @@ def _play(dumper: Any, exp: str, rank: int, world: int, *, tp: tuple[int, int], 
     dumper.configure(exp_name=exp)
 
 
-def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: int = 1) -> None:
+def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: int = 1, wnoise: float = 0.0) -> None:
     world = tp_size * attn_dp
     for rank in range(world):
         tp_rank, dp_rank = rank % tp_size, rank // tp_size
@@ -114,6 +115,10 @@ def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: 
         w_down = [torch.randn(H, F, generator=g) / 3 for _ in range(2)]
         w_q = [torch.randn(NH * HD, H, generator=g) for _ in range(2)]
         w_lm = torch.randn(VOCAB, H, generator=g)
+        if wnoise:  # every weight element scaled by (1 + wnoise * N(0, 1)), from a generator of its own
+            gw = torch.Generator().manual_seed(7)
+            for w in (*w_up, *w_down, *w_q, w_lm):
+                w.mul_(1 + wnoise * torch.randn(w.shape, generator=gw))
         fs, qs = slice(tp_rank * F // tp_size, (tp_rank + 1) * F // tp_size), slice(tp_rank * NH * HD // tp_size, (tp_rank + 1) * NH * HD // tp_size)
         for _step in range(2):
             x = torch.randn(T, H, generator=g)
@@ -166,6 +171,8 @@ def main(out: str, which: str = "all") -> None:
         mlp_run(dumper, "tp2", 2)
         mlp_run(dumper, "tp2-bad", 2, bad=True)
         mlp_run(dumper, "tp2-dp2", 2, attn_dp=2)
+    if which in ("all", "bench"):
+        mlp_run(dumper, "tp2-w", 2, wnoise=1e-2)
     if which in ("all", "align"):
         align_run(dumper, "align-a")
         align_run(dumper, "align-b")

@@ -26,9 +26,13 @@ __all__ = [
     "EOS",
     "VOCAB",
     "ByteTokenizer",
+    "available_memory",
+    "check_size",
     "draft_config",
     "load_model",
     "model_config",
+    "parameter_count",
+    "read_config",
     "target_config",
 ]
 
@@ -106,9 +110,114 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     return obj
 
 
+# The sizes a config gives that decide what the model allocates, each a whole number >= 1. A model whose
+# parameters (estimated from them) do not fit the memory available is refused before anything is allocated.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings")
+MAX_SIZE = 1 << 40  # no size of a real model comes near this; past it, the arithmetic below means nothing
+
+
+def read_config(spec: str | os.PathLike[str]) -> Any:
+    """The transformers config of a ``save_pretrained`` directory or a JSON config file, without weights."""
+    transformers = _transformers()
+    path = Path(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{path}: not a model directory (no config.json)")
+        try:
+            return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except Exception as exc:  # transformers' own errors have no common base class
+            raise InputError(f"{path}: cannot read the model config: {type(exc).__name__}: {exc}") from None
+    if path.is_file():
+        try:
+            return model_config(_read_config_file(path))
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
+    raise InputError(f"{path}: no such model directory or config file")
+
+
+def _sizes(cfg: Any, where: str) -> dict[str, int]:
+    out = {}
+    for name in SIZE_FIELDS:
+        v = getattr(cfg, name, None)
+        if v is None and name in ("head_dim", "num_key_value_heads"):
+            continue  # derived from the others
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SIZE:
+            raise InputError(f"{where}: {name} must be a whole number from 1 to {MAX_SIZE:,}, got {v!r}")
+        out[name] = v
+    out.setdefault("num_key_value_heads", out["num_attention_heads"])
+    out.setdefault("head_dim", max(1, out["hidden_size"] // out["num_attention_heads"]))
+    return out
+
+
+def parameter_count(sizes: Mapping[str, int], tied: bool = False) -> int:
+    """Parameters of a Llama/Qwen3 decoder of these sizes: embeddings, LM head, and per layer the attention
+    projections, the gated MLP and two norms."""
+    h, v, i = sizes["hidden_size"], sizes["vocab_size"], sizes["intermediate_size"]
+    q = sizes["num_attention_heads"] * sizes["head_dim"]
+    kv = sizes["num_key_value_heads"] * sizes["head_dim"]
+    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+    return v * h * (1 if tied else 2) + sizes["num_hidden_layers"] * layer + h
+
+
+def available_memory(device: str) -> int:
+    """Bytes free to allocate on ``device``: the GPU's free memory, or this machine's available memory (and
+    the cgroup's remaining allowance, when lower)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            free = min(free, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, free)
+
+
+def check_size(cfg: Any, *, where: str, dtype: str = "float32", device: str = "cpu") -> int:
+    """Refuse (InputError naming the field) a config whose sizes are not whole numbers, or whose parameters
+    would not fit the memory available on ``device``; returns the estimated parameter bytes."""
+    sizes = _sizes(cfg, where)
+    itemsize = 4 if dtype == "float32" else 2
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    need = parameter_count(sizes, tied) * itemsize
+    free = available_memory(device)
+    if need > free:
+        small = {**target_config(), "head_dim": 32}
+        derived = sizes["head_dim"] == sizes["hidden_size"] // sizes["num_attention_heads"]  # not given: hidden / heads
+
+        def shrunk(k: str) -> int:
+            """The estimate with field ``k`` at the GSM8K target's size (a derived head_dim follows)."""
+            trial = {**sizes, k: min(sizes[k], small.get(k, sizes[k]))}
+            if derived:
+                trial["head_dim"] = max(1, trial["hidden_size"] // trial["num_attention_heads"])
+            return parameter_count(trial, tied)
+
+        # the field to blame: the one whose value at the GSM8K target's size shrinks the estimate the most
+        blame = min((k for k in sizes if not (derived and k == "head_dim")), key=shrunk)
+        raise InputError(
+            f"{where}: {blame} {sizes[blame]:,} makes a model of about {need / 2**30:,.1f} GiB of {dtype} parameters, "
+            f"more than the {free / 2**30:,.1f} GiB of memory available on {device}; refused before allocating"
+        )
+    return need
+
+
 def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "float32", device: str = "cpu",
                attn: str = "sdpa") -> Any:
-    """A causal LM in eval mode from a ``save_pretrained`` directory or a JSON config file (random init)."""
+    """A causal LM in eval mode from a ``save_pretrained`` directory or a JSON config file (random init).
+    Its config is read and sized first (:func:`check_size`): a model that cannot fit is never allocated."""
     import torch
 
     transformers = _transformers()
@@ -119,9 +228,8 @@ def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "flo
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
         raise InputError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}") from None
+    check_size(read_config(path), where=str(path), dtype=dtype, device=device)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{path}: not a model directory (no config.json)")
         if not any(path.glob("*.safetensors")):
             raise InputError(f"{path}: no .safetensors weights (pickled checkpoints are not loaded)")
         try:
@@ -129,14 +237,9 @@ def load_model(spec: str | os.PathLike[str], *, seed: int = 0, dtype: str = "flo
                 str(path), dtype=torch_dtype, attn_implementation=attn, use_safetensors=True, local_files_only=True)
         except Exception as exc:  # a corrupt header, a config transformers refuses, missing tensors ...
             raise InputError(f"{path}: cannot load the model: {type(exc).__name__}: {exc}") from None
-    elif path.is_file():
-        try:
-            cfg = model_config(_read_config_file(path))
-        except InputError as exc:
-            raise InputError(f"{path}: {exc}") from None
+    else:
+        cfg = read_config(path)
         cfg._attn_implementation = attn
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
-    else:
-        raise InputError(f"{path}: no such model directory or config file")
     return model.to(device).eval()

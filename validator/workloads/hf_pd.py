@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ from typing import Any
 
 from validator.errors import InputError
 from validator.workloads._jsonl import json_lines
-from validator.workloads.hf_models import EOS, ByteTokenizer, load_model
+from validator.workloads.hf_models import EOS, ByteTokenizer, check_size, load_model, read_config
 
 __all__ = ["MODES", "PDConfig", "add_arguments", "load_prompts", "run", "run_from_args"]
 
@@ -44,6 +45,7 @@ BROKEN_LAYER = 1
 _REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = _REPO / "examples" / "models" / "gsm8k-llama-tiny"
 DEFAULT_PROMPTS = _REPO / "tests" / "data" / "gsm8k" / "test.jsonl"
+MAX_PROMPTS_BYTES = 64 << 20  # a prompts file larger than this is refused (GSM8K's test split is 0.7 MB)
 
 
 @dataclass
@@ -87,8 +89,18 @@ class PDConfig:
 def load_prompts(path: str | os.PathLike[str], limit: int | None = None) -> list[tuple[str, str]]:
     """``(request id, prompt text)``: GSM8K JSONL (``question`` -> ``Question: q\\nAnswer:``) or JSONL with
     ``prompt`` (and optional ``id``) per line."""
+    p = Path(path)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):  # a device (/dev/zero), a pipe: no end, or no size to check
+            raise InputError(f"{path}: the prompts must be a regular file (JSONL), not a device, pipe or folder")
+        if st.st_size > MAX_PROMPTS_BYTES:
+            raise InputError(f"{path}: {st.st_size:,} bytes of prompts; at most {MAX_PROMPTS_BYTES:,} are read")
+        with p.open("rb") as f:
+            raw = f.read(MAX_PROMPTS_BYTES + 1)  # bounded even if the file grows meanwhile
+        if len(raw) > MAX_PROMPTS_BYTES:
+            raise InputError(f"{path}: more than {MAX_PROMPTS_BYTES:,} bytes of prompts")
+        lines = raw.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the prompts: {getattr(exc, 'strerror', None) or exc}") from None
     out: list[tuple[str, str]] = []
@@ -112,6 +124,29 @@ def _model_paths(cfg: PDConfig) -> tuple[str, str | None]:
     if cfg.draft is None and m.is_dir() and (m / "target").is_dir():
         return str(m / "target"), str(m / "draft") if (m / "draft").is_dir() else None
     return cfg.model, cfg.draft
+
+
+def check_fit(cfg: PDConfig, prompts: Sequence[tuple[str, str]]) -> None:
+    """Before any model is allocated: each model's sizes fit the device (``hf_models.check_size``, naming the
+    field), and every prompt with ``max_new_tokens`` fits the models' context (``max_position_embeddings``)."""
+    context = None
+    for path in _model_paths(cfg):
+        if path is not None:
+            conf = read_config(path)
+            check_size(conf, where=str(path), dtype=cfg.dtype, device=cfg.device)
+            ctx = getattr(conf, "max_position_embeddings", None)
+            if isinstance(ctx, int) and not isinstance(ctx, bool):
+                context = ctx if context is None else min(context, ctx)
+    if context is None:
+        return
+    tok = ByteTokenizer()
+    for rid, text in prompts:
+        n = len(tok.encode(text))
+        if n + cfg.max_new_tokens > context:
+            raise InputError(
+                f"{cfg.prompts}: prompt {rid!r} is {n:,} tokens; with --max-new-tokens {cfg.max_new_tokens} that passes "
+                f"the model's context of {context:,} tokens (max_position_embeddings): shorten it or lower --max-new-tokens"
+            )
 
 
 def _models(cfg: PDConfig) -> tuple[Any, Any]:
@@ -416,7 +451,8 @@ def _child(cfg: PDConfig, role: str, handoff: Path, job: Path) -> dict[str, Any]
 def run(cfg: PDConfig) -> dict[str, Any]:
     """Run one mode and write the bundle ``cfg.out``; returns a summary (also ``<out>/hf-run.json``)."""
     cfg.check()
-    load_prompts(cfg.prompts, cfg.limit)  # a bad prompts file is refused before any model is loaded
+    prompts = load_prompts(cfg.prompts, cfg.limit)  # a bad prompts file is refused before any model is loaded
+    check_fit(cfg, prompts)
     out = Path(cfg.out)
     if (out / "parts").exists():
         raise InputError(f"{out}: a bundle is already there; give a new --out")

@@ -5,17 +5,23 @@ Two file-naming generations (docs/sglang.md, section 4), both one ``torch.save``
 
 - sglang 0.5.9: ``SGLANG_DUMPER_DIR/sglang_dump_<time>/forward_pass_id=3___rank=0___dump_index=7___name=x[___layer_id=5].pt``
 - sglang >= 0.5.10: ``DUMPER_DIR/<exp_name>/step=3___rank=0___dump_index=7___name=x[___layer_id=5...].pt``
-  (later releases may add ``tp_rank=``, ``pp_rank=``... to the name).
+  (0.5.23 adds ``recompute_status=`` and, optionally, ``pp_rank=``, ``tp_rank=``... to the name).
 
 Files are loaded with ``torch.load(path, weights_only=True)`` only, never full unpickling; a file over the
 size cap is refused before it is opened, and a file the restricted loader refuses (a pickle that calls a
 function, for instance) is refused with its path. Mapping to coordinates: ``forward_pass_id`` / ``step`` ->
 ``step``; ``layer_id`` -> ``layer``; the meta's ``sglang_parallel_info`` (or the name's ``tp_rank`` /
 ``pp_rank``) -> placement; ``rank``, ``dump_index`` and ``recompute_status`` are bookkeeping; any other tag
-(user keys) -> an extra coordinate, which identifies the tensor. When several ranks dump the same tensor it is ``replicated`` (copies compared)
-unless a ``split`` rule names it (``{"attn_*": 1}``: TP slices along dim 1, in rank order). A name
-dumped twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order).
-Values that are not tensors are skipped and listed in the run manifest.
+(user keys) -> an extra coordinate, which identifies the tensor.
+
+How the ranks' dumps of one tensor form it: a ``split`` rule (``{"attn_*": 1}``: TP slices along dim 1, in
+rank order) first; else the meta's ``dims`` (0.5.23; validator/runs/dims.py: concatenation, partial sums,
+replicated copies, DP filtering); else, without dims, ``replicated`` copies. A tensor whose layout does not
+fit (an active axis its dims do not declare, a missing rank, copies of different shapes without dims) is
+kept per rank (coordinate ``rank``) and the reason listed in the manifest (``unassembled``). A name dumped
+twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order). Values that are
+not tensors are skipped and listed in the run manifest; the ``rids`` lists are kept there for token alignment
+(validator/runs/token_align.py).
 """
 
 from __future__ import annotations

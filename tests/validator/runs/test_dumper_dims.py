@@ -161,3 +161,16 @@ def test_dims_grammar() -> None:
     d = parse_dims("b s[cp:zigzag,sp] (nh*hd)[tp:partial] 1 # ep:replicated dp:=attn_dp")
     assert d.names == ("b", "s", "nh*hd", "1") and d.dp_axis == "attn_dp" and d.replicated == {"ep"}
     assert [m.axis for m in d.modifiers[1]] == ["cp", "sp"] and d.modifiers[1][0].zigzag and d.modifiers[2][0].partial
+
+
+def test_a_recomputed_forward_is_a_copy_of_the_original(tmp_path: Path) -> None:
+    # activation checkpointing: one rank dumps the tensor in the original forward and again in the recompute
+    d = tmp_path / "recompute"
+    d.mkdir()
+    for i, status in enumerate(("original", "recompute")):
+        meta = {"step": 0, "rank": 0, "dims": "t h", "recompute_pseudo_rank": i, "recompute_pseudo_size": 2}
+        torch.save({"value": torch.ones(2, 3) * (1 + i / 100), "meta": meta},
+                   d / f"step=0___rank=0___dump_index={i + 1}___name=x___recompute_status={status}.pt")
+    (lt,) = group_logical(read_dumper_dir(d).tensors).values()
+    assert lt.kind == "replicated" and lt.coords.extra == ()  # no call= numbering: the same call, twice
+    assert torch.equal(lt.materialize(), torch.ones(2, 3)) and "replicas disagree" in lt.notes[0]

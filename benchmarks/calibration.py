@@ -33,7 +33,8 @@ Small tensors and runs of them (``--small``; NumPy float64 errors, judged by the
   drift s multiplies the candidate's error draw by s: random drift whose true ratio is s, never a scaled copy of
   the floor's error. Counted: how often the 95% interval misses s, and the verdict;
 - *runs*: runs of 20, 200 and 2,000 pairs of 16 elements (steps x 4 layers of one capture point, Gaussian noise),
-  null, and with one layer drifting 2x: the run's verdict, with its pooled units and multiplicity.
+  null, with one layer drifting 2x at every step, and with one step drifting 3x in every layer: the run's verdict,
+  with its pooled units and multiplicity.
 
     python benchmarks/calibration.py                 # the committed results (benchmarks/calibration.md)
     python benchmarks/calibration.py --replicates 20 # a quick look
@@ -224,6 +225,14 @@ RUN_SIZES = (20, 200, 2000)
 LAYERS = 4
 
 
+def _drift(case: str, coords: dict[str, int]) -> float:
+    if case == "layer 2 at 2x" and coords["layer"] == 2:
+        return 2.0
+    if case == "step 0 at 3x" and coords["step"] == 0:
+        return 3.0
+    return 1.0
+
+
 def small_runs(replicates: int, elements: int = 16) -> dict[tuple[int, str], Counter[str]]:
     """Runs of small pairs (steps x LAYERS of one capture point), null and with layer 2 drifting 2x: the run's
     tensor verdict, through the calls compare_runs makes."""
@@ -234,10 +243,10 @@ def small_runs(replicates: int, elements: int = 16) -> dict[tuple[int, str], Cou
         ids = [("router", {"step": i // LAYERS, "layer": i % LAYERS}) for i in range(size)]
         plan = plan_units(ids)
         units = size + len(plan)
-        for case in ("null", "layer 2 at 2x"):
+        for case in ("null", "layer 2 at 2x", "step 0 at 3x"):
             c: Counter[str] = Counter()
             for _ in range(reps):
-                drawn = [_small_pair(rng, (elements,), "gauss", 2.0 if case != "null" and cd["layer"] == 2 else 1.0) for _, cd in ids]
+                drawn = [_small_pair(rng, (elements,), "gauss", _drift(case, cd)) for _, cd in ids]
                 ds = POLICY.decide_many([("router", m, fl, ("float64", "bfloat16"), cb) for m, cb, fl in drawn],
                                         have_floor=True, units=units)
                 members: list[Member | None] = [Member(d.judged, d.limit, d.floor_kind, cb, fl.blocks, elements)

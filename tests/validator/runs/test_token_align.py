@@ -96,3 +96,12 @@ def test_matching_is_by_token_ids() -> None:
     got = [(sa.key, sb.key, n) for sa, sb, n in match_sequences(a, b)]
     # q: no equal ids, the longest prefix relation is y (4 tokens); r: x has its exact ids; s: nothing
     assert got == [("y", "q", 4), ("x", "r", 3)]
+
+
+def test_a_stored_run_aligns_with_a_folder(dumps: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(tmp_path / "home")  # the ingested run keeps the dims and rids in its manifest
+    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(dumps / "align-a"), "--name", "donly"]) == 0
+    capsys.readouterr()
+    assert main(["--home", home, "compare", "donly", str(dumps / "pd"), "--align-tokens", "--json"]) == 0
+    assert {p["label"] for p in json.loads(capsys.readouterr().out)["pairs"]} == {
+        "hidden [req=align-a-p0 tok=0:8 layer=0]", "hidden [req=align-a-p1 tok=0:6 layer=0]"}

@@ -88,6 +88,9 @@ def cases() -> dict[str, Case]:
     out["identical"] = (x, x.clone(), 1e-5, 1e-3)
     out["opposite"] = (x, -x, 1e-5, 1e-3)
     out["all-nan"] = (torch.full((513,), math.nan), torch.full((513,), math.nan), 1e-5, 1e-3)
+    a, b = pair(torch.bfloat16, 5000, seed=7)  # NaN/Inf in one lane of several tiles
+    a[::5], b[::5], b[1::50], a[2::100], b[2::100] = math.nan, math.nan, math.inf, -math.inf, -math.inf
+    out["many-nonfinite-bfloat16"] = (a, b, 1e-5, 1e-3)
     out["empty"] = (torch.empty(0, dtype=torch.bfloat16), torch.empty(0, dtype=torch.bfloat16), 1e-5, 1e-3)
     out["scalar"] = (torch.tensor(2.0), torch.tensor(2.5), 1e-5, 1e-3)
     a, b = pair(torch.float64, 700, seed=6)
@@ -376,7 +379,7 @@ def _interpreter_main(small: bool = False) -> None:
                           "nonfinite": t.nonfinite}))  # fmt: skip
 
 
-SMALL_PROGRAM_CASES = ["plain-bfloat16", "nonfinite-float16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
+SMALL_PROGRAM_CASES = ["plain-bfloat16", "nonfinite-float16", "many-nonfinite-bfloat16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
 
 
 def many_edges(n: int) -> list[int]:

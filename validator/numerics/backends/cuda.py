@@ -1,16 +1,19 @@
-"""GPU backend: a Triton pass over a pair, float32 per element, float64 across programs.
+"""GPU backend: a Triton pass over a pair, float32 per element (float64 with a float64 side), float64 across
+programs.
 
 A pair's elements are cut into programs by its size and edges alone, so a pair gives the same bits on
 every call. Two kernels, then one small read back to the host:
 
-1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane float32 sums
-   (a², b², d², |d|, a·d), the largest |d|, two counts of the tolerance test and the largest ULP distance;
-   it reduces them once and writes one row of partials (see ``ROW``). Whole
-   tiles are read without a mask (a few instructions an element fewer), a last part-tile under one. Where
-   float32 could differ from the float64 reference it marks the row instead:
-   - NaN/Inf (float8: by the bits), or squares outside float32's comfortable range (``common.SAFE_LO``,
-     ``SAFE_HI``): the whole row; float64 inputs always;
-   - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count;
+1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane sums (a², b², d²,
+   |d|, a·d; float32, float64 where a side is float64), the largest |d|, two counts of the tolerance test and
+   the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW``). Whole tiles are
+   read without a mask (a few instructions an element fewer), a last part-tile under one. NaN/Inf are left out
+   of the sums where they are met; each lane remembers the tile of its last one, and one load of those lanes
+   at the end counts their kinds. Where the pass could differ from the float64 reference it marks the row:
+   - a lane that met two or more NaN/Inf, float8 NaN/Inf (by the bits), or float32 squares outside float32's
+     comfortable range (``common.SAFE_LO``, ``SAFE_HI``): the whole row;
+   - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count
+     (float64 pairs count it as the reference does);
    - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
      float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is
      exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
@@ -231,81 +234,152 @@ def _layout(buf_ptr, nseg):
 
 
 @triton.jit
+def _widen(x, F64: tl.constexpr):
+    """x in the pass's arithmetic: float64 where a side is float64, else float32."""
+    if F64:
+        return _f64(x)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _group(
+    a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
+    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
+    BAND: tl.constexpr, STAGES: tl.constexpr, MASKED: tl.constexpr, CHECK: tl.constexpr,
+):  # fmt: skip
+    """Tiles t0 .. t1 of a program: per-lane sums (a², b², d², |d|, a·d) and maxima, reduced once. Without
+    CHECK the tiles are read as finite (the fast path: a NaN/Inf shows as a sum that is not finite); with
+    CHECK, NaN/Inf are left out and counted: positions not finite in a, in b, in either, NaN in a, in b, the
+    same non-finite value in both (NaN or one infinity), and, of those, the same infinity."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    v_a2 = tl.zeros([BLOCK], dtype=CT)
+    v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
+    v_lo = tl.zeros([BLOCK], dtype=tl.int32)
+    v_hi, v_bad, v_nfa, v_nfb, v_out, v_nan_a, v_nan_b, v_same, v_inf = (v_lo,) * 9
+    v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
+    for t in tl.range(t0, t1, num_stages=STAGES):  # later tiles' loads go out early
+        a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK, MASKED)
+        xa, xb = _widen(a, F64), _widen(b, F64)
+        both = inb
+        if CHECK:
+            fa, fb = _finite(xa, a, A8), _finite(xb, b, B8)
+            both = inb & fa & fb
+            nan_a, nan_b = _nan(xa, a, A8), _nan(xb, b, B8)
+            inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((xa < 0) == (xb < 0))
+            same = (inb & nan_a & nan_b) | inf_same
+            v_nfa += (inb & ~fa).to(tl.int32)
+            v_nfb += (inb & ~fb).to(tl.int32)
+            v_out += (inb & ~both).to(tl.int32)
+            v_nan_a += (inb & nan_a).to(tl.int32)
+            v_nan_b += (inb & nan_b).to(tl.int32)
+            v_same += same.to(tl.int32)
+            v_inf += inf_same.to(tl.int32)
+            xa, xb = tl.where(both, xa, 0.0), tl.where(both, xb, 0.0)
+        elif A8 or B8:  # float8: the bits say what is finite, whatever the decoder
+            v_bad |= (~(_finite(xa, a, A8) & _finite(xb, b, B8))).to(tl.int32)
+        d = xb - xa
+        ad = tl.abs(d)
+        v_a2 += xa * xa
+        v_b2 += xb * xb
+        v_d2 += d * d
+        v_abs += ad
+        v_ad += xa * d
+        v_top = tl.maximum(v_top, ad)
+        aa = tl.abs(xa)
+        if F64:  # the reference's own float64 test
+            v_lo += (both & (ad <= atol + _unfused(rtol * aa, both, xa))).to(tl.int32)
+        elif BAND:  # counted against tolerances moved down and up: equal counts are the exact count
+            v_lo += (both & (ad <= aa * r_lo + a_lo)).to(tl.int32)
+            v_hi += (both & (ad <= aa * r_hi + a_hi)).to(tl.int32)
+        if BITS != 0:
+            dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
+            if CHECK:
+                dist = tl.where(both, dist, 0)
+            v_ulp = tl.maximum(v_ulp, dist)
+    return (
+        tl.sum(v_a2).to(tl.float64), tl.sum(v_b2).to(tl.float64), tl.sum(v_d2).to(tl.float64),
+        tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64), tl.max(v_top).to(tl.float64),
+        tl.sum(v_lo), tl.sum(v_hi), tl.max(v_ulp).to(tl.int64), tl.max(v_bad), tl.sum(v_nfa), tl.sum(v_nfb),
+        tl.sum(v_out), tl.sum(v_nan_a),
+        tl.sum(v_nan_b), tl.sum(v_same), tl.sum(v_inf),
+    )  # fmt: skip
+
+
+@triton.jit
 def _pass_kernel(
     a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
     BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials in float32, or its
-    marks. With ``zero``, program 0 also clears the count of finished programs, for _fix_kernel."""
+    """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials, or its marks. With
+    ``zero``, program 0 also clears the count of finished programs, for _fix_kernel."""
     part_ptr, _, count_ptr = _layout(buf_ptr, nseg)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + (first + tl.program_id(0)) * 16
     if (tl.program_id(0) == 0) & (zero != 0):
         tl.store(count_ptr, tl.cast(0, tl.int64))
-    if F64:  # a float64 input: the reference's float64 throughout, in _fix_kernel
-        tl.store(row + MAX32, -1.0)
-        _put(row, BOTH, tl.cast(-1, tl.int64))
+    atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)
+    a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
+    a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
+    s_a2 = tl.cast(0.0, tl.float64)
+    s_b2, s_d2, s_abs, s_ad, top = s_a2, s_a2, s_a2, s_a2, s_a2
+    c_lo, over = tl.cast(0, tl.int32), tl.cast(0, tl.int32)
+    c_hi, c_nfa, c_nfb, c_out, c_nan_a, c_nan_b, c_same, c_inf = c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo
+    top_ulp = tl.cast(0, tl.int64)
+    whole = n // BLOCK
+    for MASKED in tl.static_range(2):  # the whole tiles, then the last part of one (if any) under a mask
+        lo, hi = whole * MASKED, whole + (tl.cdiv(n, BLOCK) - whole) * MASKED
+        for t0 in tl.range(lo, hi, FLUSH):  # FLUSH tiles at most in float32 per lane, then float64
+            t1 = tl.minimum(t0 + FLUSH, hi)
+            qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
+                a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
+                BLOCK, BITS, A8, B8, F64, BAND, STAGES, MASKED, 0,
+            )  # fmt: skip
+            # NaN/Inf (float32: or squares past its range) make a sum large or not a number: these tiles again,
+            # NaN/Inf left out and counted
+            if F64:
+                fine = (qa < float("inf")) & (qb < float("inf")) & (qd < float("inf")) & (qbad == 0)
+            else:
+                fine = (qa <= _HI) & (qb <= _HI) & (qd <= _HI) & (qbad == 0)
+            if fine == 0:
+                qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
+                    a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
+                    BLOCK, BITS, A8, B8, F64, BAND, 1, MASKED, 1,
+                )  # fmt: skip
+                if not F64:  # past float32's range with NaN/Inf left out: the row in float64
+                    over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
+            s_a2, s_b2, s_d2, s_abs, s_ad = s_a2 + qa, s_b2 + qb, s_d2 + qd, s_abs + qabs, s_ad + qad
+            top, top_ulp = tl.maximum(top, qtop), tl.maximum(top_ulp, qulp)
+            c_lo, c_hi, c_out = c_lo + qlo, c_hi + qhi, c_out + qout
+            c_nfa, c_nfb = c_nfa + qnfa, c_nfb + qnfb
+            c_nan_a, c_nan_b, c_same, c_inf = c_nan_a + qnan_a, c_nan_b + qnan_b, c_same + qsame, c_inf + qinf
+    if F64:
+        c_pass = c_lo + c_same
+        clean = over == 0
+        top_exact = top
     else:
-        a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
-        a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
-        v_top = tl.zeros([BLOCK], dtype=tl.float32)
-        v_lo = tl.zeros([BLOCK], dtype=tl.int32)
-        v_hi, v_bad = v_lo, v_lo
-        v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
-        s_a2 = tl.cast(0.0, tl.float64)
-        s_b2, s_d2, s_abs, s_ad = s_a2, s_a2, s_a2, s_a2
-        over = tl.cast(0, tl.int32)
-        whole = n // BLOCK
-        for MASKED in tl.static_range(2):  # the whole tiles, then the last part of one (if any) under a mask
-            lo, hi = whole * MASKED, whole + (tl.cdiv(n, BLOCK) - whole) * MASKED
-            for t0 in tl.range(lo, hi, FLUSH):  # per-lane float32 sums of FLUSH tiles at most, then float64
-                v_a2 = tl.zeros([BLOCK], dtype=tl.float32)
-                v_b2, v_d2, v_abs, v_ad = v_a2, v_a2, v_a2, v_a2
-                for t in tl.range(t0, tl.minimum(t0 + FLUSH, hi), num_stages=STAGES):  # later tiles' loads go out early
-                    a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK, MASKED)
-                    xa, xb = a.to(tl.float32), b.to(tl.float32)
-                    d = xb - xa
-                    ad = tl.abs(d)
-                    v_a2 += xa * xa
-                    v_b2 += xb * xb
-                    v_d2 += d * d
-                    v_abs += ad
-                    v_ad += xa * d
-                    v_top = tl.maximum(v_top, ad)
-                    aa = tl.abs(xa)
-                    if BAND:  # counted against tolerances moved down and up: equal counts are the exact count
-                        v_lo += (inb & (ad <= aa * r_lo + a_lo)).to(tl.int32)
-                        v_hi += (inb & (ad <= aa * r_hi + a_hi)).to(tl.int32)
-                    if A8 or B8:  # float8: the bits say what is finite
-                        v_bad |= (~(_finite(xa, a, A8) & _finite(xb, b, B8))).to(tl.int32)
-                    if BITS != 0:  # valid where the row is clean (checked below)
-                        dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
-                        v_ulp = tl.maximum(v_ulp, dist)
-                qa, qb, qd = tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2)
-                # NaN/Inf anywhere or squares past float32's range make a sum large or NaN (NaN <= x is False)
-                over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
-                s_a2, s_b2, s_d2 = s_a2 + qa.to(tl.float64), s_b2 + qb.to(tl.float64), s_d2 + qd.to(tl.float64)
-                s_abs, s_ad = s_abs + tl.sum(v_abs).to(tl.float64), s_ad + tl.sum(v_ad).to(tl.float64)
-        top = tl.max(v_top)
-        # tiny squares (or all zeros, which float64 handles too) lose precision
-        clean = (over == 0) & (tl.max(v_bad) == 0) & (s_a2 >= _LO) & (s_b2 >= _LO) & ((s_d2 >= _LO) | (top == 0))
-        top_ulp = tl.max(v_ulp).to(tl.int64)
-        c_pass = tl.sum(v_lo)
         if BAND:
-            c_pass = tl.where(c_pass == tl.sum(v_hi), c_pass, -1)
+            c_pass = tl.where(c_lo == c_hi, c_lo + c_same, -1)
         else:  # tolerances past the band's range: counted in float64
-            c_pass = c_pass * 0 - 1
-        _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, tl.where(top_ulp <= EXACT_ULP, top, -1.0))
-        tl.store(row + MAX32, tl.where(clean, top.to(tl.float64), -1.0))
-        _put(row, BOTH, tl.where(clean, n, -1))
-        _put(row, PASSED, c_pass)
-        for i in tl.static_range(NF_A, MISMATCH + 1):
-            _put(row, i, n * 0)
-        _put(row, MAX_ULP, top_ulp)
-        for i in tl.static_range(NAN_A, INF_SAME + 1):
-            _put(row, i, n * 0)
+            c_pass = c_lo * 0 - 1
+        # tiny squares (or all zeros, which float64 handles too) lose precision in float32; _fix_kernel's count
+        # of the tolerance test reads finite rows only
+        tiny = (s_a2 < _LO) | (s_b2 < _LO) | ((s_d2 < _LO) & (top != 0))
+        clean = (over == 0) & ~tiny & ((c_pass >= 0) | (c_out == 0))
+        top_exact = tl.where(top_ulp <= EXACT_ULP, top, -1.0)
+    _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top_exact)
+    tl.store(row + MAX32, tl.where(clean, top, -1.0))
+    _put(row, BOTH, tl.where(clean, n - c_out, -1))
+    _put(row, PASSED, c_pass)
+    _put(row, NF_A, c_nfa)
+    _put(row, NF_B, c_nfb)
+    _put(row, MISMATCH, c_out - c_same)
+    _put(row, MAX_ULP, top_ulp)
+    _put(row, NAN_A, c_nan_a)
+    _put(row, NAN_B, c_nan_b)
+    _put(row, INF_SAME, c_inf)
 
 
 @triton.jit

@@ -422,9 +422,23 @@ _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 
 _H2_SETTINGS = 4  # the frame type in byte 3 of a frame header
 
 
+def _local_head(ray: Any) -> str | None:
+    """The head address ``ray.init(address="auto")`` would use (the cluster `ray start` began on this machine),
+    None when there is none or Ray does not say (then ray.init reports it)."""
+    try:
+        from ray._private import services
+
+        return services.canonicalize_bootstrap_address("auto")  # type: ignore[no-any-return]
+    except Exception:  # no cluster (ConnectionError), or a Ray whose private API differs
+        return None
+
+
 def _check_reachable(address: str) -> None:
     """Fail fast, with a clear message, when nothing listens at ``HOST:PORT`` or what listens is not a gRPC
-    server (Ray's GCS or Ray Client): ray.init would wait minutes. Bounded by CONNECT_TIMEOUT_S in all."""
+    server (Ray's GCS or Ray Client): ray.init would wait minutes. Bounded by CONNECT_TIMEOUT_S in all.
+    ``""``: nothing to check."""
+    if not address:
+        return
     host, port = ray_hostport(address)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     try:
@@ -473,8 +487,7 @@ def _connect(address: str | None) -> Any:
         if _CONNECTED is not None and target != _CONNECTED:
             raise RayUnavailable(f"this process is already connected to the Ray cluster at {_CONNECTED}, not {target}")
         return ray
-    if target != "auto":
-        _check_reachable(target)
+    _check_reachable(target if target != "auto" else _local_head(ray) or "")
     _errors_to_stderr()
     try:
         ray.init(

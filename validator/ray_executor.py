@@ -428,7 +428,7 @@ def _local_head(ray: Any) -> str | None:
     try:
         from ray._private import services
 
-        return services.canonicalize_bootstrap_address("auto")  # type: ignore[no-any-return]
+        return services.canonicalize_bootstrap_address("auto")
     except Exception:  # no cluster (ConnectionError), or a Ray whose private API differs
         return None
 

@@ -232,7 +232,7 @@ _EVIL = ["../../../../evil", "..", "/etc/passwd", "a/../../b", "..\\..\\evil", "
          "a%5C..%5Cevil", "C:\\evil", "~root/evil"]
 _HOME_FILE = re.compile(
     r"validator\.db(-wal|-shm|-journal)?|blobs|blobs/tmp|blobs/[0-9a-f]{2}|blobs/[0-9a-f]{2}/[0-9a-f]{62}|staging"
-    r"|staging/[0-9a-f]{64}\.partial|cache|cache/tmp"
+    r"|staging/([0-9]+\.)?[0-9a-f]{64}\.partial|staging/[0-9]+\.[0-9a-f]{32}\.active|staging/expired\.[0-9a-f]{64}|cache|cache/tmp"
 )
 
 

@@ -1,6 +1,6 @@
 """Writes dumps with the real dumper of SGLang 0.5.23 (``sglang/srt/debug_utils/dumper.py`` of the wheel that
 scripts/setup unpacks into .venv/sglang-versions/0.5.23), run as a script: ``python sglang0523_dumps.py OUT
-[all|tp|align|bench]``.
+[all|tp|align|bench]`` (``tp`` and ``all`` fork the two gloo ranks of ``tp2-gloo``).
 
 The dumper module is loaded from its file as ``sglang.srt.debug_utils.dumper``. Its imports outside torch
 (pyzmq, ``sglang.srt.managers.io_struct``, ``sglang.srt.runtime_context``, ``sglang.srt.utils`` and the modules
@@ -16,6 +16,8 @@ A 2-layer MLP, two steps of 5 tokens (float32): per layer ``hidden`` (``t h # tp
 dims; ``num_tokens`` (an int). Experiments (folders under OUT):
 
 - ``tp1``: one rank; ``tp2``: TP 2 (attention and MoE groups the same as TP);
+- ``tp2-gloo``: the same TP 2 model run by two processes in a gloo process group, the row-parallel partials
+  all-reduced for real (``mlp_out``);
 - ``tp2-bad``: TP 2 where rank 1's ``hidden`` of layer 1 is off by 1e-3, plus ``mlp_gate`` dumped as ``t f``
   (sharded, but the dims do not say so);
 - ``tp2-dp2``: world 4, TP 2 x attention-DP 2, the batch on attention-DP rank 1 only (``# dp:=attn_dp``);
@@ -26,6 +28,7 @@ dims; ``num_tokens`` (an int). Experiments (folders under OUT):
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import os
 import sys
 import types
@@ -92,10 +95,12 @@ def load_dumper() -> Any:
     return mod.dumper
 
 
-def _play(dumper: Any, exp: str, rank: int, world: int, *, tp: tuple[int, int], attn_dp: tuple[int, int] = (0, 1)) -> None:
-    dist.is_initialized = lambda: True
-    dist.get_rank = lambda group=None: rank
-    dist.get_world_size = lambda group=None: world
+def _play(dumper: Any, exp: str, rank: int, world: int, *, tp: tuple[int, int], attn_dp: tuple[int, int] = (0, 1),
+          patch: bool = True) -> None:
+    if patch:  # one process plays every rank; with a real process group the dumper asks it instead
+        dist.is_initialized = lambda: True
+        dist.get_rank = lambda group=None: rank
+        dist.get_world_size = lambda group=None: world
     PARALLEL.clear()
     PARALLEL.update(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, moe_ep_rank=0, moe_ep_size=1,
                     moe_tp_rank=tp[0], moe_tp_size=tp[1], moe_dp_rank=0, attn_tp_rank=tp[0], attn_tp_size=tp[1],
@@ -105,11 +110,12 @@ def _play(dumper: Any, exp: str, rank: int, world: int, *, tp: tuple[int, int], 
     dumper.configure(exp_name=exp)
 
 
-def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: int = 1, wnoise: float = 0.0) -> None:
+def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: int = 1, wnoise: float = 0.0,
+            gloo: bool = False) -> None:
     world = tp_size * attn_dp
-    for rank in range(world):
+    for rank in [dist.get_rank()] if gloo else range(world):
         tp_rank, dp_rank = rank % tp_size, rank // tp_size
-        _play(dumper, exp, rank, world, tp=(tp_rank, tp_size), attn_dp=(dp_rank, attn_dp))
+        _play(dumper, exp, rank, world, tp=(tp_rank, tp_size), attn_dp=(dp_rank, attn_dp), patch=not gloo)
         g = torch.Generator().manual_seed(0)
         w_up = [torch.randn(F, H, generator=g) for _ in range(2)]
         w_down = [torch.randn(H, F, generator=g) / 3 for _ in range(2)]
@@ -127,7 +133,11 @@ def mlp_run(dumper: Any, exp: str, tp_size: int, *, bad: bool = False, attn_dp: 
             for layer in range(2):
                 up = torch.relu(x @ w_up[layer][fs].T)
                 partial = up @ w_down[layer][:, fs].T
-                full = torch.relu(x @ w_up[layer].T) @ w_down[layer].T  # what the all-reduce of the partials gives
+                if gloo:  # the row-parallel all-reduce
+                    full = partial.clone()
+                    dist.all_reduce(full)
+                else:  # what the all-reduce of the partials gives
+                    full = torch.relu(x @ w_up[layer].T) @ w_down[layer].T
                 seen = x + 1e-3 if bad and rank == 1 and layer == 1 else x
                 dp = " dp:=attn_dp" if attn_dp > 1 else ""
                 dumper.dump("hidden", seen, dims="t h # tp:replicated" + dp, layer_id=layer)
@@ -163,8 +173,23 @@ def align_run(dumper: Any, exp: str) -> None:
         dumper.step()
 
 
+def gloo_rank(out: str, rank: int) -> None:
+    """One of the two processes of ``tp2-gloo``: a real gloo process group, the partials all-reduced."""
+    os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+    dist.init_process_group("gloo", init_method=f"file://{out}/.gloo-init", rank=rank, world_size=2)
+    mlp_run(load_dumper(), "tp2-gloo", 2, gloo=True)
+    dist.destroy_process_group()
+
+
 def main(out: str, which: str = "all") -> None:
     os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+    ranks = []
+    if which in ("all", "tp"):  # the gloo ranks run while this process writes the rest
+        os.makedirs(out, exist_ok=True)
+        fork = multiprocessing.get_context("fork")  # torch is imported already: forked ranks start at once
+        ranks = [fork.Process(target=gloo_rank, args=(out, r)) for r in range(2)]
+        for p in ranks:
+            p.start()
     dumper = load_dumper()
     if which in ("all", "tp"):
         mlp_run(dumper, "tp1", 1)
@@ -179,6 +204,10 @@ def main(out: str, which: str = "all") -> None:
         dumper.configure(dir=os.path.join(out, "pd"))
         align_run(dumper, "pd-prefill")
         align_run(dumper, "pd-decode")
+    for p in ranks:
+        p.join(timeout=120)
+    if any(p.exitcode != 0 for p in ranks):
+        raise SystemExit(f"a gloo rank failed: exit codes {[p.exitcode for p in ranks]}")
 
 
 if __name__ == "__main__":

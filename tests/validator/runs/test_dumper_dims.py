@@ -1,7 +1,7 @@
 """SGLang 0.5.23 dumps: file-name tags, and ``dims``-driven unsharding (validator/runs/dims.py).
 
 The TP dumps are written by the real 0.5.23 dumper (tests/validator/runs/sglang0523_dumps.py says how it is
-loaded without SGLang's server stack); layouts the SGLang plugin cannot produce on CPU (context parallel with
+loaded without SGLang's server stack), one of them by two processes in a gloo process group; layouts the SGLang plugin cannot produce on CPU (context parallel with
 zigzag order, Megatron's metadata) are written here in the dumper's file format.
 """
 
@@ -52,9 +52,10 @@ def test_the_0523_file_names_and_metadata(d23: Path) -> None:
     assert sum("num_tokens" in s for s in m["skipped"]) == 4
 
 
-def test_tp2_unshards_to_the_tp1_tensors(d23: Path) -> None:
-    one, two = _logical(d23 / "tp1"), _logical(d23 / "tp2")
-    kinds = {lt.name: lt.kind for lt in group_logical(read_dumper_dir(d23 / "tp2").tensors).values()}
+@pytest.mark.parametrize("tp2", ["tp2", "tp2-gloo"])  # ranks played in turn; two processes in a gloo group
+def test_tp2_unshards_to_the_tp1_tensors(d23: Path, tp2: str) -> None:
+    one, two = _logical(d23 / "tp1"), _logical(d23 / tp2)
+    kinds = {lt.name: lt.kind for lt in group_logical(read_dumper_dir(d23 / tp2).tensors).values()}
     assert kinds == {"hidden": "replicated", "attn_q": "split", "mlp_up": "split", "mlp_down": "partial",
                      "mlp_out": "replicated", "logits": "replicated"}
     assert one.keys() == two.keys() and len(one) == 22

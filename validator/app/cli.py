@@ -83,6 +83,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                     raise InputError(f"--split {item!r} must be NAME_GLOB=DIM")
                 split[pat] = int(dim)
             view = read_dumper_dir(args.path, split=split, max_file_bytes=args.max_file_bytes)
+            for problem in view.manifest["sglang_dumper"]["unassembled"]:  # kept per rank: say why (docs/sglang.md)
+                print(f"validator: warning: {problem}", file=sys.stderr)
             run = svc.ingest_view(view, name=args.name, labels=parse_labels(args.label), progress=prog)
         else:
             run = svc.ingest(args.path, name=args.name, labels=parse_labels(args.label), progress=prog)

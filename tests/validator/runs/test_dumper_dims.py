@@ -86,6 +86,8 @@ def test_undeclared_axis_and_differing_copies_are_reported(d23: Path, tmp_path: 
     notes = [n for p in doc["pairs"] for n in p.get("notes", []) if "replicas disagree" in n]
     assert len(notes) == 2 and all("rank=1" in n and "rank=0" in n for n in notes)  # the two ranks named
     assert len(doc["only_b"]) == 8 and all("mlp_gate" in str(t) for t in doc["only_b"])  # kept per rank, unpaired
+    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d23 / "tp2-bad"), "--name", "bad"]) == 0
+    assert capsys.readouterr().err.count("validator: warning: mlp_gate") == 4  # ingest says why
 
 
 def test_ingest_reads_the_dims(d23: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

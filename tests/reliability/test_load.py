@@ -171,6 +171,7 @@ def test_overlapping_retries_of_one_file(tmp_path: Path) -> None:
         assert isinstance(result["first"], dict) and result["first"]["sha256"] == sha, result
         again = uploads.upload_file(svc, run="r", part="p0", filename="acceptance.jsonl", chunks=iter([data]))
         assert again["complete"] and again["created"] is False and again["sha256"] == sha
-        assert [p.name for p in svc.settings.staging_dir.iterdir()] == []
+        # no partial upload left; the run's activity marker (its last byte received) stays until finalize
+        assert [p.suffix for p in svc.settings.staging_dir.iterdir()] == [".active"]
     finally:
         svc.close()

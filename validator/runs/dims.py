@@ -232,6 +232,10 @@ def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shape
         missing = [ax for ax in order if {k[order.index(ax)] for k in slots} != set(range(sizes[ax]))]
         raise LayoutError(f"incomplete: {len(slots)} of the {expected} ranks over {', '.join(order)} dumped it"
                           + (f" ({', '.join(missing)} ranks missing)" if missing else ""))
+    for o in ops:
+        if o.zigzag and dims.names[o.dim] != "s":
+            raise LayoutError(f"zigzag order on dimension {dims.names[o.dim]!r}: only a sequence dimension 's' is put back in "
+                              "order (a packed token dimension needs each sequence's length, which the dump does not hold)")
     for ax in sizes:
         if ax in sharded and any(o.zigzag for o in ops if o.axis == ax):
             for i in idx:

@@ -117,7 +117,7 @@ def _write(d: Path, rank: int, name: str, value: torch.Tensor, dims: str | None,
 
 
 def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
-    # 8 tokens in 4 chunks of 2: CP rank c holds chunks c and 3-c (zigzag); TP splits the 6 features
+    # a sequence of 8 in 4 chunks of 2: CP rank c holds chunks c and 3-c (zigzag); TP splits the 6 features
     full = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
     d = tmp_path / "cp"
     d.mkdir()
@@ -126,12 +126,14 @@ def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
         cp, tp = rank // 2, rank % 2
         mine = torch.cat([chunks[cp], chunks[3 - cp]])[:, tp * 3 : tp * 3 + 3].clone()
         info = {"cp_rank": cp, "cp_size": 2, "tp_rank": tp, "tp_size": 2}
-        _write(d, rank, "x", mine, "t[cp:zigzag] h[tp]", info)
-        _write(d, rank, "y", mine, "t[cp:zigzag] h[tp]" if rank != 3 else "t[cp] h[tp]", info)
+        _write(d, rank, "x", mine, "s[cp:zigzag] h[tp]", info)
+        _write(d, rank, "y", mine, "s[cp:zigzag] h[tp]" if rank != 3 else "s[cp] h[tp]", info)
+        _write(d, rank, "z", mine, "t[cp:zigzag] h[tp]", info)  # packed sequences: their lengths are unknown
     view = read_dumper_dir(d)
     lt = next(lt for lt in group_logical(view.tensors).values() if lt.name == "x")
     assert lt.kind == "split" and torch.equal(lt.materialize(), full)
-    assert "different dims" in view.manifest["sglang_dumper"]["unassembled"][0]
+    problems = view.manifest["sglang_dumper"]["unassembled"]
+    assert "different dims" in problems[0] and "zigzag order on dimension 't'" in problems[1]
 
 
 def test_layout_problems_name_what_is_wrong(tmp_path: Path) -> None:

@@ -110,7 +110,8 @@ def find_dump_dir(path: str | os.PathLike[str]) -> Path:
         return subs[0]
     if subs:
         names = ", ".join(s.name for s in subs[:10])
-        raise InputError(f"{p}: holds {len(subs)} SGLang dump folders ({names}); name one of them")
+        raise InputError(f"{p}: holds {len(subs)} SGLang dump folders ({names}); name one of them, or compare with "
+                         "--align-tokens, which reads them as one run (a prefill and a decode server's)")
     raise InputError(
         f"{p}: no SGLang dumper files (forward_pass_id=...___name=....pt or step=...___name=....pt) here "
         "or in a sub-folder"

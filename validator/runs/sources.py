@@ -37,12 +37,13 @@ def open_path(path: str | Path) -> RunView:
         return read_bundle(p)
     if not any(p.glob("*.safetensors")):
         from validator.runs.dumper import (  # SGLang dumper output (validator/runs/dumper.py)
-            is_dumper_dir,
+            dump_folders,
+            find_dump_dir,
             read_dumper_dir,
         )
 
-        if is_dumper_dir(p):
-            return read_dumper_dir(p)
+        if dump_folders(p):
+            return read_dumper_dir(find_dump_dir(p))  # several folders: the error names them
     return read_safetensors_dir(p)
 
 

@@ -80,6 +80,9 @@ def test_a_changed_token_fails_and_unaligned_runs_do_not_pair(dumps: Path, tmp_p
         "hidden [req=align-a-p0 tok=0:8 layer=0]": "pass", "hidden [req=align-a-p1 tok=0:6 layer=0]": "fail"}
     assert main(["--home", home, "compare", str(dumps / "align-a"), str(dumps / "align-b")]) == 1  # step by step
     capsys.readouterr()
+    assert main(["--home", home, "compare", str(dumps / "align-a"), str(dumps / "pd")]) == 2
+    assert "holds 2 SGLang dump folders (pd-decode, pd-prefill); name one of them, or compare with --align-tokens" in (
+        capsys.readouterr().err)
 
 
 def test_without_aux_dumps_alignment_is_refused(dumps: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

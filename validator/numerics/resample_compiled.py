@@ -1,4 +1,5 @@
-"""The bootstrap's resampled sums and rel_l2 values, compiled (numba, cached on disk at first use).
+"""The bootstrap's resampled sums and rel_l2 values, compiled (numba, cached on disk at first use): what
+``resample.py`` runs for many pairs. Each function here has its twin there in NumPy, with the same bits.
 
 A resample draws each of ``n`` blocks ``counts[j, k]`` times (``counts``: ``[n, resamples]``, small unsigned
 integers, exact in float64); its sums are

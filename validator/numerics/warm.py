@@ -1,12 +1,13 @@
-"""Compiling the CPU engine ahead of the first comparison.
+"""Compiling the CPU engine ahead of the first comparison of a large pair.
 
-numba compiles a kernel for a set of argument types at its first call and keeps the machine code in its
-on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later process loads it instead.
-On a machine whose cache is empty, the first comparison of a format waits for the compiler: 12-18 s for
-bfloat16 on the 2-core dev box. :func:`warm_up` makes those first calls, for every float format, so that no
-comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a kernel's cached code when
-its source file changes, so run it after each install or upgrade, as the user (and with the
-``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and
+Pairs of at most ``backends.small.NUMPY_MAX`` elements, and bootstraps over few blocks, run in NumPy: nothing to
+compile. Larger ones run numba's kernels, which compile for a set of argument types at their first call and keep
+the machine code in numba's on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later
+process loads it instead. On a machine whose cache is empty, the first comparison of a large pair of a format
+waits for the compiler: 10-20 s for bfloat16 on the 2-core dev box. :func:`warm_up` makes those first calls, for
+every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a
+kernel's cached code when its source file changes, so run it after each install or upgrade, as the user (and with
+the ``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and
 so cannot warm it themselves. Nothing it computes is kept.
 """
 
@@ -19,21 +20,22 @@ FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "fl
 
 
 def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
-    """Calls every CPU kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
-    calling thread (a small pair) and on numba's threads (a pair above ``cpu.SMALL``), alone and against
-    float32 and float64 on either side (a pair of two formats, read as stored), the batched pass, and the
-    bootstrap's resampling with and without a floor. ``report`` gets a line per format. Returns the seconds
-    it took."""
+    """Calls every numba kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
+    calling thread (a pair above ``small.NUMPY_MAX``) and on numba's threads (a pair above ``cpu.SMALL``), alone
+    and against float32 and float64 on either side (a pair of two formats, read as stored), the batched pass,
+    and the bootstrap's compiled resampling of many pairs, without a floor and with a paired, an independent and
+    an empty one. ``report`` gets a line per format. Returns the seconds it took."""
     import torch
 
     from validator.numerics.backends.cpu import SMALL
-    from validator.numerics.floors import bootstrap_intervals, measure_blocks, measure_blocks_many
+    from validator.numerics.backends.small import NUMPY_MAX
+    from validator.numerics.floors import BlockSums, bootstrap_intervals, measure_blocks, measure_blocks_many
 
     start = time.perf_counter()
     for name in FORMATS:
         began = time.perf_counter()
         dtype = getattr(torch, name)
-        for n in (4096, SMALL + 4096):
+        for n in (4 * NUMPY_MAX, SMALL + 4096):
             a = torch.linspace(-3.0, 3.0, n).reshape(-1, 64)
             b = a * 4  # two binades apart: wide ULP distances
             a[0, 0] = float("nan")  # a block with NaN: the float64 path
@@ -42,8 +44,11 @@ def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
                 if wide != dtype:
                     measure_blocks(a.to(dtype), b.to(wide))
                     measure_blocks(a.to(wide), b.to(dtype))
-        small = [(a[:4].to(dtype), b[:4].to(dtype)), (a[4:8].to(dtype), b[4:8].to(dtype))]
-        measure_blocks_many(small)
-        bootstrap_intervals([(sums, None), (sums, sums)])
+        rows = 2 * NUMPY_MAX // 64  # pairs above NUMPY_MAX, two in a batch on the calling thread
+        measure_blocks_many(
+            [(a[:rows].to(dtype), b[:rows].to(dtype)), (a[rows : 2 * rows].to(dtype), b[rows : 2 * rows].to(dtype))]
+        )
+        few, none = BlockSums(sums.d2[:3], sums.a2[:3], 3, 0, 0, 0), BlockSums(sums.d2[:0], sums.a2[:0], 0, 0, 0, 0)
+        bootstrap_intervals([(sums, None), (sums, sums), (sums, few), (sums, none)] * 100)  # many: the compiled loops
         report(f"{name}: {time.perf_counter() - began:.1f} s")
     return time.perf_counter() - start

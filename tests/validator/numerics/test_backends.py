@@ -1,7 +1,7 @@
 """validator.numerics.backends: every backend against float64 NumPy, at the engine's stated accuracy.
 
 Backends: the float64 reference, the CPU backend (numba) on contiguous inputs and on strided views
-(copied in pieces), the Triton backend on a GPU (where there is one) and the same Triton kernels run
+(copied in pieces), its NumPy pass for small pairs (``small.py``) on both, the Triton backend on a GPU (where there is one) and the same Triton kernels run
 by Triton's interpreter on the CPU (in a subprocess, which sets ``TRITON_INTERPRET=1`` before Triton
 is imported).
 """
@@ -24,6 +24,7 @@ from validator.numerics import backends as kernels
 from validator.numerics.backends import Totals, cpu
 from validator.numerics.backends.cpu import compare_cpu
 from validator.numerics.backends.reference import compare_reference
+from validator.numerics.backends.small import compare_small
 from validator.numerics.metrics import TensorMetrics, compare_tensors, metrics_from_totals
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -154,6 +155,11 @@ BACKENDS: dict[str, Backend] = {
     # not contiguous: copied in pieces of chunk_elems, each piece its own pass
     "cpu-strided": lambda a, b, atol, rtol: compare_cpu(
         strided(a), strided(b), atol=atol, rtol=rtol, chunk_elems=1000, edges=edges(a.numel())
+    ),
+    # the NumPy float64 pass (pairs up to small.NUMPY_MAX elements; here every case, whatever its size)
+    "cpu-small": lambda a, b, atol, rtol: compare_small(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
+    "cpu-small-strided": lambda a, b, atol, rtol: compare_small(
+        strided(a), strided(b), atol=atol, rtol=rtol, edges=edges(a.numel())
     ),
 }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,8 +17,9 @@ import torch
 
 from tests.validator.numerics.test_backends import CASES, DTYPES, edges, pair, with_nonfinite
 from validator.judging.compare import _measure, _measure_all, compare_runs, measure_tensors, measure_tensors_many
-from validator.numerics.backends import Totals, compare, compare_many
+from validator.numerics.backends import Totals, compare, compare_many, small
 from validator.numerics.backends.cpu import batchable, compare_cpu, compare_cpu_many
+from validator.numerics.backends.small import NUMPY_MAX, compare_small
 from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
 from validator.numerics.metrics import MetricInputError
 
@@ -92,8 +95,12 @@ def test_wide_ulp_spreads_in_a_batch() -> None:
         b[:300] = (-a[:300].double()).to(dt)
         pairs += [(a, b, edges(a.numel())), (a[:999], b[:999], [0, 999])]
     assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(
-        [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+        [compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=e) for a, b, e in pairs]
     )
+    for i in range(0, len(pairs), 2):  # numba's kernels, small pairs included (one dtype a call)
+        assert bits(compare_cpu_many(pairs[i : i + 2], atol=1e-5, rtol=1e-3)) == bits(
+            [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs[i : i + 2]]
+        )
 
 
 def test_measure_blocks_many_equals_measure_blocks() -> None:
@@ -203,3 +210,56 @@ def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
         assert bits(svc.compare("a", "b", allow_paths=False).to_dict()) == bits(by_pair)
     finally:
         svc.close()
+
+
+def test_small_pairs_take_the_numpy_pass_alone_and_together() -> None:
+    """Pairs of at most small.NUMPY_MAX elements: compare and compare_many give compare_small's bits, the
+    pairs read one by one or end to end in groups (every dtype, NaN/Inf, empty, mixed dtypes, views)."""
+    pairs = [p for p in mixed_pairs() if p[0].numel() <= NUMPY_MAX]
+    rows = NUMPY_MAX // 1024  # pairs of NUMPY_MAX elements: the largest the NumPy pass takes
+    for seed in range(12):
+        a, b = pair(torch.bfloat16, NUMPY_MAX, seed=seed)
+        pairs.append((a.view(rows, 1024), b.view(rows, 1024), block_edges((rows, 1024))))
+    assert len(pairs) > 20 and sum(a.numel() for a, _, _ in pairs) > small.GROUP  # read in several groups
+    one = [compare_small(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+    assert bits([compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1000, edges=e) for a, b, e in pairs]) == bits(one)
+    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1000)) == bits(one)
+    assert bits(small.compare_small_many(pairs, atol=1e-5, rtol=1e-3)) == bits(one)
+
+
+def test_small_chain_is_the_engines_chain_bitwise() -> None:
+    """small.chain and the numba engine's (cpu.merge_rows) add rows in one order, from 0.0: the same bits,
+    -0.0 rows and cancelling rows included."""
+    from validator.numerics.backends.cpu import merge_rows
+
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((300, 5)) * 10.0 ** rng.integers(-8, 8, (300, 1))
+    rows[:7] = -0.0
+    rows[20:24, 4] = [1e30, 1.0, -1e30, -1.0]
+    owner = np.sort(rng.integers(0, 9, 300))
+    owner[:7] = 0
+    sums, blocks = merge_rows(rows, owner, 10)
+    assert bits(small.chain(rows, np.array([0, 300]))[0]) == bits(sums)
+    seg = np.concatenate(([0], np.flatnonzero(np.diff(owner)) + 1, [300]))
+    want = np.zeros((2, 10))
+    want[:, owner[seg[:-1]]] = small.chain(rows[:, [2, 0]], seg).T
+    assert bits(want) == bits(blocks)
+    for first in (np.array([0, 7, 7, 150, 300]), np.arange(301)):  # many pairs of few rows, and the other way
+        got = small.chain(rows, first)
+        assert bits(got) == bits(np.array([merge_rows(rows[lo:hi], np.zeros(hi - lo, np.int64), 1)[0]
+                                           for lo, hi in zip(first, first[1:])]))  # fmt: skip
+
+
+def test_small_comparison_imports_no_numba(tmp_path: Path) -> None:
+    """Measuring and judging small pairs (the floors, the bootstrap) waits for no compiler: numba is not imported."""
+    code = (
+        "import sys, torch\n"
+        "from validator.judging.compare import measure_tensors\n"
+        "from validator.numerics.floors import bootstrap_interval\n"
+        "a = torch.randn(64, 64, dtype=torch.float32)\n"
+        "m = measure_tensors(a.bfloat16(), (a * 1.01).bfloat16(), rounding_dtype='bfloat16')\n"
+        "bootstrap_interval(m.blocks, m.rounding)\n"
+        "bootstrap_interval(m.blocks)\n"
+        "assert 'numba' not in sys.modules, sorted(k for k in sys.modules if 'numba' in k)[:5]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=120)

@@ -14,14 +14,14 @@ CHILD = r"""
 import json
 import numba
 import torch
-from validator.numerics import ranges, resample
+from validator.numerics import ranges, resample_compiled
 from validator.numerics.backends import cpu
 from validator.numerics.floors import BlockSums, bootstrap_intervals, measure_blocks, measure_blocks_many, rounding_sums
 from validator.numerics.warm import FORMATS, warm_up
 
 
 def signatures():
-    return {f"{m.__name__}.{k}": {str(s) for s in v.signatures} for m in (cpu, resample)
+    return {f"{m.__name__}.{k}": {str(s) for s in v.signatures} for m in (cpu, resample_compiled)
             for k, v in vars(m).items() if isinstance(v, numba.core.dispatcher.Dispatcher)}
 
 
@@ -31,7 +31,7 @@ before = signatures()
 g = torch.Generator().manual_seed(0)
 for name in FORMATS:
     dtype = getattr(torch, name)
-    for n in (1000, cpu.SMALL + 5000):
+    for n in (1000, 20000, cpu.SMALL + 5000):  # the NumPy pass, numba on the calling thread, on its threads
         a = torch.randn(n // 50, 50, generator=g)
         b = a * (1 + 0.3 * torch.randn(a.shape, generator=g))
         b[0, :3] = torch.tensor([float("nan"), float("inf"), 1e30])
@@ -45,9 +45,9 @@ for name in FORMATS:
         k = next(k for k in range(1, x.numel() + 1) if ranges.is_cut(x.shape, k))  # the first range (Ray's)
         ranges.measure_range(x.reshape(-1)[:k], y.reshape(-1)[:k], x.shape, 0)
         bootstrap_intervals([(sums, None), (sums, sums), (sums, BlockSums(sums.d2[:3], sums.a2[:3], 3, 0, 0, 0)),
-                             (sums, BlockSums(sums.d2[:0], sums.a2[:0], 0, 0, 0, 0))])
+                             (sums, BlockSums(sums.d2[:0], sums.a2[:0], 0, 0, 0, 0))] * 100)  # many: compiled
     rounding_sums(a, name) if name != "float64" else None
-    pairs = [(a[i : i + 20].to(dtype), b[i : i + 20].to(dtype)) for i in range(0, 2000, 20)]
+    pairs = [(a[i : i + 200].to(dtype), b[i : i + 200].to(dtype)) for i in range(0, 2000, 200)]  # above NUMPY_MAX
     measure_blocks_many(pairs[:3])  # a small batch, on the calling thread
     measure_blocks_many(pairs * 60)  # a batch above cpu.SMALL, on numba's threads
 after = signatures()

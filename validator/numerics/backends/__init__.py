@@ -7,7 +7,9 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 - ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes), and a second kernel for what
   float32 could not decide;
 - ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
-  pairs several per pass (:func:`compare_many`), with the same bits.
+  pairs several per pass (:func:`compare_many`), with the same bits; ``small.py``: pairs of at most
+  ``small.NUMPY_MAX`` elements on the CPU, in NumPy float64, with nothing to compile (numba is imported only
+  when a larger pair comes).
 
 Counts, ``max_abs`` and the largest ULP distance are exact on every backend; the sums agree with the float64
 reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns
@@ -25,6 +27,7 @@ import torch
 
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
 from validator.numerics.backends.reference import compare_reference, compute_device
+from validator.numerics.backends.small import NUMPY_MAX, compare_small, compare_small_many
 
 __all__ = ["Totals", "backend_for", "compare", "compare_many", "info"]
 
@@ -69,6 +72,8 @@ def compare(
         assert cuda is not None
         got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
         return got
+    if backend == "cpu" and a.numel() <= NUMPY_MAX:
+        return compare_small(a, b, atol=atol, rtol=rtol, edges=edges)
     if backend == "cpu":
         from validator.numerics.backends.cpu import compare_cpu
 
@@ -81,20 +86,34 @@ def compare_many(
 ) -> list[Totals]:
     """:func:`compare` of each pair ``(a, b, edges)``, in order, with the same bits. Contiguous CPU pairs of
     float dtypes are measured together, one pass of the CPU engine per pair of dtypes; the others (and
-    every pair on a GPU) one by one."""
-    from validator.numerics.backends.cpu import batchable, compare_cpu_many
-
+    every pair on a GPU) one by one; the pairs of at most ``small.NUMPY_MAX`` elements all in one NumPy pass."""
     out: list[Totals | None] = [None] * len(pairs)
     together: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
+    small: list[int] = []
     for i, (a, b, edges) in enumerate(pairs):
-        if backend_for(a, b) == "cpu" and batchable(a, b):
+        cpu = backend_for(a, b) == "cpu"
+        if cpu and a.numel() <= NUMPY_MAX:
+            small.append(i)
+        elif cpu and _batchable(a, b):
             together.setdefault((a.dtype, b.dtype), []).append(i)
         else:
             out[i] = compare(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
-    for idx in together.values():
-        for i, got in zip(idx, compare_cpu_many([pairs[i] for i in idx], atol=atol, rtol=rtol)):
-            out[i] = got
+    for i, got in zip(small, compare_small_many([pairs[i] for i in small], atol=atol, rtol=rtol)):
+        out[i] = got
+    if together:
+        from validator.numerics.backends.cpu import compare_cpu_many
+
+        for idx in together.values():
+            for i, got in zip(idx, compare_cpu_many([pairs[i] for i in idx], atol=atol, rtol=rtol)):
+                out[i] = got
     return [t for t in out if t is not None]
+
+
+def _batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``cpu.batchable`` (a float pair on the CPU above NUMPY_MAX elements: numba's, imported here)."""
+    from validator.numerics.backends.cpu import batchable
+
+    return batchable(a, b)
 
 
 def info() -> dict[str, Any]:

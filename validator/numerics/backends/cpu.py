@@ -6,7 +6,8 @@ and float8 values come from a table of every bit pattern, built once from torch'
 as itself). A pair of two formats is read as it is stored, never converted: each side's values are exact
 in float32 (float64 for float64), and the sums are float64; its 16-bit sides are read through their table,
 so that the kernels are compiled for fewer pairs of types. numba compiles the pass for a pair of types at
-its first use.
+its first use; ``backends.compare`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy
+pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
 A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
 hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
@@ -49,11 +50,13 @@ import torch
 from numba import njit, prange, types
 from numba.extending import overload
 
-from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, pieces_of, ulp_spec
+from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
+from validator.numerics.backends.small import BLOCK as ROW
+from validator.numerics.backends.small import NUMPY_MAX, plan, range_rows
 from validator.numerics.compiled import first_call
 
-BLOCK = 2048  # elements per block: its float32 sums and counts are one row of partials
+BLOCK = ROW  # elements per block: its float32 sums and counts are one row of partials (small.BLOCK)
 GROUP = 32  # blocks per prange iteration
 SPAN = 512  # elements: a whole block is read in spans of this many, each span's float32 sums added in float64
 PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
@@ -442,17 +445,6 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
         start += ca.numel()
 
 
-@functools.lru_cache(maxsize=256)
-def _rows(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, owner): rows of at most BLOCK elements of piece ``start .. start + n``, none across an
-    edge (row i: elements starts[i] .. starts[i+1] of the piece), and the edge block each row is in."""
-    owner, lo, hi = np.array(pieces_of(edges, start, start + n), np.int64).reshape(-1, 3).T
-    count = -(-(hi - lo) // BLOCK)  # rows of each block
-    before = np.cumsum(count) - count
-    starts = np.repeat(lo - BLOCK * before, count) + BLOCK * np.arange(count.sum())
-    return np.append(starts, n), np.repeat(owner, count)
-
-
 class _Run(NamedTuple):
     """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
     |d|; per pair the sums, the counts, the largest ULP distance and the NaN and matched-infinity counts; the
@@ -490,7 +482,7 @@ def _run(
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
          edges: tuple[int, ...], start: int) -> _Run:  # fmt: skip
     """:func:`_run` over elements ``start ..`` of one pair (``edges``: the whole pair's), GROUP blocks a unit."""
-    starts, owner = _rows(edges, start, xa.size)
+    starts, owner = plan(edges, start, xa.size)
     rows = len(owner)
     units = np.append(np.arange(0, rows, GROUP), rows)
     return _run(xa, xb, form, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
@@ -541,7 +533,7 @@ def compare_cpu_many(
         return []
     form = _format(pairs[0][0].dtype, pairs[0][1].dtype)
     edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
-    plans = [_rows(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]  # cached per shape
+    plans = [plan(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]  # cached per shape
     first = np.cumsum([0] + [len(owner) for _, owner in plans])
     at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])  # first element of each pair
     edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])  # first edge block of each pair
@@ -586,7 +578,10 @@ def compare_cpu_range(
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
     ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the first element of
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
-    then the whole pair's, bit for bit."""
+    then the whole pair's, bit for bit. A whole pair of at most ``small.NUMPY_MAX`` elements has the rows of
+    ``small.py``, as it has measured whole."""
+    if edges[-1] <= NUMPY_MAX:
+        return range_rows(a, b, atol=atol, rtol=rtol, edges=edges, start=start)
     form = _format(a.dtype, b.dtype)
     got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)
     max_ulp = int(got.max_ulp[0]) if form.ulp else None
@@ -604,4 +599,4 @@ def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.n
 
 def row_plan(edges: Sequence[int], numel: int) -> tuple[np.ndarray, np.ndarray]:
     """(starts, owner) of the rows :func:`compare_cpu` lays over a contiguous pair of ``numel`` elements."""
-    return _rows(tuple(edges), 0, numel)
+    return plan(tuple(edges), 0, numel)

@@ -1,0 +1,108 @@
+"""The first comparisons after ``pip install``: whole-process times in a fresh virtualenv, nothing compiled yet.
+
+    python benchmarks/first_compare_bench.py --dir /tmp/first-compare
+
+Builds the wheel from a copy of the sources (offline, as tests/test_wheel.py does) and installs it, not
+editable, into a fresh virtualenv whose dependencies come from this environment's site-packages (a .pth line);
+numba's on-disk cache is pointed at an empty folder (``NUMBA_CACHE_DIR``), so nothing compiled is found. Then,
+outside the checkout, one after another, each a whole process of the venv's ``validator`` console script:
+
+1. ``validator compare`` of two small .safetensors files (bf16 64 x 64: the NumPy pass, ``backends/small.py``),
+   the first time and again;
+2. ``validator runs`` (an empty store): the command the small compare is held against;
+3. ``validator compare`` of two larger files (bf16 1024 x 1024: numba's kernels, compiled at this first use), the
+   first time and again.
+
+Prints each time and whether numba's cache folder held anything after each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("validator", "probes", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
+
+
+def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode not in (0, 1):  # 1: a comparison's verdict is FAIL
+        raise SystemExit(f"{' '.join(map(str, cmd))}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def install(work: Path) -> Path:
+    """A fresh virtualenv with the wheel installed; returns its bin/ folder."""
+    src = work / "src"
+    for name in SOURCES:
+        p = ROOT / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, src / name)
+    pip = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", work / "dist", src, cwd=work)
+    (wheel,) = (work / "dist").glob("validator-*.whl")
+    venv = work / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=work)
+    python = venv / "bin" / "python"
+    run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=work)
+    purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=work).strip()
+    Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return venv / "bin"
+
+
+def make_pair(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+    b = (a.float() * (1 + 1e-2 * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
+    paths = folder / f"a-{rows}x{cols}.safetensors", folder / f"b-{rows}x{cols}.safetensors"
+    save_file({"x": a}, str(paths[0]))
+    save_file({"x": b}, str(paths[1]))
+    return paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, required=True, help="an empty or missing folder to work in (removed first)")
+    args = ap.parse_args()
+    work = args.dir.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    bin_dir = install(work)
+    print(f"wheel built and installed in a fresh virtualenv: {time.perf_counter() - t0:.1f} s")
+    small, large = make_pair(work, 64, 64), make_pair(work, 1024, 1024)
+    cache = work / "numba-cache"
+    cache.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VALIDATOR_", "NUMBA_")) and k != "PYTHONPATH"}
+    env |= {"VALIDATOR_HOME": str(work / "home"), "NUMBA_CACHE_DIR": str(cache)}
+    validator = bin_dir / "validator"
+    steps = [
+        ("compare 64x64 bf16 files, first", ["compare", *small]),
+        ("compare 64x64 bf16 files, again", ["compare", *small]),
+        ("runs", ["runs"]),
+        ("compare 1024x1024 bf16 files, first", ["compare", *large]),
+        ("compare 1024x1024 bf16 files, again", ["compare", *large]),
+    ]
+    for label, argv in steps:
+        began = time.perf_counter()
+        run(validator, *argv, cwd=work, env=env)
+        took = time.perf_counter() - began
+        cached = sum(1 for _ in cache.rglob("*.nbc"))
+        print(f"{label}: {took:.2f} s (numba's cache: {cached} compiled entries)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""The CPU engine's pass over small pairs: NumPy float64, nothing compiled, numba never imported.
+
+A pair of at most :data:`NUMPY_MAX` elements (the whole pair's count: a size, never a setting or the state
+of a cache) is read here; a larger one by the numba kernels of ``cpu.py``, which compile at their first use.
+So comparing small tensors (a demo, two small files, a drill-down page) waits for no compiler and does not
+import numba. Both write the same rows of partials (:func:`plan`: at most ``cpu.BLOCK`` elements a row, rows
+laid from each edge of the pair's blocks) and add them in one sequential float64 chain (:func:`chain`, the
+bits of ``cpu._add_rows``), so a small pair measured in ranges (``validator.numerics.ranges``) merges into
+the bits measured whole.
+
+Here every element is read in float64, as the reference reads it (``reference.py``, ``docs/metrics.md``):
+a row's sums are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count
+are exact. Many pairs are read end to end, each row summed on its own, so a pair's bits do not depend on the
+pairs beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from validator.numerics.backends.common import Totals, pieces_of, ulp_spec
+
+NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/file_compare_small.md)
+BLOCK = 2048  # elements per row of partials: cpu.BLOCK
+GROUP = 1 << 16  # elements: many pairs are read this many at a time (their float64 copies stay in cache)
+# a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d|; rows_i (int64) finite in both, passed,
+# non-finite in a, in b, mismatched, the largest ULP distance, NaN in a, in b, the same infinity in both
+_SIGNED = {2: np.int16, 1: np.int8, 4: np.int32}
+_MASK = {n: (1 << (8 * n - 1)) - 1 for n in _SIGNED}  # the bits but the sign's
+
+
+@functools.lru_cache(maxsize=256)
+def plan(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, owner): rows of at most BLOCK elements of piece ``start .. start + n``, none across an
+    edge (row i: elements starts[i] .. starts[i+1] of the piece), and the edge block each row is in."""
+    owner, lo, hi = np.array(pieces_of(edges, start, start + n), np.int64).reshape(-1, 3).T
+    count = -(-(hi - lo) // BLOCK)  # rows of each block
+    before = np.cumsum(count) - count
+    starts = np.repeat(lo - BLOCK * before, count) + BLOCK * np.arange(count.sum())
+    return np.append(starts, n), np.repeat(owner, count)
+
+
+@functools.cache
+def _table(dtype: torch.dtype) -> np.ndarray:
+    """float64 value of every bit pattern of an 8-bit float type (torch's conversion, exact)."""
+    bits = torch.arange(256, dtype=torch.int16).to(torch.uint8)
+    return bits.view(dtype).to(torch.float64).numpy()
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in row-major order, one dense run (a copy only where they are not)."""
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
+        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
+    return flat
+
+
+def values(t: torch.Tensor) -> np.ndarray:
+    """The elements of ``t`` (flat, row-major) in float64, exactly."""
+    flat, dtype = _flat(t), t.dtype
+    if dtype == torch.float64:
+        return flat.numpy()
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        looked_up: np.ndarray = _table(dtype)[flat.view(torch.uint8).numpy()]
+        return looked_up
+    if dtype == torch.bfloat16:  # its bits are the high half of a float32's
+        high: np.ndarray = flat.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
+        return high.view(np.float32).astype(np.float64)
+    if dtype == torch.float16:
+        return flat.view(torch.int16).numpy().view(np.float16).astype(np.float64)
+    return flat.view(torch.int32).numpy().view(np.float32).astype(np.float64)
+
+
+def ordinals(t: torch.Tensor) -> np.ndarray:
+    """Each element's bit pattern as a point on a monotonic integer line (``common.ulp_distance``): its bits,
+    or minus them without the sign bit where that is set; computed in the storage width (it fits), int64."""
+    s = _flat(t).view(torch.uint8).numpy().view(_SIGNED[t.dtype.itemsize])
+    neg = s >> (8 * t.dtype.itemsize - 1)  # -1 where the sign bit is set, else 0
+    out: np.ndarray = ((s ^ (neg & _MASK[t.dtype.itemsize])) - neg).astype(np.int64)
+    return out
+
+
+def rows_of(x: np.ndarray, y: np.ndarray, dist: np.ndarray | None, atol: float, rtol: float,
+            starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The rows of partials (``[rows, 6]`` float64, ``[rows, 9]`` int64: see the module's constants) of the
+    float64 values ``x`` (reference) and ``y``, row i elements starts[i] .. starts[i+1] (the last start: the
+    end); ``dist``: the ULP distances, or None without ULP metrics."""
+    at = starts[:-1]
+    rows_f, rows_i = np.empty((len(at), 6)), np.zeros((len(at), 9), np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fin_a, fin_b = np.isfinite(x), np.isfinite(y)
+        both = fin_a & fin_b
+        clean = bool(both.all())
+        x0, y0 = x, y
+        if not clean:
+            x, y = np.where(both, x, 0.0), np.where(both, y, 0.0)
+        d = y - x
+        ad = np.abs(d)
+        for i, v in enumerate((x * x, y * y, d * d, ad, x * d)):
+            rows_f[:, i] = np.add.reduceat(v, at)
+        rows_f[:, 5] = np.maximum.reduceat(ad, at)
+        passed = ad <= atol + rtol * np.abs(x)
+        if dist is not None:
+            rows_i[:, 5] = np.maximum.reduceat(dist if clean else np.where(both, dist, 0), at)
+        if clean:
+            rows_i[:, 0] = np.diff(starts)
+            rows_i[:, 1] = np.add.reduceat(passed, at, dtype=np.int64)
+            return rows_f, rows_i
+        nan_a, nan_b, equal = np.isnan(x0), np.isnan(y0), x0 == y0
+        same = ~both & (equal | (nan_a & nan_b))  # NaN/NaN, +Inf/+Inf or -Inf/-Inf
+        counted = (
+            both,
+            (passed & both) | same,
+            ~fin_a,
+            ~fin_b,
+            ~both & ~same,
+            None,
+            nan_a,
+            nan_b,
+            np.isinf(x0) & equal,
+        )
+        for i, c in enumerate(counted):
+            if c is not None:
+                rows_i[:, i] = np.add.reduceat(c, at, dtype=np.int64)
+    return rows_f, rows_i
+
+
+def chain(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each pair's rows (pair p: rows first[p] .. first[p+1]) added one after another in float64, from 0.0:
+    ``cpu._add_rows``' chain, bit for bit (``[pairs, columns]``). ``np.cumsum`` adds in order; its first term
+    is the first row, not 0.0 + it, which differs only where that is -0.0: adding 0.0 at the end gives the
+    chain's +0.0 there, and changes nothing else."""
+    pairs = len(first) - 1
+    lengths = np.diff(first)
+    longest = int(lengths.max(initial=0))
+    if pairs <= longest:  # few pairs of many rows: each pair's chain on its own
+        out = np.zeros((pairs, rows.shape[1]))
+        for p in range(pairs):
+            if lengths[p]:
+                out[p] = np.cumsum(rows[first[p] : first[p + 1]], axis=0)[-1] + 0.0
+        return out
+    out = np.zeros((pairs, rows.shape[1]))
+    for k in range(longest):  # many pairs of few rows: the k-th row of every pair that has one
+        has = np.flatnonzero(lengths > k)
+        out[has] += rows[first[has] + k]
+    return out
+
+
+def add_up(rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+]:  # fmt: skip
+    """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d|, the five counts,
+    the largest ULP distance and the NaN and matched-infinity counts; and per edge block (``owner``: each
+    row's, of ``n_blocks``) its d² and a² (``[2, n_blocks]``), each a chain of its rows."""
+    at = first[:-1]
+    sums, tops = chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, 5], at)
+    counts, max_ulp = np.add.reduceat(rows_i, at), np.maximum.reduceat(rows_i[:, 5], at)
+    blocks = np.zeros((2, n_blocks))
+    cut = np.flatnonzero(np.diff(owner)) + 1  # owner never decreases: a block's rows lie together
+    seg = np.concatenate(([0], cut, [len(owner)]))
+    blocks[:, owner[seg[:-1]]] = chain(rows_f[:, [2, 0]], seg).T
+    return sums, tops, counts[:, :5], max_ulp, counts[:, 6:], blocks
+
+
+def _read(a: torch.Tensor, b: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Both sides' float64 values and their ULP distances (None without ULP metrics)."""
+    dist = None
+    if ulp_spec(a.dtype, b.dtype) is not None:
+        dist = np.abs(ordinals(a) - ordinals(b))
+    return values(a), values(b), dist
+
+
+def compare_small_many(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float
+) -> list[Totals]:
+    """The totals of each pair ``(a, b, edges)`` (float dtypes on the CPU; ``edges``: see ``common.Totals``),
+    the pairs read end to end, each row on its own: a pair's bits are those it has alone."""
+    if not pairs:
+        return []
+    if any(a.numel() == 0 for a, _, _ in pairs):  # an empty pair has no rows: its totals are zeros
+        whole = [(a, b, e) for a, b, e in pairs if a.numel()]
+        done = iter(compare_small_many(whole, atol=atol, rtol=rtol))
+        return [next(done) if a.numel() else _empty(a, b, e) for a, b, e in pairs]
+    if len(pairs) > 1 and sum(a.numel() for a, _, _ in pairs) > GROUP:  # read GROUP elements of pairs at a time
+        out, size, begin = [], 0, 0
+        for i, (a, _, _) in enumerate(pairs):
+            if size and size + a.numel() > GROUP:
+                out += compare_small_many(pairs[begin:i], atol=atol, rtol=rtol)
+                size, begin = 0, i
+            size += a.numel()
+        return out + compare_small_many(pairs[begin:], atol=atol, rtol=rtol)
+    read = [_read(a, b) for a, b, _ in pairs]
+    edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
+    plans = [plan(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]
+    at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])
+    rows = np.array([len(o) for _, o in plans])
+    first = np.concatenate(([0], np.cumsum(rows)))
+    edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])
+    starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
+    starts[:-1] += np.repeat(at[:-1], rows)
+    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    x, y = np.concatenate([r[0] for r in read]), np.concatenate([r[1] for r in read])
+    ulp = any(r[2] is not None for r in read)  # a pair without ULP metrics: zeros, not reported
+    dist = np.concatenate([np.zeros(len(r[0]), np.int64) if r[2] is None else r[2] for r in read]) if ulp else None
+    rows_f, rows_i = rows_of(x, y, dist, atol, rtol, starts)
+    sums, tops, counts, max_ulp, nonfinite, blocks = add_up(rows_f, rows_i, first, owner, int(edge_at[-1]))
+    sums_l, tops_l, counts_l, ulp_l, nf_l, (d2, a2) = (
+        v.tolist() for v in (sums, tops, counts, max_ulp, nonfinite, blocks)
+    )
+    out = []
+    for p, ((a, _, _), (_, _, dp)) in enumerate(zip(pairs, read)):
+        lo, hi = edge_at[p], edge_at[p + 1]
+        out.append(Totals(a.numel(), tuple(sums_l[p]), tops_l[p], tuple(counts_l[p]), None if dp is None else ulp_l[p],
+                          tuple(d2[lo:hi]), tuple(a2[lo:hi]), tuple(nf_l[p])))  # fmt: skip
+    return out
+
+
+def _empty(a: torch.Tensor, b: torch.Tensor, edges: Sequence[int]) -> Totals:
+    zeros = (0.0,) * max(1, len(edges) - 1)
+    return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None if ulp_spec(a.dtype, b.dtype) is None else 0, zeros, zeros)
+
+
+def compare_small(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
+    """:func:`compare_small_many` of one pair."""
+    return compare_small_many([(a, b, edges)], atol=atol, rtol=rtol)[0]
+
+
+def range_rows(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int],
+               start: int) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:  # fmt: skip
+    """``cpu.compare_cpu_range`` of a range of a pair of at most NUMPY_MAX elements (its rows are the whole
+    pair's: they start where the whole pair's do)."""
+    x, y, dist = _read(a, b)
+    starts, owner = plan(tuple(edges), start, a.numel())
+    rows_f, rows_i = rows_of(x, y, dist, atol, rtol, starts)
+    counts = rows_i.sum(axis=0)
+    nan_a, nan_b, inf_same = counts[6:].tolist()
+    max_ulp = None if dist is None else int(rows_i[:, 5].max())
+    return np.ascontiguousarray(rows_f[:, :5]), counts[:5], float(rows_f[:, 5].max()), max_ulp, (nan_a, nan_b, inf_same)

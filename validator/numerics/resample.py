@@ -1,0 +1,72 @@
+"""The bootstrap's resampled sums and rel_l2 values (``floors.bootstrap_intervals``).
+
+A resample draws each of ``n`` blocks ``counts[j, k]`` times (``counts``: ``[n, resamples]``, small unsigned
+integers, exact in float64); its sums are added block after block in that order, from 0.0, the same order for
+every resample, every pair and every machine (a BLAS matrix-vector product picks its own order). Each value is
+one product and one sum per block, in float64, then the formulas below: IEEE arithmetic with one rounding
+each, so the NumPy code here and numba's compiled loops (``resample_compiled.py``) give the same bits
+(``tests/validator/numerics/test_resample.py``). A call over few pairs' blocks (at most :data:`NUMPY_WORK`
+pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported; a larger one in the
+compiled loops, which read each draw once for every pair.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NUMPY_WORK = 4096  # pairs x blocks: calls no larger run in NumPy (at 64 blocks, 1,000 resamples: about 0.5 ms a pair)
+_CHUNK = 64  # pairs at a time: their [pairs, resamples] sums stay in cache
+
+
+def resampled_rel_l2_many(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """rel_l2 of every resample of each pair's blocks (rows of ``d2`` and ``a2``), ``[pairs, resamples]``:
+    sqrt(sd * (1 / sa)) of its sums, 0 where sd is 0 and sa is not, +inf where it is undefined (sa zero: every
+    drawn reference block zero)."""
+    if d2.size > NUMPY_WORK:
+        from validator.numerics.resample_compiled import resampled_rel_l2_many as compiled
+
+        out: np.ndarray = compiled(counts, d2, a2)
+        return out
+    out = np.empty((d2.shape[0], counts.shape[1]))
+    for p in range(0, d2.shape[0], _CHUNK):
+        sd, sa = _sums(counts, d2[p : p + _CHUNK], a2[p : p + _CHUNK])
+        with np.errstate(all="ignore"):
+            out[p : p + _CHUNK] = _finite_or_inf(np.sqrt(np.where(sd == 0, 0.0, sd) * (1.0 / sa)))
+    return out
+
+
+def ratios_many(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray, fcounts: np.ndarray, fd2: np.ndarray,
+                fa2: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Per resample, each pair's rel_l2 over its floor's (rows of d2, a2 drawn by ``counts``; of fd2, fa2 by
+    ``fcounts``), ``[pairs, resamples]``: sqrt((sd / fd) * (fa / sa)), written so that a paired resample of
+    all-zero reference rows (sa == fa == 0) still compares the two errors; 0 where sd is 0, the scale 1 where
+    fa == sa, +inf where undefined."""
+    if d2.size + fd2.size > NUMPY_WORK:
+        from validator.numerics.resample_compiled import ratios_many as compiled
+
+        out: np.ndarray = compiled(counts, d2, a2, fcounts, fd2, fa2)
+        return out
+    out = np.empty((d2.shape[0], counts.shape[1]))
+    for p in range(0, d2.shape[0], _CHUNK):
+        fd, fa = _sums(fcounts, fd2[p : p + _CHUNK], fa2[p : p + _CHUNK])
+        sd, sa = _sums(counts, d2[p : p + _CHUNK], a2[p : p + _CHUNK])
+        with np.errstate(all="ignore"):
+            err = np.where(sd == 0, 0.0, sd / fd)
+            scale = np.where(fa == sa, 1.0, fa / sa)
+            out[p : p + _CHUNK] = _finite_or_inf(np.sqrt(err * scale))
+    return out
+
+
+def _sums(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ_j counts[j, k] d2[p, j], Σ_j counts[j, k] a2[p, j]) for every pair p and resample k, j in order."""
+    sd, sa = np.zeros((d2.shape[0], counts.shape[1])), np.zeros((d2.shape[0], counts.shape[1]))
+    for j in range(counts.shape[0]):
+        c = counts[j].astype(np.float64)
+        sd += c * d2[:, j : j + 1]
+        sa += c * a2[:, j : j + 1]
+    return sd, sa
+
+
+def _finite_or_inf(v: np.ndarray) -> np.ndarray:
+    v[np.isnan(v)] = np.inf
+    return v

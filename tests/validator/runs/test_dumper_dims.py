@@ -179,3 +179,23 @@ def test_a_recomputed_forward_is_a_copy_of_the_original(tmp_path: Path) -> None:
     (lt,) = group_logical(read_dumper_dir(d).tensors).values()
     assert lt.kind == "replicated" and lt.coords.extra == ()  # no call= numbering: the same call, twice
     assert torch.equal(lt.materialize(), torch.ones(2, 3)) and "replicas disagree" in lt.notes[0]
+
+
+def test_splits_and_sums_with_replicated_groups(tmp_path: Path) -> None:
+    # world 4 = TP 2 x EP 2; the EP ranks hold copies. `f`: TP slices (rank 3's copy off); `o`: TP addends
+    full, parts = torch.arange(12, dtype=torch.float32).view(3, 4), torch.randn(2, 3, 4, dtype=torch.float64)
+    d = tmp_path / "ep"
+    d.mkdir()
+    for rank in range(4):
+        tp, ep = rank % 2, rank // 2
+        info = {"tp_rank": tp, "tp_size": 2, "moe_ep_rank": ep, "moe_ep_size": 2}
+        _write(d, rank, "f", full[:, 2 * tp : 2 * tp + 2] + (rank == 3), "t f[tp] # moe_ep:replicated", info,
+               key="sglang_parallel_info")
+        _write(d, rank, "o", parts[tp].clone(), "t h[tp:partial] # moe_ep:replicated", info, key="sglang_parallel_info")
+    lts = {lt.name: lt for lt in group_logical(read_dumper_dir(d).tensors).values()}
+    f, o = lts["f"], lts["o"]
+    assert f.kind == "split" and {(r.shard.index, r.shard.replica, r.shard.replicas) for r in f.shards} == {
+        (0, 0, 2), (1, 0, 2), (0, 1, 2), (1, 1, 2)}
+    assert torch.equal(f.materialize(), full) and len(f.notes) == 1 and "rank=3" in f.notes[0]
+    assert o.kind == "replicated" and len(o.shards) == 2  # per EP copy, the TP addends summed on load
+    assert torch.allclose(o.materialize().double(), parts.sum(0)) and o.notes == []

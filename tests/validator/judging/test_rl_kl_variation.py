@@ -14,6 +14,8 @@ from validator.judging.rl_kl import KLSettings, kl_by_step
 # k3 step means (x 1e-4) of the healthy and stale series of benchmarks/rl_h200.md: batches move k3 by 30-40%
 HEALTHY = [4.9, 5.5, 4.7, 5.7, 6.6, 8.1, 6.9, 4.1, 2.7, 6.5, 14.5, 8.5, 8.1, 6.8, 6.6, 9.9, 4.7, 8.1, 6.7, 6.1]
 STALE_3 = HEALTHY[:12] + [14.6, 19.2, 41.7] + HEALTHY[15:]
+ONE_BEHIND = HEALTHY[:12] + [14.6] + HEALTHY[13:]  # step 12 served version 11, as in the stale-3 series
+STOPPED = [5.6, 6.6, 8.1, 6.9, 4.1, 2.7, 6.5, 22.5, 28.7, 75.2, 66.5, 136, 281, 276, 333, 580, 362]  # from step 3
 
 
 def _levels(x: list[float]) -> list[float]:
@@ -42,11 +44,13 @@ def test_healthy_series_is_at_floor_and_names_what_kl_cannot_see() -> None:
     assert kl_by_step(*_series(_levels(HEALTHY), samples=16, tokens=40), settings=KLSettings(variation="sampling")).verdict != "at floor"
 
 
-def test_stale_and_lasting_syncs_still_fail() -> None:
+def test_stale_and_stopped_syncs_still_fail_and_one_behind_is_named() -> None:
     stale = kl_by_step(*_series(_levels(STALE_3), samples=16, tokens=40))
     assert stale.verdict == "above floor" and 14 in [s.step for s in stale.steps if s.status == "above floor"]
-    lasting = kl_by_step(*_series(_levels(HEALTHY[:10] + [v * 4 * (1 + i) for i, v in enumerate(HEALTHY[10:])]), samples=16, tokens=40))
-    assert lasting.verdict == "diverging"
+    assert kl_by_step(*_series(_levels(STOPPED), samples=16, tokens=40)).verdict == "diverging"
+    behind = kl_by_step(*_series(_levels(ONE_BEHIND), samples=16, tokens=40))
+    assert behind.verdict == "at floor" and "validator manifest diff" in behind.reasons[-1]
+    assert behind.flag_ratio > 14.6 / min(HEALTHY[:5])  # the stale step is below what KL can flag here
 
 
 def test_a_level_above_the_band_fails_by_the_measured_variation() -> None:

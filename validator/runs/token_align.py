@@ -64,8 +64,8 @@ def _aux(view: RunView) -> tuple[dict[int, dict[str, list[int]]], dict[tuple[Any
         c = lt.coords
         if c.step is None:
             continue
-        if lt.name in AUX_NAMES:
-            if c.layer is None and not c.extra:
+        if lt.name in AUX_NAMES:  # under PP every stage may dump them (coordinate pp=): any stage's will do
+            if c.layer is None and all(k == "pp" for k, _ in c.extra) and lt.name not in per_step[c.step]:
                 per_step[c.step][lt.name] = [int(x) for x in lt.materialize().reshape(-1).tolist()]
             continue
         others[(lt.name, c.request, c.tokens, c.layer, c.extra)][c.step] = lt

@@ -1,6 +1,6 @@
 """Runs: reading what a user can name as a run (a bundle directory, safetensors files, an SGLang dumper
-folder) into one :class:`RunView`, validated safetensors reading, reassembly of logical tensors from
-TP/PP shards, and acceptance records (JSONL in, Parquet stored)."""
+folder, its ``dims`` layouts and token alignment) into one :class:`RunView`, validated safetensors reading,
+reassembly of logical tensors from TP/PP shards, and acceptance records (JSONL in, Parquet stored)."""
 
 from validator._exports import public
 
@@ -12,6 +12,8 @@ __getattr__, __all__ = public(
         "reassembly": ["LogicalTensor", "group_logical", "logical_key"],
         "tensorfile": ["SafetensorsFile", "TensorEntry", "dtype_name", "torch_dtype"],
         "dumper": ["is_dumper_dir", "read_dumper_dir"],
+        "dims": ["LayoutError", "parse_dims", "plan_layout"],
+        "token_align": ["align_views", "open_for_alignment"],
         "acceptance_records": [
             "AcceptanceInputError",
             "read_acceptance_bundle",

@@ -130,3 +130,21 @@ def test_wheel_runs_demo_and_dashboard_outside_the_checkout(installed: Path, tmp
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_wheel_first_small_compare_compiles_nothing(installed: Path, tmp_path: Path) -> None:
+    """The first comparison of two small files after the install waits for no compiler: with numba's cache
+    pointed at an empty folder, nothing is compiled into it (the pass and the bootstrap run in NumPy)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    save_file({"x": a}, str(tmp_path / "a.safetensors"))
+    save_file({"x": (a.float() * 1.01).to(torch.bfloat16)}, str(tmp_path / "b.safetensors"))
+    cache = tmp_path / "numba-cache"
+    cache.mkdir()
+    env = {**_env(tmp_path / "home"), "NUMBA_CACHE_DIR": str(cache)}
+    out = json.loads(_run(installed / "validator", "compare", "a.safetensors", "b.safetensors", "--json", cwd=tmp_path, env=env))
+    assert out["pairs"][0]["metrics"]["rel_l2"] > 0, out["pairs"][0]
+    assert not any(cache.rglob("*")), sorted(cache.rglob("*"))[:5]

@@ -239,13 +239,12 @@ def small_runs(replicates: int, elements: int = 16) -> dict[tuple[int, str], Cou
     rng = np.random.default_rng(20261207)
     out: dict[tuple[int, str], Counter[str]] = {}
     for size in RUN_SIZES:
-        reps = replicates if size < 2000 else max(20, replicates // 2)
         ids = [("router", {"step": i // LAYERS, "layer": i % LAYERS}) for i in range(size)]
         plan = plan_units(ids)
         units = size + len(plan)
         for case in ("null", "layer 2 at 2x", "step 0 at 3x"):
             c: Counter[str] = Counter()
-            for _ in range(reps):
+            for _ in range(replicates):
                 drawn = [_small_pair(rng, (elements,), "gauss", _drift(case, cd)) for _, cd in ids]
                 ds = POLICY.decide_many([("router", m, fl, ("float64", "bfloat16"), cb) for m, cb, fl in drawn],
                                         have_floor=True, units=units)

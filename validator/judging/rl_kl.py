@@ -830,6 +830,28 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     )
 
 
+VARIATION_TRIM = 0.1  # the largest share of squared successive differences left out of the step-to-step variation
+
+
+def _step_sd(y: FloatArray) -> tuple[float, float]:
+    """The SD of a series' steps from its successive differences, and its degrees of freedom: ``sqrt(mean(Δ²) / 2)``
+    over the ``1 - VARIATION_TRIM`` smallest squared differences, divided by their expected share under normal
+    steps (``E[X | X <= q]`` for ``X ~ chi2(1)``, ``q`` its quantile at the kept share), so that a few stale steps
+    do not hide themselves by inflating the variation they are judged against. Degrees of freedom: those of the
+    untrimmed estimate, ``2 (n-1)² / (3n - 4)``, times the kept share."""
+    d2 = np.sort(np.diff(y) ** 2)
+    m = d2.size
+    keep = m - math.ceil(VARIATION_TRIM * m)
+    share = keep / m
+    if keep < m:
+        q = float(sps.chi2.ppf(share, 1))
+        expected = float(sps.chi2.cdf(q, 3)) / share  # E[X | X <= q], X ~ chi2(1)
+    else:
+        expected = 1.0
+    n = y.size
+    return math.sqrt(float(d2[:keep].mean()) / expected / 2.0), 2.0 * (n - 1) ** 2 / (3 * n - 4) * share
+
+
 class _Variation(NamedTuple):
     s: float  # SD of log k3 step means (successive differences)
     ratio: float  # the judged steps' geometric-mean k3 over the floor's
@@ -842,17 +864,15 @@ class _Variation(NamedTuple):
 def _measured_level(cfg: KLSettings, k3: FloatArray, n_window: int, floor: float) -> _Variation | None:
     """The judged steps' level, and each judged step, against the floor by the run's own step-to-step variation.
 
-    ``s``: the SD of log k3 step means from successive differences (``sqrt(mean(diff²) / 2)``, which a trend or a
-    lasting shift barely moves; it holds the steps' sampling error too), with ``2 (n-1)² / (3n - 4)`` degrees of
-    freedom (t tests). The reference is the floor window's geometric mean (only an estimated floor is judged so: a
+    ``s``: the SD of log k3 step means from successive differences (:func:`_step_sd`: a trend or a lasting shift
+    barely moves it, and it holds the steps' sampling error too), with its degrees of freedom (t tests). The reference is the floor window's geometric mean (only an estimated floor is judged so: a
     declared floor is held to its tolerance). None with ``variation = "sampling"``, fewer than 3 steps, or a step
     mean <= 0."""
     n = k3.size
     if cfg.variation != "measured" or n < 3 or not (np.all(np.isfinite(k3)) and np.all(k3 > 0)) or floor <= 0:
         return None
     y = np.log(k3)
-    s = math.sqrt(float(np.mean(np.diff(y) ** 2)) / 2.0)
-    dof = 2.0 * (n - 1) ** 2 / (3 * n - 4)
+    s, dof = _step_sd(y)
     judged = n - n_window
     ref = float(y[:n_window].mean())
     se = s * math.sqrt(1.0 / judged + 1.0 / n_window)

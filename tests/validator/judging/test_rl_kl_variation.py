@@ -26,14 +26,17 @@ def test_healthy_series_is_at_floor_and_names_what_kl_cannot_see() -> None:
     rep = kl_by_step(*_series(_levels(HEALTHY), samples=16, tokens=40))
     assert rep.verdict == "at floor", rep.reasons
     k3 = rep.table.k3
-    d = np.diff(np.log(k3))
-    s = math.sqrt(float(np.mean(d * d)) / 2)  # the definition, computed here on its own
+    d2 = sorted(float(x) ** 2 for x in np.diff(np.log(k3)))  # the definition, computed here on its own
+    keep = len(d2) - math.ceil(0.1 * len(d2))  # the largest 10% of squared differences left out (rounded up)
+    q = stats.chi2.ppf(keep / len(d2), 1)
+    expected = stats.chi2.cdf(q, 3) / (keep / len(d2))  # E[X | X <= q] for X ~ chi2(1)
+    s = math.sqrt(sum(d2[:keep]) / keep / expected / 2)
     assert rep.variation == pytest.approx(s, rel=1e-12)
     w = rep.table.n_window
     ratio = math.exp(float(np.log(k3[w:]).mean() - np.log(k3[:w]).mean()))
     assert rep.level_ratio == pytest.approx(ratio, rel=1e-12)
     n = k3.size
-    dof = 2 * (n - 1) ** 2 / (3 * n - 4)
+    dof = 2 * (n - 1) ** 2 / (3 * n - 4) * keep / len(d2)
     se = s * math.sqrt(1 / (n - w) + 1 / w)
     assert rep.level_ratio_upper == pytest.approx(ratio * math.exp(stats.t.ppf(0.95, dof) * se), rel=1e-9)
     note = rep.reasons[-1]

@@ -6,27 +6,34 @@ every resample, every pair and every machine (a BLAS matrix-vector product picks
 one product and one sum per block, in float64, then the formulas below: IEEE arithmetic with one rounding
 each, so the NumPy code here and numba's compiled loops (``resample_compiled.py``) give the same bits
 (``tests/validator/numerics/test_resample.py``). A call over few pairs' blocks (at most :data:`NUMPY_WORK`
-pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported; a larger one in the
-compiled loops, which read each draw once for every pair.
+pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported, unless numba is loaded
+already; a larger one in the compiled loops, which read each draw once for every pair.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 NUMPY_WORK = 4096  # pairs x blocks: calls no larger run in NumPy (at 64 blocks, 1,000 resamples: about 0.5 ms a pair)
-_CHUNK = 64  # pairs at a time: their [pairs, resamples] sums stay in cache
+_CHUNK = 16  # pairs at a time: their [pairs, resamples] sums stay in cache
 
 
 def resampled_rel_l2_many(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> np.ndarray:
     """rel_l2 of every resample of each pair's blocks (rows of ``d2`` and ``a2``), ``[pairs, resamples]``:
     sqrt(sd * (1 / sa)) of its sums, 0 where sd is 0 and sa is not, +inf where it is undefined (sa zero: every
     drawn reference block zero)."""
-    if d2.size > NUMPY_WORK:
+    if _compiled(d2.size):
         from validator.numerics.resample_compiled import resampled_rel_l2_many as compiled
 
         out: np.ndarray = compiled(counts, d2, a2)
         return out
+    return rel_l2_numpy(counts, d2, a2)
+
+
+def rel_l2_numpy(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> np.ndarray:
+    """:func:`resampled_rel_l2_many` in NumPy."""
     out = np.empty((d2.shape[0], counts.shape[1]))
     for p in range(0, d2.shape[0], _CHUNK):
         sd, sa = _sums(counts, d2[p : p + _CHUNK], a2[p : p + _CHUNK])
@@ -41,11 +48,17 @@ def ratios_many(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray, fcounts: np.
     ``fcounts``), ``[pairs, resamples]``: sqrt((sd / fd) * (fa / sa)), written so that a paired resample of
     all-zero reference rows (sa == fa == 0) still compares the two errors; 0 where sd is 0, the scale 1 where
     fa == sa, +inf where undefined."""
-    if d2.size + fd2.size > NUMPY_WORK:
+    if _compiled(d2.size + fd2.size):
         from validator.numerics.resample_compiled import ratios_many as compiled
 
         out: np.ndarray = compiled(counts, d2, a2, fcounts, fd2, fa2)
         return out
+    return ratios_numpy(counts, d2, a2, fcounts, fd2, fa2)
+
+
+def ratios_numpy(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray, fcounts: np.ndarray, fd2: np.ndarray,
+                 fa2: np.ndarray) -> np.ndarray:  # fmt: skip
+    """:func:`ratios_many` in NumPy."""
     out = np.empty((d2.shape[0], counts.shape[1]))
     for p in range(0, d2.shape[0], _CHUNK):
         fd, fa = _sums(fcounts, fd2[p : p + _CHUNK], fa2[p : p + _CHUNK])
@@ -59,12 +72,22 @@ def ratios_many(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray, fcounts: np.
 
 def _sums(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(Σ_j counts[j, k] d2[p, j], Σ_j counts[j, k] a2[p, j]) for every pair p and resample k, j in order."""
-    sd, sa = np.zeros((d2.shape[0], counts.shape[1])), np.zeros((d2.shape[0], counts.shape[1]))
+    shape = (d2.shape[0], counts.shape[1])
+    sd, sa, term = np.zeros(shape), np.zeros(shape), np.empty(shape)
+    wide = counts.astype(np.float64)  # exact: small integers
     for j in range(counts.shape[0]):
-        c = counts[j].astype(np.float64)
-        sd += c * d2[:, j : j + 1]
-        sa += c * a2[:, j : j + 1]
+        np.multiply(wide[j], d2[:, j : j + 1], out=term)
+        sd += term
+        np.multiply(wide[j], a2[:, j : j + 1], out=term)
+        sa += term
     return sd, sa
+
+
+def _compiled(size: int) -> bool:
+    """Whether a call over ``size`` pairs x blocks runs in the compiled loops: above NUMPY_WORK, or wherever
+    numba is loaded already (a large pair's pass loaded it: its loops then cost less than NumPy's). The bits
+    are the same either way."""
+    return size > NUMPY_WORK or "numba" in sys.modules
 
 
 def _finite_or_inf(v: np.ndarray) -> np.ndarray:

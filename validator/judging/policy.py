@@ -15,10 +15,12 @@ TOML form (``--policy FILE``)::
     nonfinite = "fail"          # "fail": any NaN, or differing NaN/Inf; "match": differing only; "ignore"
 
 Without a matching rule: with a floor pair (``--floor``), ``floor_multiple = FLOOR_MULTIPLE``; otherwise
-``rel_l2 <= default_rel_l2(dtypes)``. Every judged ratio carries a bootstrap interval
-(:mod:`validator.numerics.floors`): a pair passes when the whole interval is within its limit, fails when the whole
-interval is beyond it, and is ``inconclusive (borderline)`` otherwise. The defaults were chosen by
-``benchmarks/calibration.py``; docs/policy.md gives its false-alarm and detection rates.
+``rel_l2 <= default_rel_l2(dtypes)``. Every judged ratio carries an interval (``floors.judged_intervals``: the
+envelope of a block bootstrap, a log-scale t interval and the F interval of the pair's elements): a pair passes when
+the whole 95% interval is within its limit, fails when the whole interval at the comparison's FAIL level
+(:func:`fail_level`, Bonferroni over the units it judges) is beyond it, and is ``inconclusive (borderline)``
+otherwise. The defaults were chosen by ``benchmarks/calibration.py``; docs/policy.md gives its false-alarm and
+detection rates.
 """
 
 from __future__ import annotations

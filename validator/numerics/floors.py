@@ -15,7 +15,9 @@ blocks, and for each block the sums ``Σ d²`` and ``Σ a²`` over elements fini
 the floor's blocks *jointly* when they cover the same rows, gives the interval of ``rel_l2`` and of
 ``rel_l2 / floor``. Blocks of rows, not single elements, are resampled because errors are correlated
 within a token (one norm scale, the same outlier channels). The resampling is seeded, so an interval is
-the same on every run.
+the same on every run. A verdict's interval (:func:`judged_intervals`) is the envelope of that bootstrap, a
+log-scale t interval from the same blocks and the F interval of the pair's element count, which hold their
+coverage where a handful of blocks cannot (docs/policy.md, "Margins with uncertainty").
 """
 
 from __future__ import annotations

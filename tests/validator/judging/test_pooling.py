@@ -13,7 +13,8 @@ from scipy import stats
 
 from probes import BundleWriter
 from validator.app.cli import main
-from validator.judging.policy import FAMILY_ALPHA, fail_level
+from validator.judging.compare import Measured, floor_from, measure_tensors
+from validator.judging.policy import FAMILY_ALPHA, Policy, fail_level
 from validator.judging.pooling import Member, judge_units, plan_units, settled
 from validator.numerics.floors import BlockSums, judged_intervals
 
@@ -137,3 +138,23 @@ def test_compare_passes_a_run_of_small_equal_tensors_through_its_pooled_units(tm
     assert code == 1 and doc["verdict"] == "fail"
     assert any(u["scope"] == "layer=3" and u["status"] == "fail" for u in doc["pooled"])
     assert "layer=3" in " ".join(doc["reasons"])
+
+
+def test_a_pair_beyond_its_limit_at_95_but_not_at_the_fail_level_is_borderline() -> None:
+    """The same 3x pair of 64 elements FAILs alone and is borderline among 10,000 units, its reason naming the
+    comparison's FAIL level and the lower end there."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(64, generator=g, dtype=torch.float64)
+    fb = a + 1e-3 * torch.randn(64, generator=g, dtype=torch.float64)
+    b = a + 3e-3 * torch.randn(64, generator=g, dtype=torch.float64)
+    floor = floor_from(measure_tensors(a, fb), Measured(None, None), have_floor=True)
+    got = measure_tensors(a, b)
+    assert got.metrics is not None
+
+    pair = [("x", got.metrics, floor, ("float64", "float64"), got.blocks)]
+    alone = Policy().decide_many(pair, have_floor=True)[0]
+    many = Policy().decide_many(pair, have_floor=True, units=10_000)[0]
+    assert alone.status == "fail" and alone.interval is not None and alone.interval[0] > 1.5
+    assert many.status == "inconclusive" and many.borderline and many.interval == alone.interval
+    assert many.fail_bound is not None and many.fail_bound < 1.5 < alone.interval[0]
+    assert "FAIL level (0.999995)" in many.reasons[0]

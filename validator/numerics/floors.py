@@ -329,22 +329,26 @@ def _parametric(cand: BlockSums, floor: BlockSums | None, elements: int, level: 
     return math.exp(lo / 2.0), math.exp(hi / 2.0)
 
 
+# quantiles from scipy.special (imported where an interval is first drawn; scipy.stats would add a second)
 @functools.lru_cache(maxsize=4096)
 def _t(dof: int, q: float) -> float:
-    from scipy import stats
+    """Student's t quantile."""
+    from scipy.special import stdtrit
 
-    return float(stats.t.ppf(q, dof))
+    return float(stdtrit(dof, q))
 
 
 @functools.lru_cache(maxsize=4096)
 def _f(n: int, q: float) -> float:
-    from scipy import stats
+    """The F(n, n) quantile."""
+    from scipy.special import fdtri
 
-    return float(stats.f.ppf(q, n, n))
+    return float(fdtri(n, n, q))
 
 
 @functools.lru_cache(maxsize=4096)
 def _chi2(n: int, q: float) -> float:
-    from scipy import stats
+    """The chi-square(n) quantile."""
+    from scipy.special import chdtri  # the inverse of the upper tail
 
-    return float(stats.chi2.ppf(q, n))
+    return float(chdtri(n, 1.0 - q))

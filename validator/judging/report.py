@@ -185,7 +185,8 @@ def _leading(doc: dict[str, Any]) -> list[int]:
 
 
 def write_junit(doc: dict[str, Any], path: str | Path) -> None:
-    """One testcase per pair, per one-sided tensor and per extra section with a verdict. The frontier leads:
+    """One testcase per pair, per pooled unit, per one-sided tensor and per extra section with a verdict (a pair
+    settled by pooling passes). The frontier leads:
     the first divergence's testcase comes first, its failure message says so and what follows it, then the
     other problem nodes'; the suite's properties name the first divergence and count the problem nodes."""
     suite = ET.Element("testsuite", name=f"validator compare {doc['a']} vs {doc['b']}")
@@ -208,8 +209,15 @@ def write_junit(doc: dict[str, Any], path: str | Path) -> None:
             elif i in problems:
                 message = f"problem node (its upstream pairs pass): {message}"
             ET.SubElement(case, "failure", message=message).text = json.dumps(p)
-        elif p["status"] == "inconclusive":
+        elif p["status"] == "inconclusive" and not p.get("pooled_pass"):  # settled by pooling: a passing testcase
             ET.SubElement(case, "skipped", message="inconclusive: " + "; ".join(p.get("reasons", [])))
+    for u in doc.get("pooled") or []:  # pooled units: the pairs of one capture point judged together
+        case = ET.SubElement(suite, "testcase", classname="validator.pooled", name=u["label"])
+        if u["status"] == "fail":
+            n_fail += 1
+            ET.SubElement(case, "failure", message=u["reason"]).text = json.dumps(u)
+        elif u["status"] == "inconclusive":
+            ET.SubElement(case, "skipped", message="inconclusive: " + u["reason"])
     for side in ("a", "b"):
         for n in doc.get(f"only_{side}", []):
             case = ET.SubElement(suite, "testcase", classname="validator.coverage", name=f"{n} (only in {side.upper()})")

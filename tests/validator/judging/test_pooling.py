@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from validator.app.cli import main
 from validator.judging.compare import Measured, floor_from, measure_tensors
 from validator.judging.policy import FAMILY_ALPHA, Policy, fail_level
 from validator.judging.pooling import Member, judge_units, plan_units, settled
+from validator.judging.report import write_junit
 from validator.numerics.floors import BlockSums, judged_intervals
 
 
@@ -132,12 +134,23 @@ def test_compare_passes_a_run_of_small_equal_tensors_through_its_pooled_units(tm
     text = capsys.readouterr().out
     assert "pooled units" in text and "ok (pooled)" in text and "router [all, 40 pairs]" in text
 
+    # JUnit: a pair settled by pooling passes; each pooled unit is a testcase
+    write_junit(doc, tmp_path / "j.xml")
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    assert suite.get("failures") == "0"
+    assert any(c.get("classname") == "validator.pooled" and c.get("name") == "router [all, 40 pairs]" for c in suite)
+    settled_case = next(c for c in suite if c.get("name") == next(p["label"] for p in doc["pairs"] if p["pooled_pass"]))
+    assert settled_case.find("skipped") is None and settled_case.find("failure") is None
+
     bad = _bundle(tmp_path, "bad", noisy({3: 3.0}))
     code = main(["--home", str(tmp_path / "home"), "compare", a, bad, "--floor", a, fb, "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and doc["verdict"] == "fail"
     assert any(u["scope"] == "layer=3" and u["status"] == "fail" for u in doc["pooled"])
     assert "layer=3" in " ".join(doc["reasons"])
+    write_junit(doc, tmp_path / "bad.xml")
+    failed = [c.get("name") for c in ET.parse(tmp_path / "bad.xml").getroot() if c.find("failure") is not None]
+    assert "router [layer=3, 10 pairs]" in failed
 
 
 def test_a_pair_beyond_its_limit_at_95_but_not_at_the_fail_level_is_borderline() -> None:

@@ -11,7 +11,7 @@ work=$(mktemp -d)
 sed -n '41,64p' tests/data/gsm8k/test.jsonl > "$work/prompts.jsonl"
 common=(--prompts "$work/prompts.jsonl" --limit "${LIMIT:-24}" --max-new-tokens "${TOKENS:-48}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}")
 python3 -m validator probe transformers --mode d-only --out "$work/d-only" "${common[@]}"
-for broken in head layer; do
+for broken in ${BREAKS:-head layer}; do
   python3 -m validator probe transformers --mode pd-broken --break "$broken" --out "$work/$broken" "${common[@]}"
   set +e
   python3 -m validator --home "$work/home" compare "$work/d-only" "$work/$broken" \
@@ -22,11 +22,11 @@ for broken in head layer; do
   set -e
   cat "$out/$broken.txt"
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "${BREAKS:-head layer}" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for broken in ("head", "layer"):
+for broken in sys.argv[2].split():
     doc = json.loads((out / f"{broken}.json").read_text())
     failing = [p for p in doc["pairs"] if p["status"] in ("fail", "error")]
     summary = {

@@ -115,7 +115,8 @@ def test_comparing_plain_files_never_opens_the_store(tmp_path: Path) -> None:
     home = tmp_path / "no-home"
     out = _child("cli", home, [["compare", str(a), str(b), "--json"], ["compare", str(a), str(b), "--floor", str(fa), str(fb)]])
     (rc, text), (rc_floor, _) = out["results"]
-    assert rc in (0, 1) and rc_floor in (0, 1), out["results"]
+    # a verdict either way (3: inconclusive, which a few random elements against a random floor may be)
+    assert rc in (0, 1, 3) and rc_floor in (0, 1, 3), out["results"]
     assert {p["label"] for p in json.loads(text)["pairs"]} == {"hidden", "k"}
     assert not out["alembic"], "the store was opened (Alembic imported)"
     assert not out["sqlalchemy"], "the store's stack was imported (SQLAlchemy)"

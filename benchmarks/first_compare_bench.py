@@ -23,12 +23,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("validator", "probes", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
+sys.path.insert(0, str(ROOT))
+
+from tests.wheel_venv import install_wheel  # noqa: E402  (the venv a user's pip install leaves)
 
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -36,28 +37,6 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     if done.returncode not in (0, 1):  # 1: a comparison's verdict is FAIL
         raise SystemExit(f"{' '.join(map(str, cmd))}: exit {done.returncode}\n{done.stderr[-2000:]}")
     return done.stdout
-
-
-def install(work: Path) -> Path:
-    """A fresh virtualenv with the wheel installed; returns its bin/ folder."""
-    src = work / "src"
-    for name in SOURCES:
-        p = ROOT / name
-        if p.is_dir():
-            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            src.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, src / name)
-    pip = (sys.executable, "-m", "pip", "--disable-pip-version-check")
-    run(*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", work / "dist", src, cwd=work)
-    (wheel,) = (work / "dist").glob("validator-*.whl")
-    venv = work / "venv"
-    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=work)
-    python = venv / "bin" / "python"
-    run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=work)
-    purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=work).strip()
-    Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    return venv / "bin"
 
 
 def make_pair(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
@@ -81,7 +60,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.perf_counter()
-    bin_dir = install(work)
+    bin_dir = install_wheel(work)
     print(f"wheel built and installed in a fresh virtualenv: {time.perf_counter() - t0:.1f} s")
     small, large = make_pair(work, 64, 64), make_pair(work, 1024, 1024)
     cache = work / "numba-cache"

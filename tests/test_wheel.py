@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
-import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.wheel_venv import install_wheel
+
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("validator", "probes", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
 
 
 def _run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> str:
@@ -58,27 +56,7 @@ def _get(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with the wheel installed in it; returns its bin/ folder."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    for name in SOURCES:
-        p = ROOT / name
-        if p.is_dir():
-            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(p, src / name)
-    pip = (sys.executable, "-m", "pip", "--disable-pip-version-check")
-    _run(*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp / "dist", src, cwd=tmp)
-    (wheel,) = (tmp / "dist").glob("validator-*.whl")
-
-    venv = tmp / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
-    python = venv / "bin" / "python"
-    _run(*pip, "--python", python, "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp)
-    # then the dependencies (after the install, so that pip does not see this environment's editable validator)
-    purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp).strip()
-    Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    return venv / "bin"
+    return install_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def _env(home: Path) -> dict[str, str]:

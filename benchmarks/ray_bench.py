@@ -1,4 +1,4 @@
-"""Comparisons on a Ray cluster (validator.ray_executor) against one process, on this machine.
+"""Comparisons on a Ray cluster (validator.executors) against one process, on this machine.
 
 Writes two runs of ``--pairs`` bf16 tensor pairs of ``--elements`` elements each (as bundle files, which
 the workers read from the shared filesystem, and optionally ingested into a blob store), starts a loopback
@@ -66,9 +66,10 @@ def main() -> int:
     counts = [int(x) for x in args.workers.split(",")]
 
     from tests.ray_cluster import ray_cluster
+    from validator.executors import RayExecutor
+    from validator.executors.planning import BATCH_BYTES
     from validator.judging.compare import compare_runs
     from validator.judging.report import comparison_json
-    from validator.ray_executor import BATCH_BYTES, RayExecutor
     from validator.runs.sources import open_path
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the loopback cluster runs without token authentication
@@ -174,14 +175,14 @@ def main() -> int:
         if svc is not None:
             svc.close()
         # what a task's arguments and results weigh when pickled (what crosses the network besides blobs)
-        from validator.judging.compare import _measure
-        from validator.ray_executor import portable
+        from validator.executors import portable
+        from validator.judging.compare import measure_pair
         from validator.runs.reassembly import group_logical
 
         ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
         key = sorted(ga)[0]
         arg = pickle.dumps([(portable(ga[key], None), portable(gb[key], None), False)])
-        res = pickle.dumps([_measure(ga[key], gb[key], False)])
+        res = pickle.dumps([measure_pair(ga[key], gb[key], False)])
         results["pickled_args_per_pair"] = len(arg)
         results["pickled_result_per_pair"] = len(res)
         print(f"per pair: {len(arg)} bytes of task arguments, {len(res)} bytes of result; tensor bytes through the driver: 0")

@@ -56,8 +56,8 @@ def compare_resolved(
     blob_url: str | None = None,
 ) -> Comparison:
     """The comparison of the runs ``resolve`` gives for ``a`` and ``b`` (and the noise floor's two), measured
-    where ``executor`` says (``validator.ray_executor``; ``blob_url``: where its workers read stored runs)."""
-    from validator.ray_executor import make_executor, parse_executor
+    where ``executor`` says (``validator.executors``; ``blob_url``: where its workers read stored runs)."""
+    from validator.executors import make_executor, parse_executor
 
     ex = make_executor(parse_executor(executor), blob_url=blob_url)  # first: a bad --executor or no cluster fails fast
     from validator.judging.compare import compare_runs

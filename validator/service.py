@@ -466,7 +466,7 @@ class Service:
         executor: str | None = None,
     ) -> Comparison:
         """``executor``: ``local`` (default), ``ray`` or ``ray=ADDRESS``: where the pairs are measured
-        (validator.ray_executor; the workers read stored runs from this store's blobs)."""
+        (validator.executors; the workers read stored runs from this store's blobs)."""
         resolve = functools.partial(self.resolve, allow_paths=allow_paths)
         blob_url = self.settings.blob_url or f"file://{self.settings.blob_dir.resolve()}"
         # thousands of records, tensor references and pair results stay alive until the end: the cycle

@@ -10,8 +10,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from validator.errors import InputError
+from validator.executors.setting import ExecutorSpec, parse_executor, ray_hostport
 
-__all__ = ["Settings", "check_blob_url", "check_database_url", "check_executor", "parse_labels"]
+__all__ = [
+    "ClientSettings", "ExecutorSettings", "ExecutorSpec", "Settings", "check_blob_url", "check_database_url", "check_executor",
+    "parse_executor", "parse_labels", "ray_hostport",
+]
 
 
 def parse_labels(items: list[str] | tuple[str, ...] | None) -> dict[str, str]:
@@ -96,52 +100,6 @@ def check_blob_url(url: str, name: str) -> None:
         raise InputError(f"{name}={_hide_password(url)!r:.200} is not a blob store URL (use file://PATH or s3://BUCKET/PREFIX)")
 
 
-@dataclass(frozen=True)
-class ExecutorSpec:
-    """Where a comparison measures its pairs: ``local`` (this process) or ``ray`` (``address`` None: the
-    cluster of ``RAY_ADDRESS`` or of this machine)."""
-
-    kind: str = "local"
-    address: str | None = None
-
-    def __str__(self) -> str:
-        return self.kind if self.address is None else f"{self.kind}={self.address}"
-
-
-def parse_executor(text: str | None) -> ExecutorSpec:
-    """``local``, ``ray`` or ``ray=ADDRESS`` (``HOST:PORT`` of the head's GCS, or ``ray://HOST:PORT``)."""
-    if not text or text == "local":
-        return ExecutorSpec()
-    kind, sep, address = text.partition("=")
-    if kind != "ray" or (sep and not address.strip()):
-        raise InputError(f"executor {text[:200]!r}: use local, ray or ray=ADDRESS (HOST:PORT of the Ray head, or ray://HOST:PORT)")
-    if sep:
-        ray_hostport(address.strip())
-    return ExecutorSpec("ray", address.strip() or None)
-
-
-# a DNS name or IPv4 address (at most 253 characters, labels of at most 63), or an IPv6 address in brackets
-_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]{2,45}\]")
-
-
-def _good_host(host: str) -> bool:
-    if _IPV6.fullmatch(host):
-        return True
-    return 0 < len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
-
-
-def ray_hostport(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``ray://HOST:PORT`` -> (host, port); anything else is an :class:`InputError`."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not _good_host(host) or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(
-            f"Ray address {address[:200]!r}{'...' if len(address) > 200 else ''}: use HOST:PORT (the head's GCS port, "
-            "6379 by default) or ray://HOST:PORT, HOST a name or IP address"
-        )
-    return host.strip("[]"), int(port)
-
-
 def check_executor(text: str, name: str) -> None:
     """``local``, ``ray`` or ``ray=ADDRESS`` (:func:`parse_executor`: syntax only, no Ray)."""
     try:
@@ -175,7 +133,7 @@ class Settings:
     # for as long, is deleted with its uploads and the blobs only it held (validator.store.expiry)
     pending_expiry_hours: float = 7 * 24.0
     # where background comparisons measure their pairs: "local" (this process), "ray" or "ray=HOST:PORT"
-    # (a Ray cluster whose workers reach the blob store; validator.ray_executor, docs/ray.md)
+    # (a Ray cluster whose workers reach the blob store; validator.executors, docs/ray.md)
     compare_executor: str = "local"
 
     def __post_init__(self) -> None:
@@ -237,4 +195,53 @@ class Settings:
             max_upload_bytes=_int(env, "VALIDATOR_MAX_UPLOAD_BYTES", 64 << 30),
             pending_expiry_hours=_float(env, "VALIDATOR_PENDING_EXPIRY_HOURS", 7 * 24.0),
             compare_executor=executor,
+        )
+
+
+RANGE_BYTES = 1 << 30  # a pair holding more bytes (A's and B's shards) is measured on Ray in ranges of at most this many
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """What the Ray executor takes from the environment (docs/ray.md): ``RAY_ADDRESS``, the cluster ``--executor
+    ray`` connects to when it names none (None: the cluster of this machine), and ``VALIDATOR_RAY_RANGE_BYTES``,
+    the bytes (A's and B's shards) above which a pair is measured in ranges (None: never split; default
+    :data:`RANGE_BYTES`)."""
+
+    ray_address: str | None = None
+    range_bytes: int | None = RANGE_BYTES
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ExecutorSettings:
+        env = dict(os.environ) if env is None else env
+        text = env.get("VALIDATOR_RAY_RANGE_BYTES", "").strip()
+        range_bytes: int | None = RANGE_BYTES
+        if text:
+            try:
+                value = int(text)
+            except ValueError:
+                value = -1
+            if value < 0:
+                raise InputError(f"VALIDATOR_RAY_RANGE_BYTES={text!r:.60}: use a number of bytes (0: never split a pair)")
+            range_bytes = value or None
+        return cls(ray_address=env.get("RAY_ADDRESS", "").strip() or None, range_bytes=range_bytes)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What the CLI takes from the environment besides the store's settings: ``VALIDATOR_SERVER`` (work against
+    a validator server at this URL, the ``--server`` default), ``VALIDATOR_TOKEN`` (its bearer token, the
+    ``--token`` default) and ``VALIDATOR_DEBUG`` (any non-empty value: an internal error prints its traceback)."""
+
+    server: str | None = None
+    token: str | None = field(default=None, repr=False)
+    debug: bool = False
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ClientSettings:
+        env = dict(os.environ) if env is None else env
+        return cls(
+            server=env.get("VALIDATOR_SERVER") or None,
+            token=env.get("VALIDATOR_TOKEN") or None,
+            debug=bool(env.get("VALIDATOR_DEBUG")),
         )

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_tensors", "floor_from", "merge_verdicts",
+    "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_pair", "measure_tensors", "floor_from", "merge_verdicts",
     "VERDICT_EXIT", "pair_frontier", "tensor_verdict",
 ]
 
@@ -229,6 +229,10 @@ def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Me
     return _measure_loaded([(la, lb, rounding)], [la.materialize()], [lb.materialize()])[0]
 
 
+# the measurement of one pair that compare_runs maps over the pairs: the public name an executor documents
+measure_pair = _measure
+
+
 def _measure_batch(pairs: list[Pair]) -> list[Measured]:
     """``_measure`` of each pair, the pairs' tensors read side by side (``materialize_many``: small pairs) and
     measured in one pass of the engine."""
@@ -247,7 +251,7 @@ def _measure_loaded(pairs: list[Pair], ta: list[torch.Tensor], tb: list[torch.Te
 
 Pair = tuple[LogicalTensor, LogicalTensor, bool]  # (A's tensor, B's tensor, whether to measure A's rounding floor)
 # Maps a measurement over pairs and yields the results in the pairs' order: the seam where a comparison's
-# measurements can run elsewhere (validator.ray_executor: on a Ray cluster). ``measure`` is a module-level
+# measurements can run elsewhere (validator.executors: on a Ray cluster). ``measure`` is a module-level
 # function, so it can be sent by reference. An executor either calls it on each pair unchanged, or (for a pair
 # too large for one task) builds the same ``Measured`` from validator.numerics.ranges' range partials, merged in
 # the engine's order: the bits must be those of ``measure``.

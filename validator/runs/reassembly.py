@@ -61,10 +61,11 @@ class LogicalTensor:
             return first.shape
         s = list(first.shape)
         dim = first.shard.dim or 0
-        s[dim] = sum(r.shape[dim] for r in self._split_pieces())
+        s[dim] = sum(r.shape[dim] for r in self.split_pieces())
         return tuple(s)
 
-    def _split_pieces(self) -> list[TensorRef]:
+    def split_pieces(self) -> list[TensorRef]:
+        """A split tensor's pieces in index order, one copy of each (the lowest replica): what it is assembled from."""
         by_rank: dict[int, TensorRef] = {}
         for r in sorted(self.shards, key=lambda r: (r.shard.index, r.shard.replica)):
             by_rank.setdefault(r.shard.index, r)

@@ -1,5 +1,5 @@
 """Reading one blob as a tensor from wherever a store URL points, without a store object or a local cache: what
-a comparison worker on another machine does (validator.ray_executor). The bytes come straight from the
+a comparison worker on another machine does (validator.executors). The bytes come straight from the
 store (a directory every worker mounts, or S3), are checked against their sha256 where they are downloaded,
 and nothing is written to the worker's disk."""
 

@@ -1,4 +1,4 @@
-"""Comparisons on a real Ray cluster (validator.ray_executor): a head and two worker nodes on loopback
+"""Comparisons on a real Ray cluster (validator.executors): a head and two worker nodes on loopback
 (tests/ray_cluster.py), reading tensors from a shared filesystem, a local blob store and the SeaweedFS S3
 store scripts/services starts. The comparison document must be the one a single process writes, byte for
 byte; a worker killed mid-task must not change it; no cluster, or a lost one, is exit 2 with a message."""
@@ -29,8 +29,8 @@ from tests.factories import tensors, write_tp_bundle
 from tests.ray_cluster import RayCluster
 from tests.servers import VALIDATOR, free_port
 from validator.errors import InputError
+from validator.executors import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches, plan_ranges
 from validator.judging.compare import compare_runs
-from validator.ray_executor import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches, plan_ranges
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import ITEMSIZES
@@ -216,7 +216,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     if not HAVE_RAY:
         pytest.skip("needs Ray: pip install 'validator[ray]' (scripts/setup installs it)")
     from tests.ray_cluster import ray_cluster
-    from validator.ray_executor import disconnect
+    from validator.executors import disconnect
 
     with ray_cluster(tmp_path_factory.mktemp("ray-logs"), workers=2, cpus=1, env=AWS_ENV) as c:
         try:
@@ -314,7 +314,7 @@ def _compare_killing_a_worker(
         "from validator.judging.compare import compare_runs\n"
         "from validator.judging.report import comparison_doc\n"
         "from validator.runs.sources import open_path\n"
-        "from validator.ray_executor import RayExecutor\n"
+        "from validator.executors import RayExecutor\n"
         "a, b, address, name, bound = sys.argv[1:]\n"
         "va, vb = open_path(a), open_path(b)\n"
         "va.tensors = [t for t in va.tensors if t.name == name]\n"  # one pair
@@ -358,7 +358,7 @@ def test_a_file_workers_cannot_read_is_exit_2(cluster: RayCluster, tmp_path: Pat
         "from validator.errors import InputError\n"
         "from validator.judging.compare import compare_runs\n"
         "from validator.runs.sources import open_path\n"
-        "from validator.ray_executor import RayExecutor\n"
+        "from validator.executors import RayExecutor\n"
         "a, address = sys.argv[1:]\n"
         "va, vb = open_path(a), open_path(a)\n"
         "Path(a).rename(a + '.moved')\n"  # headers read, bytes not yet: the workers will not find them
@@ -519,7 +519,7 @@ def _fresh(t: LogicalTensor) -> LogicalTensor:
 
 def _copies(t: LogicalTensor) -> int:
     """Copies of each element a range task reads: every replica, every stage, the replicas of a split piece."""
-    return len(t.shards) if t.kind != "split" else len(t.shards) // len(t._split_pieces())
+    return len(t.shards) if t.kind != "split" else len(t.shards) // len(t.split_pieces())
 
 
 def _record_file_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
@@ -541,19 +541,14 @@ def _record_file_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, 
 def test_range_tasks_merge_to_the_whole_pair(huge: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a cluster: each range task's body run here on each range of each pair (ranges of whole row
     blocks and, where a block exceeds the bound, of rows inside it), merged as the driver merges them, gives
-    the bits ``compare._measure`` gives for the whole pair: metrics, block sums, NaN counts, the rounding
+    the bits ``compare.measure_pair`` gives for the whole pair: metrics, block sums, NaN counts, the rounding
     floor, the largest ULP distance, the replica notes. Each task reads only its range's bytes
     of each stored piece (a piece split on dim 1: the whole rows around the range)."""
     from tests.validator.numerics.test_batched import bits
-    from validator.judging.compare import _measure
-    from validator.ray_executor import (
-        _measure_range,
-        _outer_row,
-        _rounding_dtype,
-        merge_measured,
-        portable,
-        splittable,
-    )  # fmt: skip
+    from validator.executors.assembly import portable
+    from validator.executors.planning import outer_row, rounding_dtype, splittable
+    from validator.executors.tasks import measure_range, merge_measured
+    from validator.judging.compare import measure_pair
 
     ga, gb = group_logical(open_path(huge["a"]).tensors), group_logical(open_path(huge["b"]).tensors)
     reads = _record_file_reads(monkeypatch)
@@ -564,19 +559,19 @@ def test_range_tasks_merge_to_the_whole_pair(huge: dict[str, Path], monkeypatch:
         per = int(torch.empty(0, dtype=getattr(torch, la.dtype)).element_size()) + int(torch.empty(0, dtype=getattr(torch, lb.dtype)).element_size())
         spans = plan_ranges(la.shape(), per, 16 << 10)
         for rounding in (False, True):
-            want = _measure(_fresh(la), _fresh(lb), rounding)
+            want = measure_pair(_fresh(la), _fresh(lb), rounding)
             results = []
             for lo, hi in spans:
                 reads.clear()
-                (got,) = _measure_range(pa, pb, _rounding_dtype(la, lb, rounding), lo, hi, None)
+                (got,) = measure_range(pa, pb, rounding_dtype(la, lb, rounding), lo, hi, None)
                 results.append(got)
                 read = sum(n for _, _, n in reads)
-                most = sum((hi - lo + 2 * _outer_row(t)) * ITEMSIZES[t.dtype] * _copies(t) for t in (la, lb))
+                most = sum((hi - lo + 2 * outer_row(t)) * ITEMSIZES[t.dtype] * _copies(t) for t in (la, lb))
                 assert (hi - lo) * per <= read <= most, (key, lo, hi, read, most)
             assert bits(merge_measured((pa, pb, rounding), results)) == bits(want), (key, rounding)
         assert len(spans) > 1 or key[0] == "s"
     (ra,), (rb,) = ([v for k, v in g.items() if k[0] == "r"] for g in (ga, gb))
-    notes = _measure(_fresh(ra), _fresh(rb), False).notes
+    notes = measure_pair(_fresh(ra), _fresh(rb), False).notes
     assert any("replicas disagree" in n for n in notes), notes
 
 
@@ -613,7 +608,7 @@ def test_stored_huge_pairs_in_ranges_bitwise_equal(
     """Stored runs, split by the setting (VALIDATOR_RAY_RANGE_BYTES): range tasks read their ranges of the
     blobs from the store (positioned reads of a shared directory's files, or S3 range GETs); the document
     equals the one this process computes, byte for byte."""
-    import validator.ray_executor as rx
+    import validator.executors.planning as planning
     from validator.judging.report import comparison_doc
     from validator.service import Service
     from validator.settings import Settings
@@ -622,18 +617,18 @@ def test_stored_huge_pairs_in_ranges_bitwise_equal(
         monkeypatch.setenv(k, v)
     svc = Service(Settings(home=tmp_path / "home", blob_url=_s3_url() if store == "s3" else None))
     ranges: list[int] = []
-    real = rx.range_memory
+    real = planning.range_memory
 
     def counted(*args: Any) -> int:
         ranges.append(1)
         return real(*args)
 
-    monkeypatch.setattr(rx, "range_memory", counted)
+    monkeypatch.setattr(planning, "range_memory", counted)
     try:
         for name, path in huge.items():
             svc.ingest(path, name=f"h{name}")
         local = json.dumps(comparison_doc(svc.compare("ha", "hb", allow_paths=False)), indent=1)
-        monkeypatch.setenv(rx.RANGE_BYTES_ENV, str(RANGE_BOUND))
+        monkeypatch.setenv("VALIDATOR_RAY_RANGE_BYTES", str(RANGE_BOUND))
         got = json.dumps(comparison_doc(svc.compare("ha", "hb", allow_paths=False, executor=f"ray={cluster.address}")), indent=1)
     finally:
         svc.close()
@@ -652,19 +647,16 @@ def test_killed_range_task_is_retried(cluster: RayCluster, huge: dict[str, Path]
     assert out.strip() == expected
 
 
-def test_range_bytes_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from validator.ray_executor import RANGE_BYTES, RANGE_BYTES_ENV, range_bytes_setting
+def test_range_bytes_setting() -> None:
+    from validator.settings import RANGE_BYTES, ExecutorSettings
 
-    monkeypatch.delenv(RANGE_BYTES_ENV, raising=False)
-    assert range_bytes_setting() == RANGE_BYTES
-    monkeypatch.setenv(RANGE_BYTES_ENV, "0")
-    assert range_bytes_setting() is None
-    monkeypatch.setenv(RANGE_BYTES_ENV, "4096")
-    assert range_bytes_setting() == 4096
+    assert ExecutorSettings.from_env({}).range_bytes == RANGE_BYTES
+    assert ExecutorSettings.from_env({"VALIDATOR_RAY_RANGE_BYTES": "0"}).range_bytes is None
+    assert ExecutorSettings.from_env({"VALIDATOR_RAY_RANGE_BYTES": "4096"}).range_bytes == 4096
     for bad in ("-1", "1G", "x"):
-        monkeypatch.setenv(RANGE_BYTES_ENV, bad)
         with pytest.raises(InputError, match="use a number of bytes"):
-            range_bytes_setting()
+            ExecutorSettings.from_env({"VALIDATOR_RAY_RANGE_BYTES": bad})
+    assert ExecutorSettings.from_env({"RAY_ADDRESS": " 10.0.0.1:6379 "}).ray_address == "10.0.0.1:6379"
 
 
 @needs_ray
@@ -675,8 +667,8 @@ def test_lost_cluster_is_exit_2(cluster: RayCluster, runs: dict[str, Path]) -> N
     script = (
         "import sys\n"
         "from validator.app.cli import main\n"
-        "from validator import ray_executor\n"
-        "ray_executor.LOST_AFTER_S = 5.0\n"
+        "from validator.executors import ray_scheduler\n"
+        "ray_scheduler.LOST_AFTER_S = 5.0\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     driver = subprocess.Popen(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,11 +20,12 @@ from typing import Any
 from validator.errors import ValidatorError
 from validator.settings import ExecutorSettings, ray_hostport
 
-__all__ = ["CONNECT_TIMEOUT_S", "RAY_INSTALL", "RayUnavailable", "check_reachable", "connect", "connected", "disconnect",
+__all__ = ["CONNECT_TIMEOUT_S", "JOIN_TIMEOUT_S", "RAY_INSTALL", "RayUnavailable", "check_joinable", "check_reachable", "connect", "connected", "disconnect",
            "head_address", "head_answers", "import_ray", "leave", "lost"]
 
 RAY_INSTALL = "pip install 'validator[ray]'"
-CONNECT_TIMEOUT_S = 3.0  # whether a cluster answers at an address: known within this (docs/ray.md promises 5 s)
+CONNECT_TIMEOUT_S = 3.0  # whether something speaking gRPC answers at an address: known within this
+JOIN_TIMEOUT_S = 5.0  # whether Ray can join the cluster there (a probe process): known within this (docs/ray.md)
 
 
 class RayUnavailable(ValidatorError):
@@ -103,6 +106,35 @@ def check_reachable(address: str) -> None:
         )
 
 
+# A driver that joins the cluster and leaves at once. Its own process: a server that accepts Ray's
+# connection and then stalls keeps ray.init waiting for minutes, after which Ray ends the process it runs in.
+_JOIN_PROBE = """
+import logging, sys
+import ray
+ray.init(address=sys.argv[1], namespace="validator", logging_level=logging.ERROR, log_to_driver=False)
+ray.shutdown()
+"""
+
+
+def check_joinable(target: str, timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Fail, with a clear message and within ``timeout`` seconds, when Ray cannot join the cluster at
+    ``target`` (an address, or ``auto``): what ray.init in this process would otherwise wait on, unbounded."""
+    where = "on this machine (no RAY_ADDRESS set)" if target == "auto" else f"at {target}"
+    try:
+        got = subprocess.run(
+            [sys.executable, "-c", _JOIN_PROBE, target], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, timeout=timeout, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RayUnavailable(
+            f"the Ray cluster {where} did not let a driver join within {timeout:g} s: what answers there speaks gRPC "
+            "but is not a working Ray head; point --executor ray=HOST:PORT at the head's GCS port (docs/ray.md)"
+        ) from None
+    if got.returncode != 0:
+        lines = [ln for ln in got.stderr.decode(errors="replace").splitlines() if ln.strip()]
+        raise RayUnavailable(f"cannot connect to a Ray cluster {where}: {(lines or ['no reason given'])[-1][:500]}; see docs/ray.md")
+
+
 def connected() -> str | None:
     """The address this process is connected to (as asked for), None when it is not."""
     return _CLUSTER.address
@@ -123,6 +155,7 @@ def _connect(address: str | None) -> Any:
             raise RayUnavailable(f"this process is already connected to the Ray cluster at {_CLUSTER.address}, not {target}")
         return ray
     check_reachable(target if target != "auto" else _local_head(ray) or "")
+    check_joinable(target)
     _errors_to_stderr()
     try:
         ray.init(

@@ -6,6 +6,7 @@ byte; a worker killed mid-task must not change it; no cluster, or a lost one, is
 from __future__ import annotations
 
 import bisect
+import contextlib
 import importlib.util
 import json
 import math
@@ -161,6 +162,56 @@ def test_a_port_that_is_not_ray_is_exit_2_at_once(runs: dict[str, Path], http_po
     assert "Traceback" not in got.stderr and "rpc_client" not in got.stderr and "Failed to connect" not in got.stderr
     assert got.stdout == ""
     assert took < 15, took  # the probe is bounded by CONNECT_TIMEOUT_S (3 s); the rest is the CLI's start
+
+
+@pytest.fixture
+def stalling_port() -> Iterator[int]:
+    """A port that answers as a gRPC server does (a SETTINGS frame) and then says nothing more, holding every
+    connection open: what ray.init would wait on for minutes."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            with contextlib.suppress(OSError):
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame, then silence
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield int(srv.getsockname()[1])
+    finally:
+        stop.set()
+        t.join()
+        for conn in held:
+            conn.close()
+        srv.close()
+
+
+@needs_ray
+def test_a_port_that_accepts_and_stalls_is_exit_2_in_seconds(runs: dict[str, Path], stalling_port: int) -> None:
+    """A server that speaks gRPC's first words and then stalls: the join is bounded (JOIN_TIMEOUT_S, 5 s), exit 2
+    naming the address, without Ray's own warnings."""
+    from validator.executors.ray_cluster import JOIN_TIMEOUT_S
+
+    t = time.monotonic()
+    got = _cli([*_compare_args(runs), "--executor", f"ray=127.0.0.1:{stalling_port}"], {}, timeout=120)
+    took = time.monotonic() - t
+    assert got.returncode == 2, got.stderr
+    assert f"at 127.0.0.1:{stalling_port} did not let a driver join within {JOIN_TIMEOUT_S:g} s" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr and "rpc_client" not in got.stderr, got.stderr
+    assert got.stdout == ""
+    assert took < JOIN_TIMEOUT_S + 10, took  # the probe's bound, plus the CLI's start
 
 
 def test_an_absurd_address_is_a_usage_error() -> None:

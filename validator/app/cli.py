@@ -494,6 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _rl_commands(sub)  # rl kl, manifest write / diff (docs/rl.md)
 
+    from validator.app.cli_policy import add_commands as _policy_commands
+
+    _policy_commands(sub)  # policy import-sglang (docs/sglang.md)
+
     probe = sub.add_parser("probe", help="run a probe").add_subparsers(
         dest="probe", metavar="PROBE", parser_class=_DeferredParser
     )

@@ -5,10 +5,13 @@ TOML form (``--policy FILE``)::
     missing = "fail"            # tensors present on one side only: "fail" or "warn"
 
     [[rule]]
-    match = "draft.k*"          # fnmatch glob on the tensor name
+    match = "draft.k*"          # fnmatch glob on the tensor name (or regex = "...": a full match, as SGLang's)
     rel_l2_max = 0.02           # absolute bound on rel_l2 (optional)
     cosine_min = 0.9995         # optional
     max_abs_max = 0.5           # optional
+    rel_diff_max = 1e-3         # optional point bounds, as SGLang's comparator checks: rel_diff, mean_abs
+    mean_abs_max = 0.01
+    any_of = [{rel_diff_max = 8.5e-3}, {max_abs_max = 1e-3}]  # passes when one table's bounds all hold
     floor_multiple = 1.5        # rel_l2 <= floor_multiple x the tensor's floor (measured, else rounding)
     rounding_multiple = 4.0     # the multiple when the floor is the rounding floor (default: by dtype)
     floor_min_rel_l2 = 0.0      # never demand less than this rel_l2 (0: a bitwise floor demands bitwise)
@@ -28,6 +31,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import math
+import re
 import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +122,12 @@ class Floor:
     note: str = ""  # e.g. why a measured floor was not used
 
 
+# Point bounds: checked on the pair's metrics as they are, without an interval (SGLang's comparator's checks,
+# validator.judging.sglang_rules). ``any_of`` holds tables of these.
+POINT_BOUNDS = ("rel_diff_max", "max_abs_max", "mean_abs_max")
+_STRINGS = ("match", "regex", "nonfinite")
+
+
 @dataclass(frozen=True)
 class Rule:
     match: str = "*"
@@ -128,6 +138,10 @@ class Rule:
     rounding_multiple: float | None = None
     floor_min_rel_l2: float = 0.0
     nonfinite: str = "fail"
+    regex: str | None = None  # a Python regex the whole name must match (instead of the glob ``match``)
+    rel_diff_max: float | None = None
+    mean_abs_max: float | None = None
+    any_of: tuple[tuple[tuple[str, float], ...], ...] = ()  # alternatives of point bounds: one must hold
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> Rule:
@@ -136,15 +150,60 @@ class Rule:
         if unknown:
             raise InputError(f"{where}: unknown rule key(s) {sorted(unknown)}; known: {sorted(known)}")
         for k, v in d.items():
-            if k in ("match", "nonfinite"):
+            if k in _STRINGS:
                 if not isinstance(v, str):
                     raise InputError(f"{where}: {k} must be a string")
-            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise InputError(f"{where}: {k} must be a non-negative number, got {v!r}")
+            elif k != "any_of":
+                _check_number(v, f"{where}: {k}")
         if d.get("nonfinite", "fail") not in _NONFINITE:
             raise InputError(f"{where}: nonfinite must be one of {list(_NONFINITE)}")
-        kw: dict[str, Any] = {k: (v if k in ("match", "nonfinite") else float(v)) for k, v in d.items()}
+        if "regex" in d:
+            if "match" in d:
+                raise InputError(f"{where}: give match (a glob) or regex, not both")
+            try:
+                re.compile(d["regex"])
+            except (re.error, RecursionError, OverflowError) as exc:
+                raise InputError(f"{where}: regex {d['regex']!r} does not compile: {exc}") from None
+        kw: dict[str, Any] = {k: (v if k in _STRINGS else float(v)) for k, v in d.items() if k != "any_of"}
+        if "any_of" in d:
+            kw["any_of"] = _any_of(d["any_of"], f"{where}: any_of")
         return cls(**kw)
+
+    def matches(self, name: str) -> bool:
+        if self.regex is not None:
+            return re.fullmatch(self.regex, name) is not None
+        return fnmatch.fnmatchcase(name, self.match)
+
+
+def _check_number(v: Any, what: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise InputError(f"{what} must be a non-negative number, got {v!r}")
+
+
+def _any_of(raw: Any, where: str) -> tuple[tuple[tuple[str, float], ...], ...]:
+    """``[{rel_diff_max = 1e-3}, {max_abs_max = 1e-3}]`` -> alternatives of ``(key, bound)``."""
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) and t for t in raw):
+        raise InputError(f"{where} must be a non-empty list of non-empty tables of {list(POINT_BOUNDS)}")
+    out = []
+    for i, table in enumerate(raw):
+        bad = set(table) - set(POINT_BOUNDS)
+        if bad:
+            raise InputError(f"{where} table {i + 1}: unknown key(s) {sorted(bad)}; known: {list(POINT_BOUNDS)}")
+        for k, v in table.items():
+            _check_number(v, f"{where} table {i + 1}: {k}")
+        out.append(tuple((k, float(v)) for k, v in table.items()))
+    return tuple(out)
+
+
+def _point_fails(bounds: Sequence[tuple[str, float]], m: TensorMetrics) -> list[str]:
+    """Why ``m`` breaks these point bounds (NaN metrics break every bound); empty when all hold."""
+    out = []
+    for key, bound in bounds:
+        metric = key.removesuffix("_max")
+        value = getattr(m, metric)
+        if not value <= bound:
+            out.append(f"{metric} {value:.3g} > {bound:.3g}")
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,7 +315,7 @@ class Policy:
     def rule_for(self, name: str) -> Rule | None:
         if not self.rules:  # the default policy: asked twice per pair
             return None
-        return next((r for r in self.rules if fnmatch.fnmatchcase(name, r.match)), None)
+        return next((r for r in self.rules if r.matches(name)), None)
 
     def effective_rule(self, name: str, dtypes: tuple[str, str], *, have_floor: bool) -> Rule:
         """The matching rule, or the default one for these (captured) dtypes."""
@@ -341,8 +400,9 @@ def _finish(j: _Judging, intervals: Iterator[tuple[tuple[float, float], float]],
         v.judge(p, ci, fail_lo, level)
     if rule.cosine_min is not None and not m.cosine >= rule.cosine_min:
         v.fails.append(f"cosine {m.cosine:.6f} < {rule.cosine_min}")
-    if rule.max_abs_max is not None and not m.max_abs <= rule.max_abs_max:
-        v.fails.append(f"max_abs {m.max_abs:.3g} > {rule.max_abs_max:.3g}")
+    v.fails += _point_fails([(k, getattr(rule, k)) for k in POINT_BOUNDS if getattr(rule, k) is not None], m)
+    if rule.any_of and all(_point_fails(alt, m) for alt in rule.any_of):
+        v.fails.append("none of any_of holds: " + "; ".join(" and ".join(_point_fails(alt, m)) for alt in rule.any_of))
     status = "fail" if v.fails else "inconclusive" if (v.borderline or v.undecided) else "pass"
     return Decision(
         status,

@@ -30,7 +30,7 @@ def _open_service(args: argparse.Namespace) -> Any:
 
 
 def cmd_rl_kl(args: argparse.Namespace) -> int:
-    from validator.store.bulk import cycle_collector_paused
+    from validator.service.cycle_collector import cycle_collector_paused
 
     # a million steps make millions of short-lived objects: the cycle collector would walk them again and again
     with cycle_collector_paused():
@@ -42,7 +42,8 @@ def _rl_kl(args: argparse.Namespace) -> int:
     from validator.runs.logprob_records import read_logprob_jsonl
 
     try:
-        settings = KLSettings(floor=args.floor, floor_steps=args.floor_steps, tolerance=args.tolerance)
+        settings = KLSettings(floor=args.floor, floor_steps=args.floor_steps, tolerance=args.tolerance,
+                              variation=args.variation)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     path = Path(args.records)
@@ -143,6 +144,12 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--floor", type=float, help="declared floor of the k3 step mean (default: estimated from the first steps)")
     s.add_argument("--floor-steps", type=int, default=5, help="steps the floor is estimated from when not declared (default 5)")
     s.add_argument("--tolerance", type=float, default=1.5, help="band: k3 <= tolerance x floor (default 1.5)")
+    s.add_argument(
+        "--variation", choices=("measured", "sampling"), default="measured",
+        help="with an estimated floor, what a step is judged against: 'measured' (default) its sampling error and the "
+        "run's own step-to-step variation, so a healthy run whose floor moves from step to step is at floor; "
+        "'sampling' its sampling error alone, and the level must be shown inside the band (docs/rl.md)",
+    )
     s.add_argument("--json", action="store_true", help="print the verdict document as JSON")
     s.set_defaults(func=cmd_rl_kl)
 

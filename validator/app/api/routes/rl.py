@@ -4,16 +4,37 @@ weight manifests. Both compute from the body alone (nothing is stored) and answe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
 from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.errors import InputError
-from validator.store.bulk import cycle_collector_paused
+from validator.service.cycle_collector import cycle_collector_paused
 
 router = APIRouter(prefix="/rl", tags=["rl"])
+
+
+async def _no_duplicate_keys(request: Request) -> None:
+    """422 when the JSON body names a key twice in one object: FastAPI keeps the last value silently, so
+    ``{"train_logprob": -1.0, "train_logprob": -9.0}`` would be judged on -9.0 (runs/jsonlines.py refuses the same in
+    files). The body is the one FastAPI has read and parsed already."""
+    from validator.runs.jsonlines import DuplicateKeyError, check_unique
+
+    body = await request.body()
+    try:
+        value = await request.json()
+        check_unique(body.decode(), value)
+    except DuplicateKeyError as exc:
+        raise RequestValidationError([{"type": "json_duplicate_key", "loc": ("body",), "msg": f"{exc}: the request "
+                                       "body must name each key once per object"}]) from None
+    except ValueError:  # not JSON, or not UTF-8: FastAPI's own body validation answers it
+        return
+
+
+UniqueKeys = Depends(_no_duplicate_keys)
 
 # Records a POSTed KL gate may carry: the body cap (``max_json_bytes``, 1 MiB by default) holds about 11,000;
 # this bounds the work (linear in the records) and memory also where that cap is raised. Files of any size
@@ -26,6 +47,11 @@ class KLGate(BaseModel):
     floor: float | None = Field(default=None, description="declared floor of the k3 step mean; default: estimated")
     floor_steps: int = 5
     tolerance: float = 1.5
+    variation: Literal["measured", "sampling"] = Field(
+        default="measured",
+        description="with an estimated floor: 'measured' judges steps by their sampling error and the run's own "
+        "step-to-step variation; 'sampling' by sampling error alone (docs/rl.md)",
+    )
 
 
 class ManifestGate(BaseModel):
@@ -41,7 +67,7 @@ def _kl_response(doc: dict[str, Any]) -> Response:
     return Response(content=dumps(doc), media_type="application/json")
 
 
-@router.post("/kl", dependencies=[WriteAuth], response_model=dict[str, Any])
+@router.post("/kl", dependencies=[WriteAuth, UniqueKeys], response_model=dict[str, Any])
 def kl_gate(body: KLGate) -> Response:
     from validator.judging.rl_kl import VERDICT_EXIT, KLSettings, kl_report
     from validator.runs.logprob_records import records_from_objects
@@ -53,7 +79,8 @@ def kl_gate(body: KLGate) -> Response:
             "(use validator rl kl on a file, or store the run and GET /api/v1/rl/runs/{run}/kl)",
         )
     try:
-        settings = KLSettings(floor=body.floor, floor_steps=body.floor_steps, tolerance=body.tolerance)
+        settings = KLSettings(floor=body.floor, floor_steps=body.floor_steps, tolerance=body.tolerance,
+                              variation=body.variation)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     with cycle_collector_paused():  # thousands of step dicts: no repeated full walks of them
@@ -63,12 +90,19 @@ def kl_gate(body: KLGate) -> Response:
 
 
 @router.get("/runs/{ref:path}/kl", dependencies=[ReadAuth], response_model=dict[str, Any])
-def stored_kl(ref: str, svc: ServiceDep, floor: float | None = None, floor_steps: int = 5, tolerance: float = 1.5) -> Response:
+def stored_kl(
+    ref: str,
+    svc: ServiceDep,
+    floor: float | None = None,
+    floor_steps: int = 5,
+    tolerance: float = 1.5,
+    variation: Literal["measured", "sampling"] = "measured",
+) -> Response:
     """The KL verdict of a stored run's logprob records (a bundle part's logprobs.jsonl); 404 without them."""
     from validator.judging.rl_kl import VERDICT_EXIT, KLSettings
 
     try:
-        settings = KLSettings(floor=floor, floor_steps=floor_steps, tolerance=tolerance)
+        settings = KLSettings(floor=floor, floor_steps=floor_steps, tolerance=tolerance, variation=variation)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     with cycle_collector_paused():
@@ -91,7 +125,7 @@ def stored_manifest_diff(a: str, b: str, svc: ServiceDep, numeric: bool = False)
     return doc
 
 
-@router.post("/manifest-diff", dependencies=[WriteAuth])
+@router.post("/manifest-diff", dependencies=[WriteAuth, UniqueKeys])
 def manifest_gate(body: ManifestGate) -> dict[str, Any]:
     from validator.judging.manifest_diff import DEFAULT_LORA_B, diff_manifests
     from validator.runs.weight_manifest import manifest_from_dict

@@ -1,5 +1,5 @@
 """Finalize at real sizes: a bundle part with N tensor records (a Kimi-K3 capture across 64 ranks has tens of
-thousands), uploaded to a pending run and finalized through the API's own path (``validator.store.uploads``:
+thousands), uploaded to a pending run and finalized through the API's own path (``validator.service.uploads``:
 the uploaded files assembled, the bundle read and checked, every blob stored and made durable, the records
 inserted in one transaction), on the embedded store (SQLite + local blobs).
 
@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 from probes import BundleWriter
-from validator.service import Service
+from validator.service import Service, uploads
 from validator.settings import Settings
-from validator.store import uploads
 
 
 def make_bundle(root: Path, n: int) -> Path:

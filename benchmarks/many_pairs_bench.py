@@ -32,8 +32,8 @@ import torch
 from probes import BundleWriter
 from validator.judging.report import comparison_doc, dumps
 from validator.service import Service
+from validator.service.cycle_collector import cycle_collector_paused
 from validator.settings import Settings
-from validator.store.bulk import cycle_collector_paused
 
 LAYERS, POINTS, STEPS = 93, ("attn.out", "mlp.out", "hidden"), 16
 ROWS, COLS = 16, 1024

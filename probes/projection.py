@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,8 @@ from .projection_config import (
 )
 from .projection_config import short_dtype as short_dtype
 from .projection_io import HIDDEN_NAME as HIDDEN_NAME
+from .projection_io import ProbeRun, load_hidden_states, write_path_bundle
 from .projection_io import kind_of as kind_of
-from .projection_io import load_hidden_states, write_path_bundle
 from .projection_math import (
     Kernels,
     PathResult,
@@ -83,18 +82,6 @@ __all__ = [
     "run_probe",
     "select_kernels",
 ]
-
-
-@dataclass
-class ProbeRun:
-    config: ProjectionConfig
-    layout: ProjectionLayout
-    kernels: Kernels
-    paths: dict[str, PathResult]
-    handoff: dict[str, Any]
-    environment: dict[str, Any]
-    bundles: dict[str, str]
-    input_source: str
 
 
 def environment(device: torch.device, kernels: Kernels) -> dict[str, Any]:

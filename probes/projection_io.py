@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .bundle import BundleWriter
-from .projection_config import ProjectionConfigError, short_dtype
-from .projection_math import PathResult
+from .projection_config import ProjectionConfig, ProjectionConfigError, ProjectionLayout, short_dtype
+from .projection_math import Kernels, PathResult
 from .shards import ShardSpec
-
-if TYPE_CHECKING:
-    from .projection import ProbeRun
 
 HIDDEN_NAME = "target.hidden"
 
@@ -77,6 +75,20 @@ def load_hidden_states(
     if len(shapes) != 1:
         raise ProjectionConfigError(f"{root}: capture layers have different shapes {sorted(shapes)}")
     return out
+
+
+@dataclass
+class ProbeRun:
+    """One run of the projection probe (``projection.run_probe``): what its bundles record."""
+
+    config: ProjectionConfig
+    layout: ProjectionLayout
+    kernels: Kernels
+    paths: dict[str, PathResult]
+    handoff: dict[str, Any]
+    environment: dict[str, Any]
+    bundles: dict[str, str]
+    input_source: str
 
 
 def kind_of(record: Mapping[str, Any]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from validator.runs.sources import open_path
 
@@ -19,18 +19,27 @@ if TYPE_CHECKING:
     from validator.judging.compare import Comparison
     from validator.judging.policy import Policy
     from validator.runs.view import RunView
-    from validator.service import Service
 
-__all__ = ["Progress", "compare_refs", "compare_resolved"]
+__all__ = ["ComparesRuns", "Progress", "compare_refs", "compare_resolved"]
 
 Progress = Callable[[int, int], None]  # (pairs done, pairs in all)
+
+
+class ComparesRuns(Protocol):
+    """What :func:`compare_refs` asks of the store it opens: :meth:`validator.service.Service.compare` (named
+    here, not imported: the service measures through this module)."""
+
+    def compare(
+        self, a: str, b: str, *, policy: Policy | None = ..., floor: tuple[str, str] | None = ...,
+        progress: Progress | None = ..., executor: str | None = ...,
+    ) -> Comparison: ...
 
 
 def compare_refs(
     a: str,
     b: str,
     *,
-    open_store: Callable[[], Service],
+    open_store: Callable[[], ComparesRuns],
     policy: Policy | None = None,
     floor: tuple[str, str] | None = None,
     progress: Progress | None = None,

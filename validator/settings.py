@@ -130,7 +130,7 @@ class Settings:
     max_upload_bytes: int = 64 << 30  # per uploaded file
     max_json_bytes: int = 1 << 20  # request bodies that are JSON
     # a pending run (uploaded, never finalized) created this long ago, none of whose files received a byte
-    # for as long, is deleted with its uploads and the blobs only it held (validator.store.expiry)
+    # for as long, is deleted with its uploads and the blobs only it held (validator.service.expiry)
     pending_expiry_hours: float = 7 * 24.0
     # where background comparisons measure their pairs: "local" (this process), "ray" or "ray=HOST:PORT"
     # (a Ray cluster whose workers reach the blob store; validator.executors, docs/ray.md)

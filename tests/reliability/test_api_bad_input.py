@@ -37,7 +37,7 @@ def seeded(tmp_path: Path, db_url: str | None) -> Iterator[Service]:
     (cand / "parts" / "tp0" / "acceptance.jsonl").write_text(
         '{"request_id": "q", "step": 0, "proposed": [1, 2], "accepted": 1}\n')
     svc.ingest(cand)
-    from validator.store import uploads
+    from validator.service import uploads
 
     uploads.create_pending(svc, name="pend")
     yield svc
@@ -241,7 +241,7 @@ async def test_broken_uploads_refused_on_finalize(tmp_path: Path, db_url: str | 
             assert (await c.get("/runs")).json()["data"] == []
             assert (await c.get("/runs/b")).status_code == 404
         staging = svc.settings.staging_dir
-        # nothing left but the still-pending run's activity marker (validator.store.expiry)
+        # nothing left but the still-pending run's activity marker (validator.service.expiry)
         assert [p.name for p in staging.iterdir() if p.suffix != ".active"] == [] if staging.exists() else True
     finally:
         svc.close()

@@ -58,7 +58,7 @@ def _assert_consistent(home: Path, db_url: str | None, bundle: Path | None = Non
         checker.close()
     assert problems == [], problems
     staging = home / "staging"
-    # nothing left but pending runs' activity markers (validator.store.expiry)
+    # nothing left but pending runs' activity markers (validator.service.expiry)
     left = sorted(p.name for p in staging.iterdir() if p.suffix != ".active") if staging.exists() else []
     assert left == [], left
     if bundle is not None:

@@ -134,7 +134,7 @@ def test_admin_gc_route(tmp_path: Path) -> None:
 
     from validator.app.api import create_app
     from validator.service import Service
-    from validator.store import uploads
+    from validator.service import uploads
 
     async def go(svc: Service) -> list[tuple[int, dict]]:
         transport = httpx.ASGITransport(app=create_app(svc.settings, service=svc))

@@ -138,7 +138,7 @@ def test_overlapping_retries_of_one_file(tmp_path: Path) -> None:
     import pytest
 
     from validator.errors import ConflictError
-    from validator.store import uploads
+    from validator.service import uploads
 
     svc = Service(Settings(home=tmp_path / "home"))
     try:

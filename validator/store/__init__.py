@@ -1,6 +1,6 @@
 """The store: the only package that writes SQL (:mod:`.crud`, keyword-only functions taking a session, over
-the models in :mod:`.models`), the content-addressed blob stores (local directory, S3) and resumable
-uploads."""
+the models in :mod:`.models`), the content-addressed blob stores (local directory, S3), and the store's integrity check.
+Use cases over it (uploads, expiry) live in :mod:`validator.service`."""
 
 from validator._exports import public
 
@@ -13,7 +13,6 @@ __getattr__, __all__ = public(
         "blob_url": ["open_blob_store"],
         "blobs_s3": ["S3BlobStore"],
         "blob_read": ["open_blob_tensor", "open_file_tensor"],
-        "uploads": ["create_pending", "upload_file", "upload_status", "finalize"],
         "integrity": ["check_store"],
     },
 )

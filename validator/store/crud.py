@@ -335,7 +335,7 @@ def blob_gc_lock(session: Session, *, exclusive: bool) -> None:
     """Serialise blob deletion against transactions that start referencing blobs.
 
     A failed ingest deletes the blobs it created that nothing references, and a collection
-    (validator.store.expiry) the blobs nothing references any more; a concurrent ingest or upload may have
+    (validator.service.expiry) the blobs nothing references any more; a concurrent ingest or upload may have
     found the same content already present and be about to reference it. Deleting holds this lock
     exclusively for the whole check-and-delete; a transaction that commits references takes it shared
     first, then makes sure every blob it references exists (writing it again if it was just deleted), and

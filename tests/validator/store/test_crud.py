@@ -130,7 +130,7 @@ def test_blob_deleted_by_a_failed_ingest_is_restored_by_the_one_that_references_
     """Race: ingest Y finds a tensor's blob already present (created by ingest X); X then fails and
     deletes the blobs it created before Y's references are committed. Y must not end up pointing at a
     missing blob."""
-    from validator import service as service_mod
+    from validator.service import core as service_mod
 
     t = torch.randn(64)
     path = tmp_path / "y"
@@ -144,7 +144,7 @@ def test_blob_deleted_by_a_failed_ingest_is_restored_by_the_one_that_references_
     def lock(session, *, exclusive: bool) -> None:
         if not exclusive and not fired:  # ...and fails just before Y commits its references
             fired.append(True)
-            service._discard([sha])
+            service.discard_blobs([sha])
             assert not service.blobs.exists(sha)
         original(session, exclusive=exclusive)
 

@@ -132,7 +132,7 @@ async def test_unusable_run_names_are_refused_at_creation(client: httpx.AsyncCli
 
 def test_file_name_patterns_take_ascii_digits_only() -> None:
     from validator.errors import InputError
-    from validator.store.uploads import check_file_name
+    from validator.service.uploads import check_file_name
 
     check_file_name("p0", "tensors-00001.safetensors")
     with pytest.raises(InputError):

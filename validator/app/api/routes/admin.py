@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from validator.app.api.deps import ServiceDep, WriteAuth
 from validator.app.api.schemas import StoreCheck
-from validator.store.expiry import MAX_AGE_HOURS
+from validator.service.expiry import MAX_AGE_HOURS
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 

@@ -13,7 +13,7 @@ from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.app.api.schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
 from validator.errors import NotFoundError
 from validator.settings import parse_labels
-from validator.store import uploads
+from validator.service import uploads
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

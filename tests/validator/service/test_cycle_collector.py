@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 
-from validator.store.bulk import cycle_collector_paused
+from validator.service.cycle_collector import cycle_collector_paused
 
 
 def test_the_collector_runs_again_when_the_last_pause_ends() -> None:

@@ -1,8 +1,8 @@
-"""The one service layer: every use case the CLI, the API and the dashboard offer goes through here."""
+"""The one service layer: every use case the CLI, the API and the dashboard offer goes through here (uploads
+and finalize in :mod:`.uploads`, the expiry of pending runs and gc in :mod:`.expiry`)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -10,14 +10,13 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from probes.shards import Coords, ShardSpec
 from validator.comparing import Progress, compare_resolved
@@ -26,11 +25,12 @@ from validator.runs.reassembly import group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import check_dtype, file_byte_chunks, torch_dtype
 from validator.runs.view import RunView, TensorRef
+from validator.service.access import StoreAccess
+from validator.service.cycle_collector import cycle_collector_paused
+from validator.service.expiry import Collected, collect
 from validator.settings import Settings, parse_executor
 from validator.store import crud as store
-from validator.store.blob_url import open_blob_store
 from validator.store.blobs import Durability, remove_stale_temp, temp_prefix
-from validator.store.bulk import cycle_collector_paused
 from validator.store.models import ComparisonRecord, Run
 
 if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not (docs/architecture.md)
@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # comparing imports torch (via .metrics); ingesting must not 
     from validator.judging.compare import Comparison
     from validator.judging.policy import Policy
     from validator.judging.rl_kl import KLReport, KLSettings
-    from validator.store.expiry import Collected
 
 __all__ = ["Service", "RunSummary", "Progress"]
 
@@ -83,16 +82,12 @@ class RunSummary:
         return dict(self.__dict__)
 
 
-class Service:
-    """Built once per process from :class:`Settings`; holds the engine and the blob store."""
+class Service(StoreAccess):
+    """Built once per process from :class:`Settings`; holds the engine and the blob store (:class:`StoreAccess`)
+    and the background comparisons' threads."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        settings.home.mkdir(parents=True, exist_ok=True)
-        self.engine = store.make_engine(settings.db_url)
-        store.migrate(self.engine)
-        self.sessions = store.make_sessionmaker(self.engine)
-        self.blobs = open_blob_store(settings.blob_url, local_dir=settings.blob_dir, cache_dir=settings.cache_dir)
+        super().__init__(settings)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compare")
         # comparisons this process is computing: record id -> set once the result (or error) is recorded.
         # Identical requests arriving meanwhile wait on it instead of answering the unfinished record.
@@ -133,9 +128,7 @@ class Service:
 
     def collect(self, *, full: bool = False, older_than_hours: float | None = None) -> Collected:
         """Expire abandoned pending runs and delete the blobs only they held; ``full``: every unreferenced blob
-        and staging leftover too (validator.store.expiry; docs/reliability.md)."""
-        from validator.store.expiry import collect
-
+        and staging leftover too (validator.service.expiry; docs/reliability.md)."""
         return collect(self, full=full, older_than_hours=older_than_hours)
 
     def check_store(self, *, deep: bool = True, database: bool = True) -> list[str]:
@@ -153,11 +146,6 @@ class Service:
             problems += check_store(s, self.blobs, staging_dir=self.settings.staging_dir, deep=deep, database=database)
         home = str(self.settings.home) + os.sep  # paths relative to the store's home, as the API shows them
         return [p.replace(home, "") for p in problems]
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        with self.sessions() as s:
-            yield s
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest(
@@ -240,7 +228,7 @@ class Service:
                 assert got is not None
                 return RunSummary.of(got)
         except BaseException:
-            self._discard(created)
+            self.discard_blobs(created)
             raise
 
     def _store_tensor(self, ref: TensorRef, created: list[str], batch: Durability) -> tuple[str, int]:
@@ -310,21 +298,10 @@ class Service:
         put_bytes(lambda: [data], "acceptance")
         return out
 
-    def _discard(self, created: list[str]) -> None:
-        """After a failed ingest: delete the blobs it created that nothing references (see blob_gc_lock)."""
-        if not created:
-            return
-        with self.session() as s, s.begin():
-            store.blob_gc_lock(s, exclusive=True)
-            gone = store.unreferenced_blobs(s, candidates=created)
-            for sha in gone:
-                self.blobs.delete(sha)
-            store.delete_blob_rows(s, shas=gone)
-
     def _restore_missing(self, sources: dict[str, Callable[[], Iterable[bytes | memoryview]]]) -> None:
         """Inside the transaction that references them, holding the blob-GC lock shared: a blob this ingest
         wrote or found may have been deleted since (by a concurrent failed ingest, or a collection of blobs
-        nothing referenced yet, validator.store.expiry); write it again from our own copy. No collection can
+        nothing referenced yet, validator.service.expiry); write it again from our own copy. No collection can
         delete it between this check and the commit."""
         for sha, source in sources.items():
             if not self.blobs.exists(sha):

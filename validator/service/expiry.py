@@ -26,14 +26,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from validator.errors import InputError
+from validator.service.access import StoreAccess
 from validator.store import crud as store
 from validator.store.blobs import LocalBlobStore, blob_files, remove_stale_temp
-
-if TYPE_CHECKING:
-    from validator.service import Service
 
 __all__ = ["Collected", "activity_marker", "collect", "expired_marker", "leave_marker", "partial_glob", "MAX_AGE_HOURS"]
 
@@ -55,7 +53,7 @@ class Collected:
 
 
 def partial_glob(run_id: int) -> str:
-    """The names of a pending run's partial uploads in staging (see validator.store.uploads)."""
+    """The names of a pending run's partial uploads in staging (see validator.service.uploads)."""
     return f"{run_id}.*.partial"
 
 
@@ -85,7 +83,7 @@ def _last_write(staging: Path, run_id: int) -> float:
     return latest
 
 
-def collect(svc: Service, *, full: bool = False, older_than_hours: float | None = None) -> Collected:
+def collect(svc: StoreAccess, *, full: bool = False, older_than_hours: float | None = None) -> Collected:
     """Expire pending runs older than the expiry age (``older_than_hours`` overrides the setting) and delete
     what only they held; ``full``: also every other unreferenced blob and staging leftover (module doc)."""
     if older_than_hours is not None and not 0 <= older_than_hours <= MAX_AGE_HOURS:
@@ -137,7 +135,7 @@ def collect(svc: Service, *, full: bool = False, older_than_hours: float | None 
     return out
 
 
-def _staging_leftovers(svc: Service, cutoff: float) -> int:
+def _staging_leftovers(svc: StoreAccess, cutoff: float) -> int:
     """Partial uploads untouched since ``cutoff`` (their run expired, or was finalized without them) and the
     temporary files of processes that are gone."""
     staging = svc.settings.staging_dir

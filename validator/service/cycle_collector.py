@@ -1,4 +1,5 @@
-"""Storing one large run (tens of thousands of records) in bulk."""
+"""Python's cycle collector paused while one large run (tens of thousands of records) is read, stored or
+compared: a process-wide pause shared by every thread."""
 
 from __future__ import annotations
 

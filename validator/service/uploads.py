@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 from probes.bundle import MANIFEST, PART_FILE, PART_RE
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
 from validator.runs.sources import read_bundle
+from validator.service.cycle_collector import cycle_collector_paused
+from validator.service.expiry import activity_marker, collect, expired_marker, leave_marker, partial_glob
 from validator.store import crud as store
 from validator.store.blobs import temp_prefix
-from validator.store.bulk import cycle_collector_paused
-from validator.store.expiry import activity_marker, collect, expired_marker, leave_marker, partial_glob
 from validator.store.models import Run
 
 if TYPE_CHECKING:
-    from validator.service import RunSummary, Service
+    from validator.service.core import RunSummary, Service
 
 __all__ = ["create_pending", "upload_file", "upload_status", "finalize", "check_file_name"]
 
@@ -68,7 +68,7 @@ def _pending_run(svc: Service, ref: str) -> Run:
 
 def create_pending(svc: Service, *, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Create a pending run; a retry with the same name of a still-pending run returns it again. Pending
-    runs abandoned for longer than the expiry age are collected first (validator.store.expiry)."""
+    runs abandoned for longer than the expiry age are collected first (validator.service.expiry)."""
     store.check_run_name(name)
     store.check_labels(labels or {}, where=f"run {name!r}")
     collect(svc)
@@ -194,7 +194,7 @@ def upload_file(
                 created = store.add_upload(s, run_id=r.id, part=part, filename=filename, sha256=sha, nbytes=n)
         except NotFoundError:
             p.unlink(missing_ok=True)
-            svc._discard([sha] if new else [])
+            svc.discard_blobs([sha] if new else [])
             raise
         # the run's activity: this file's last byte (before its partial goes, so that expiry always sees one)
         leave_marker(activity_marker(svc.settings.staging_dir, r.id, _run_key(r)))

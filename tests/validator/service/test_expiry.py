@@ -1,4 +1,4 @@
-"""Expiring abandoned pending runs and collecting the blobs only they held (validator.store.expiry)."""
+"""Expiring abandoned pending runs and collecting the blobs only they held (validator.service.expiry)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from sqlalchemy import select, update
 
 from probes import BundleWriter
 from validator.errors import InputError, NotFoundError
+from validator.service import uploads
 from validator.settings import Settings
-from validator.store import uploads
 from validator.store.models import Blob, Run, Upload
 
 DAY = 24 * 3600
@@ -194,7 +194,7 @@ def test_an_ingest_whose_blob_is_collected_before_its_transaction_writes_it_agai
 ) -> None:
     """Race: an ingest finds a tensor's blob already present (an abandoned upload's), and a collection deletes
     it before the ingest's transaction begins. The ingest must not commit a row pointing at nothing."""
-    from validator import service as service_mod
+    from validator.service import core as service_mod
 
     t = torch.arange(16.0)
     path = tmp_path / "y"

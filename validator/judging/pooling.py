@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from validator.judging.text import fmt_interval, fmt_judged
-from validator.numerics.floors import BlockSums, judged_intervals
+from validator.numerics.floors import LEVEL, BlockSums, judged_intervals_at
 from validator.numerics.metrics import _json_safe
 
 __all__ = ["POOL_BY", "SETTLE_LEVEL", "Member", "PooledUnit", "plan_units", "judge_units", "settled"]
@@ -139,18 +139,18 @@ def judge_units(
     """Each planned unit judged: its poolable members (those sharing the key of its first poolable one) pooled and
     their ratio's interval drawn, FAILing on its lower end at ``level`` (``policy.fail_level``). A unit with fewer
     than two poolable members is left out."""
+    keys = [None if m is None else m.key for m in members]  # each member's once, not once per unit that holds it
     todo: list[tuple[str, str, tuple[int, ...], Member, BlockSums, BlockSums | None, int, float]] = []
     for name, scope, idx in plan:
-        ok = [i for i in idx if (m := members[i]) is not None and m.key is not None]
-        if not ok:
+        first_i = next((i for i in idx if keys[i] is not None), None)
+        if first_i is None:
             continue
-        first = members[ok[0]]
+        first, key = members[first_i], keys[first_i]
         assert first is not None
-        same = [i for i in ok if (m := members[i]) is not None and m.key == first.key]
+        same = [i for i in idx if keys[i] == key]
         if len(same) < 2:
             continue
-        got = [members[i] for i in same]
-        ms = [m for m in got if m is not None]
+        ms = [m for i in same if (m := members[i]) is not None]
         cand = _concat([m.blocks for m in ms if m.blocks is not None], paired=True)
         floor = None
         if first.judged == "x floor":
@@ -161,8 +161,8 @@ def judge_units(
         value = _ratio(cand, floor)
         todo.append((name, scope, tuple(same), first, cand, floor, elements, value))
     wanted = [(c, f, n) for _, _, _, _, c, f, n, _ in todo]
-    drawn = judged_intervals(wanted, fail_level=level, bootstrap=False)
-    leaning = judged_intervals(wanted, level=SETTLE_LEVEL, bootstrap=False)
+    # the interval at LEVEL with its FAIL end at ``level``, and at SETTLE_LEVEL: the blocks' sums worked out once
+    drawn, leaning = judged_intervals_at(wanted, [(LEVEL, level), (SETTLE_LEVEL, LEVEL)], bootstrap=False)
     out = []
     for (name, scope, idx, first, _, _, elements, value), (ci, fail_lo), (lean, _) in zip(todo, drawn, leaning):
         assert first.limit is not None and first.judged is not None

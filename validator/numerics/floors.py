@@ -261,19 +261,34 @@ def judged_intervals(
     bootstrap cannot draw such rare quantiles), never above the interval's own lower end; a comparison of many
     judged units asks for ``fail_level = 1 - 0.05 / units`` (Bonferroni), so that its false FAILs stay at 5% per
     run however many units it judges (docs/policy.md, "Intervals" and "Pooled units")."""
-    boots = bootstrap_intervals([(c, f) for c, f, _ in wanted], level=level) if bootstrap else [None] * len(wanted)
+    return judged_intervals_at(wanted, [(level, fail_level)], bootstrap=bootstrap)[0]
+
+
+def judged_intervals_at(
+    wanted: Sequence[tuple[BlockSums, BlockSums | None, int]],
+    levels: Sequence[tuple[float, float]],
+    *,
+    bootstrap: bool = True,
+) -> list[list[tuple[tuple[float, float], float]]]:
+    """:func:`judged_intervals` of ``wanted`` at each ``(level, fail_level)`` of ``levels``, in that order, with
+    the same bits: the blocks' sums and variances are worked out once, for every level (pooled units ask for
+    two), across the requests of the same numbers of blocks at once."""
+    stats = _parametric_stats(wanted)
     out = []
-    for (cand, floor, elements), boot in zip(wanted, boots):
-        shown = _parametric(cand, floor, elements, level)
-        if shown is None:  # an undefined or zero sum: the bootstrap alone (or the value alone)
-            value = _value(cand, floor)
-            ci = boot if boot is not None else (value, value)
-            out.append((ci, ci[0]))
-            continue
-        ci = shown if boot is None else (min(shown[0], boot[0]), max(shown[1], boot[1]))
-        strict = shown if fail_level == level else _parametric(cand, floor, elements, fail_level)
-        assert strict is not None
-        out.append((ci, min(ci[0], strict[0])))
+    for level, fail_level in levels:
+        boots = bootstrap_intervals([(c, f) for c, f, _ in wanted], level=level) if bootstrap else [None] * len(wanted)
+        got = []
+        for (cand, floor, _), st, boot in zip(wanted, stats, boots):
+            if st is None:  # an undefined or zero sum: the bootstrap alone (or the value alone)
+                value = _value(cand, floor)
+                ci = boot if boot is not None else (value, value)
+                got.append((ci, ci[0]))
+                continue
+            shown = st.interval(level)
+            ci = shown if boot is None else (min(shown[0], boot[0]), max(shown[1], boot[1]))
+            strict = shown if fail_level == level else st.interval(fail_level)
+            got.append((ci, min(ci[0], strict[0])))
+        out.append(got)
     return out
 
 
@@ -285,48 +300,101 @@ def _value(cand: BlockSums, floor: BlockSums | None) -> float:
     return (1.0 if r == 0 else math.inf) if f == 0 else r / f
 
 
-def _parametric(cand: BlockSums, floor: BlockSums | None, elements: int, level: float) -> tuple[float, float] | None:
-    """The envelope of the log-scale t interval and the F interval (see :func:`judged_intervals`); None where a
-    sum is zero or not finite (no log scale)."""
-    sides = [cand] if floor is None else [cand, floor]
-    totals = [(float(s.d2.sum()), float(s.a2.sum())) for s in sides]
-    if not all(0 < x < math.inf for t in totals for x in t):
-        return None
-    log_r2 = math.log(totals[0][0] / totals[0][1])
-    if floor is not None:
-        log_r2 -= math.log(totals[1][0] / totals[1][1])
-    n = max(1, int(elements))
-    tail = (1.0 - level) / 2.0
-    if floor is None:  # Σd²/σ² ~ chi-square(n): rel_l2² within rel_l2² · n / chi2 quantiles
-        lo_f, hi_f = log_r2 + math.log(n / _chi2(n, 1 - tail)), log_r2 + math.log(n / _chi2(n, tail))
-    else:  # (Σd²/Σf²) / true ratio² ~ F(n, n)
-        lo_f, hi_f = log_r2 - math.log(_f(n, 1 - tail)), log_r2 - math.log(_f(n, tail))
-    infl = [s.d2 / t[0] - s.a2 / t[1] for s, t in zip(sides, totals)]
-    paired = floor is not None and len(floor.d2) == len(cand.d2) and floor.rows == cand.rows
-    if paired:
-        parts = [(infl[0] - infl[1], len(cand.d2))]
-    else:
-        parts = [(u, len(u)) for u in infl]
-    var, dof_den, usable = 0.0, 0.0, True
-    for u, b in parts:
-        if b < 2:
-            usable = False
-            break
-        u2 = u * u
-        s2, s4 = float(u2.sum()), float(np.dot(u2, u2))
-        v = s2 * b / (b - 1)
-        # the variance estimate's own degrees of freedom, fewer where a few blocks carry it (outliers): b - 1 for
-        # Gaussian influences, down to 1 where one block carries all of it
-        excess = s4 - s2 * s2 / b
-        k = b - 1 if excess <= 0 else min(b - 1, max(1.0, 2 * s2 * s2 / excess))
-        var += v
-        dof_den += v * v / k
-    lo, hi = lo_f, hi_f
-    if usable and var > 0:
-        dof = var * var / dof_den  # Welch-Satterthwaite over the sides (one side, or paired: that side's)
-        half = _t(max(1, math.floor(dof)), 1 - tail) * math.sqrt(var)  # dof rounded down: wider, never narrower
-        lo, hi = min(lo, log_r2 - half), max(hi, log_r2 + half)
-    return math.exp(lo / 2.0), math.exp(hi / 2.0)
+@dataclass(frozen=True)
+class _Parametric:
+    """What the parametric intervals of one request need of its blocks (:func:`_parametric_stats`): the log of
+    its squared ratio, its elements, whether a ratio to a floor, and the t interval's variance and its degrees
+    of freedom (``var`` 0: no t interval)."""
+
+    log_r2: float
+    n: int
+    floor: bool
+    var: float
+    dof_den: float
+
+    def interval(self, level: float) -> tuple[float, float]:
+        """The envelope of the log-scale t interval and the F interval at ``level`` (see :func:`judged_intervals`)."""
+        log_r2, n = self.log_r2, self.n
+        tail = (1.0 - level) / 2.0
+        if not self.floor:  # Σd²/σ² ~ chi-square(n): rel_l2² within rel_l2² · n / chi2 quantiles
+            lo_f, hi_f = log_r2 + math.log(n / _chi2(n, 1 - tail)), log_r2 + math.log(n / _chi2(n, tail))
+        else:  # (Σd²/Σf²) / true ratio² ~ F(n, n)
+            lo_f, hi_f = log_r2 - math.log(_f(n, 1 - tail)), log_r2 - math.log(_f(n, tail))
+        lo, hi = lo_f, hi_f
+        var = self.var
+        if var > 0:
+            dof = var * var / self.dof_den  # Welch-Satterthwaite over the sides (one side, or paired: that side's)
+            half = _t(max(1, math.floor(dof)), 1 - tail) * math.sqrt(var)  # dof rounded down: wider, never narrower
+            lo, hi = min(lo, log_r2 - half), max(hi, log_r2 + half)
+        return _exp_half(lo), _exp_half(hi)
+
+
+def _exp_half(x: float) -> float:
+    """exp(x / 2), +inf past float64's range (an upper end at a rare level of a pair of very few blocks)."""
+    try:
+        return math.exp(x / 2.0)
+    except OverflowError:
+        return math.inf
+
+
+def _parametric_stats(wanted: Sequence[tuple[BlockSums, BlockSums | None, int]]) -> list[_Parametric | None]:
+    """The :class:`_Parametric` of each ``(cand, floor, elements)``; None where a sum is zero or not finite (no
+    log scale). The requests of the same numbers of blocks (and pairing) are worked out together, row by row
+    of stacked blocks, with the bits of one alone: each row's sums as NumPy sums a 1-D array (pairwise, along
+    the row), its sum of fourth powers as ``np.dot`` of a row with itself (BLAS's dot, which ``matmul`` of a
+    row by a column calls too), the arithmetic after that on Python floats."""
+    alike: dict[tuple[int, int | None, bool], list[int]] = {}
+    for i, (cand, floor, _) in enumerate(wanted):
+        m = None if floor is None else len(floor.d2)
+        paired = floor is not None and m == len(cand.d2) and floor.rows == cand.rows
+        alike.setdefault((len(cand.d2), m, paired), []).append(i)
+    out: list[_Parametric | None] = [None] * len(wanted)
+    for (_, mb, paired), idx in alike.items():
+        sides = [_stacked([wanted[i][0] for i in idx])]
+        if mb is not None:
+            sides.append(_stacked([f for i in idx if (f := wanted[i][1]) is not None]))
+        sums = [(d2.sum(axis=1), a2.sum(axis=1)) for d2, a2 in sides]
+        with np.errstate(all="ignore"):  # the rows of a zero or non-finite sum are left out below
+            infl = [d2 / sd[:, None] - a2 / sa[:, None] for (d2, a2), (sd, sa) in zip(sides, sums)]
+        parts = [infl[0] - infl[1]] if paired else infl
+        moments = [(u2.sum(axis=1).tolist(), _dots(u2).tolist(), u2.shape[1]) for u in parts for u2 in (u * u,)]
+        totals = [(sd.tolist(), sa.tolist()) for sd, sa in sums]
+        for row, i in enumerate(idx):
+            t = [(sd[row], sa[row]) for sd, sa in totals]
+            if not all(0 < x < math.inf for ts in t for x in ts):
+                continue
+            log_r2 = math.log(t[0][0] / t[0][1])
+            if mb is not None:
+                log_r2 -= math.log(t[1][0] / t[1][1])
+            var, dof_den = 0.0, 0.0
+            for s2s, s4s, b in moments:
+                if b < 2:
+                    var, dof_den = 0.0, 0.0  # too few blocks on a side: no t interval
+                    break
+                s2, s4 = s2s[row], s4s[row]
+                v = s2 * b / (b - 1)
+                # the variance estimate's own degrees of freedom, fewer where a few blocks carry it (outliers):
+                # b - 1 for Gaussian influences, down to 1 where one block carries all of it
+                excess = s4 - s2 * s2 / b
+                k = b - 1 if excess <= 0 else min(b - 1, max(1.0, 2 * s2 * s2 / excess))
+                var += v
+                dof_den += v * v / k
+            out[i] = _Parametric(log_r2, max(1, int(wanted[i][2])), mb is not None, var, dof_den)
+    return out
+
+
+def _stacked(sums: Sequence[BlockSums]) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks' ``d2`` and ``a2`` of requests of one number of blocks, a row each (float64)."""
+    if len(sums) == 1:
+        return sums[0].d2.reshape(1, -1).astype(np.float64, copy=False), sums[0].a2.reshape(1, -1).astype(np.float64, copy=False)
+    return np.array([s.d2 for s in sums], np.float64), np.array([s.a2 for s in sums], np.float64)
+
+
+def _dots(u2: np.ndarray) -> np.ndarray:
+    """``np.dot(row, row)`` of each row of ``u2``, the same bits: ``matmul`` of a row vector by a column vector
+    calls the same BLAS dot."""
+    out: np.ndarray = np.matmul(u2[:, None, :], u2[:, :, None]).reshape(-1)
+    return out
 
 
 # quantiles from scipy.special (imported where an interval is first drawn; scipy.stats would add a second)

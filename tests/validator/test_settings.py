@@ -100,3 +100,13 @@ def test_console_script_exits_2_naming_the_variable(tmp_path: Path, env: dict[st
         assert got.stdout == ""
     r2 = _validator(tmp_path, {}, "--db", "foo://bar", "runs")
     assert r2.returncode == 2 and r2.stderr.startswith("validator: error: --db='foo://bar': no database dialect"), r2.stderr
+
+
+def test_client_and_executor_settings_come_from_the_environment() -> None:
+    from validator.settings import RANGE_BYTES, ClientSettings, ExecutorSettings
+
+    assert ClientSettings.from_env({}) == ClientSettings(server=None, token=None, debug=False)
+    got = ClientSettings.from_env({"VALIDATOR_SERVER": "http://h:8000", "VALIDATOR_TOKEN": "s3cret-tok", "VALIDATOR_DEBUG": "1"})
+    assert (got.server, got.token, got.debug) == ("http://h:8000", "s3cret-tok", True)
+    assert "s3cret-tok" not in repr(got)  # the token is never shown
+    assert ExecutorSettings.from_env({}) == ExecutorSettings(ray_address=None, range_bytes=RANGE_BYTES)

@@ -18,7 +18,7 @@ from probes.config import ProbeConfigError
 from probes.shards import ShardSpecError
 from validator.errors import InputError, ValidatorError
 from validator.judging.text import format_rows
-from validator.settings import Settings, parse_labels
+from validator.settings import ClientSettings, Settings, parse_labels
 
 __all__ = ["main", "entry", "build_parser"]
 
@@ -289,7 +289,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> Any:
     from validator.app.client import Client
 
-    return Client(args.server, args.token_value or os.environ.get("VALIDATOR_TOKEN"))
+    return Client(args.server, args.token_value or ClientSettings.from_env().token)
 
 
 def cmd_probe_gsm8k(args: argparse.Namespace) -> int:
@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--home", help="store directory (default: $VALIDATOR_HOME or ~/.validator)")
     p.add_argument("--db", help="SQLAlchemy database URL (default: SQLite in the home; $VALIDATOR_DATABASE_URL)")
-    p.add_argument("--server", default=os.environ.get("VALIDATOR_SERVER"), help="work against a validator server (URL)")
+    p.add_argument("--server", default=ClientSettings.from_env().server, help="work against a validator server (URL)")
     p.add_argument("--token", dest="token_value", help="bearer token for --server (default: $VALIDATOR_TOKEN)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -601,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("validator: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # never a bare traceback for a user; VALIDATOR_DEBUG=1 shows it
-        if os.environ.get("VALIDATOR_DEBUG"):
+        if ClientSettings.from_env().debug:
             raise
         print(f"validator: internal error: {type(exc).__name__}: {exc} (set VALIDATOR_DEBUG=1 for details)", file=sys.stderr)
         return 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,7 @@ from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical, 
 from validator.runs.view import RunView
 
 if TYPE_CHECKING:
-    import torch
+    from validator.numerics.host import Array
 
 __all__ = [
     "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_pair", "measure_tensors", "floor_from", "merge_verdicts",
@@ -183,13 +183,13 @@ class Measured:
         return self.blocks is None or not (self.blocks.nan_a or self.blocks.nan_b)
 
 
-def measure_tensors(ta: torch.Tensor, tb: torch.Tensor, *, rounding_dtype: str | None = None) -> Measured:
+def measure_tensors(ta: Array, tb: Array, *, rounding_dtype: str | None = None) -> Measured:
     """The metrics of a pair of equal-shape tensors and its block sums; with ``rounding_dtype``, also the
     rounding floor of ``ta`` in that dtype."""
     return measure_tensors_many([(ta, tb, rounding_dtype)])[0]
 
 
-def measure_tensors_many(pairs: list[tuple[torch.Tensor, torch.Tensor, str | None]]) -> list[Measured]:
+def measure_tensors_many(pairs: list[tuple[Array, Array, str | None]]) -> list[Measured]:
     """:func:`measure_tensors` of each ``(ta, tb, rounding_dtype)``, in order; the small pairs on the CPU
     are measured together, in one pass of the engine (``floors.measure_blocks_many``), with the same bits."""
     same = [tuple(ta.shape) == tuple(tb.shape) for ta, tb, _ in pairs]
@@ -239,7 +239,7 @@ def _measure_batch(pairs: list[Pair]) -> list[Measured]:
     return _measure_loaded(pairs, materialize_many([la for la, _, _ in pairs]), materialize_many([lb for _, lb, _ in pairs]))
 
 
-def _measure_loaded(pairs: list[Pair], ta: list[torch.Tensor], tb: list[torch.Tensor]) -> list[Measured]:
+def _measure_loaded(pairs: list[Pair], ta: Sequence[Array], tb: Sequence[Array]) -> list[Measured]:
     """``_measure`` of each pair, its tensors loaded already (``ta``, ``tb``)."""
     loaded = [(a, b, lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for a, b, (la, lb, r) in zip(ta, tb, pairs)]
     got = measure_tensors_many(loaded)

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from validator.numerics.backends import Totals
+from validator.numerics.host import HostArray, rounded
 from validator.numerics.metrics import MetricInputError, TensorMetrics, measure, measure_many
 
 if TYPE_CHECKING:
-    import torch
+    from validator.numerics.host import Array
 
 __all__ = [
     "BLOCKS",
@@ -118,36 +119,41 @@ def _rows(shape: Sequence[int]) -> int:
     return shape[0] if len(shape) >= 2 and shape[0] >= BLOCKS else math.prod(shape)
 
 
-def measure_blocks(a: torch.Tensor, b: torch.Tensor) -> tuple[TensorMetrics, BlockSums]:
+def measure_blocks(a: Array, b: Array) -> tuple[TensorMetrics, BlockSums]:
     """The metrics of a pair of equal shape and its block sums, from one pass of the engine (``d = b - a``).
     Raises ``MetricInputError`` as :func:`validator.numerics.metrics.compare_tensors` does."""
     m, totals = measure(a, b, edges=_edges(tuple(a.shape)))
     return m, _block_sums(a, b, m, totals)
 
 
-def measure_blocks_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[TensorMetrics, BlockSums] | MetricInputError]:
+def measure_blocks_many(pairs: Sequence[tuple[Array, Array]]) -> list[tuple[TensorMetrics, BlockSums] | MetricInputError]:
     """:func:`measure_blocks` of each pair, in order and with the same bits, the error it would raise in
     place of a pair it rejects; small pairs on the CPU are measured together (``metrics.measure_many``)."""
     got = measure_many([(a, b, _edges(tuple(a.shape)) if hasattr(a, "shape") else ()) for a, b in pairs])
     return [r if isinstance(r, MetricInputError) else (r[0], _block_sums(a, b, *r)) for (a, b), r in zip(pairs, got)]
 
 
-def _block_sums(a: torch.Tensor, b: torch.Tensor, m: TensorMetrics, totals: Totals) -> BlockSums:
+def _block_sums(a: Array, b: Array, m: TensorMetrics, totals: Totals) -> BlockSums:
     """The pair's BlockSums from its pass."""
     nan_a, nan_b, inf_matched = totals.nonfinite
     d2, a2 = np.array(totals.block_d2, np.float64), np.array(totals.block_a2, np.float64)  # dtype given: not inferred
     return BlockSums(d2, a2, _rows(tuple(a.shape)), nan_a, nan_b, inf_matched)
 
 
-def block_sums(a: torch.Tensor, b: torch.Tensor) -> BlockSums:
+def block_sums(a: Array, b: Array) -> BlockSums:
     """Block sums of ``d = b - a`` and ``a`` for a pair of equal shape."""
     return measure_blocks(a, b)[1]
 
 
-def rounding_sums(a: torch.Tensor, dtype: str) -> BlockSums:
+def rounding_sums(a: Array, dtype: str) -> BlockSums:
     """Block sums of the reference ``a`` rounded to ``dtype`` against ``a`` itself: the rounding floor.
 
     Values beyond ``dtype``'s range round to infinity and drop out of the sums, as they do in a pair."""
+    if isinstance(a, HostArray):  # rounded in NumPy as torch rounds (host.rounded), else in torch
+        got = rounded(a, dtype)
+        if got is not None:
+            return block_sums(a, got)
+        a = a.to_torch()
     import torch
 
     target = getattr(torch, dtype)

@@ -13,14 +13,16 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any, cast
 
 from validator.errors import InputError
-from validator.numerics.backends import Totals, compare, compare_many
-from validator.numerics.backends.common import p99_ulp, ulp_spec
-from validator.numerics.backends.reference import chunk_pairs
+from validator.numerics.backends import Totals, as_torch, compare, compare_many
+from validator.numerics.host import HostArray
+
+if TYPE_CHECKING:
+    import torch
+
+    from validator.numerics.host import Array
 
 __all__ = ["MetricInputError", "TensorMetrics", "compare_tensors", "measure", "measure_many", "metrics_from_totals"]
 
@@ -82,15 +84,16 @@ def _json_safe(value: object) -> object:
 
 
 def compare_tensors(
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: Array,
+    b: Array,
     *,
     atol: float = 1e-5,
     rtol: float = 1e-3,
     chunk_elems: int = 1 << 22,
     p99: bool = False,
 ) -> TensorMetrics:
-    """Compare candidate ``b`` against reference ``a`` (same shape, any real dtypes).
+    """Compare candidate ``b`` against reference ``a`` (same shape, any real dtypes): torch tensors, or
+    ``host.HostArray`` (small float tensors read as NumPy; compared without importing torch).
 
     ``chunk_elems`` bounds the elements the float64 reference and non-contiguous inputs process at
     once; results do not depend on it beyond float64 summation order. ``p99``: also the exact p99 ULP
@@ -102,8 +105,8 @@ def compare_tensors(
 
 
 def measure(
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: Array,
+    b: Array,
     *,
     atol: float = 1e-5,
     rtol: float = 1e-3,
@@ -118,14 +121,19 @@ def measure(
     a, b = _values(a), _values(b)
     totals = compare(a, b, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
     metrics = metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol)
-    spec = ulp_spec(a.dtype, b.dtype)
-    if p99 and spec is not None:
-        metrics = replace(metrics, p99_ulp=p99_ulp(lambda: chunk_pairs(a, b, chunk_elems), spec))
+    if p99:  # in torch (a second read of the pair)
+        from validator.numerics.backends.common import p99_ulp, ulp_spec
+        from validator.numerics.backends.reference import chunk_pairs
+
+        ta, tb = as_torch(a), as_torch(b)
+        spec = ulp_spec(ta.dtype, tb.dtype)
+        if spec is not None:
+            metrics = replace(metrics, p99_ulp=p99_ulp(lambda: chunk_pairs(ta, tb, chunk_elems), spec))
     return metrics, totals
 
 
 def measure_many(
-    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
+    pairs: Sequence[tuple[Array, Array, Sequence[int]]],
     *,
     atol: float = 1e-5,
     rtol: float = 1e-3,
@@ -133,7 +141,7 @@ def measure_many(
 ) -> list[tuple[TensorMetrics, Totals] | MetricInputError]:
     """:func:`measure` of each pair ``(a, b, edges)``, in order and with the same bits, the error it would
     raise in place of a pair it rejects. Small pairs on the CPU are measured together (``compare_many``)."""
-    good: list[tuple[torch.Tensor, torch.Tensor, Sequence[int]]] = []
+    good: list[tuple[Array, Array, Sequence[int]]] = []
     out: list[tuple[TensorMetrics, Totals] | MetricInputError | None] = []
     for a, b, edges in pairs:
         try:
@@ -150,10 +158,10 @@ def measure_many(
     return [r for r in out if r is not None]
 
 
-def _values(t: torch.Tensor) -> torch.Tensor:
+def _values(t: Array) -> Array:
     """``t`` without its autograd history, if it has one: the backends read values and build no graph
     (``detach`` and ``torch.no_grad`` cost 2-3 us a call each, a tenth of a small pair's time)."""
-    return t.detach() if t.requires_grad else t
+    return t if isinstance(t, HostArray) or not t.requires_grad else t.detach()
 
 
 @functools.lru_cache(maxsize=256)
@@ -167,15 +175,19 @@ def _checked_edges(edges: tuple[int, ...], numel: int) -> tuple[int, ...]:
 
 def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: int) -> None:
     for name, t in (("a", a), ("b", b)):
+        if isinstance(t, HostArray):  # a float tensor by construction
+            continue
+        import torch  # (loaded already wherever a tensor is passed)
+
         if not isinstance(t, torch.Tensor):
             raise MetricInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.is_complex() or t.is_quantized or t.layout != torch.strided or t.is_meta:
             raise MetricInputError(
                 f"{name} has unsupported dtype/layout/device: {t.dtype}, {t.layout}, {t.device}"
             )
-    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-    if a.shape != b.shape:
-        raise MetricInputError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
+    shape_a, shape_b = tuple(cast(Any, a).shape), tuple(cast(Any, b).shape)  # (a tensor or a HostArray each)
+    if shape_a != shape_b:
+        raise MetricInputError(f"shape mismatch: {shape_a} vs {shape_b}")
     for name, tol in (("atol", atol), ("rtol", rtol)):
         if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol >= 0):
             raise MetricInputError(f"{name} must be a finite number >= 0, got {tol!r}")
@@ -184,7 +196,7 @@ def _check_inputs(a: object, b: object, atol: float, rtol: float, chunk_elems: i
 
 
 def metrics_from_totals(
-    totals: Totals, dtype_a: torch.dtype, dtype_b: torch.dtype, atol: float, rtol: float
+    totals: Totals, dtype_a: torch.dtype | str, dtype_b: torch.dtype | str, atol: float, rtol: float
 ) -> TensorMetrics:
     """Every metric from the totals of one pass: the formulas of docs/metrics.md, in one place for
     every backend (``Totals.sums``: a², b², d², |d|, a·d over the positions finite in both)."""
@@ -233,5 +245,5 @@ def metrics_from_totals(
 
 
 @functools.cache
-def _dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype: torch.dtype | str) -> str:
     return str(dtype).removeprefix("torch.")

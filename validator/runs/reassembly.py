@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from probes.shards import Coords
 from validator.errors import InputError
+from validator.numerics.backends.small import NUMPY_MAX
 from validator.runs.view import TensorRef
 
 if TYPE_CHECKING:
     import torch
+
+    from validator.numerics.host import Array
 
 __all__ = ["LogicalTensor", "group_logical", "logical_key", "materialize_many"]
 
@@ -70,6 +73,12 @@ class LogicalTensor:
         for r in sorted(self.shards, key=lambda r: (r.shard.index, r.shard.replica)):
             by_rank.setdefault(r.shard.index, r)
         return [by_rank[i] for i in sorted(by_rank)]
+
+    def host_readable(self) -> bool:
+        """Whether :func:`materialize_many` reads it as a ``numerics.host.HostArray`` (no torch): one stored
+        shard (the logical tensor is that shard's), of a float dtype, of at most ``backends.small.NUMPY_MAX``
+        elements, the size the engine measures in NumPy."""
+        return len(self.shards) == 1 and math.prod(self.shards[0].shape) <= NUMPY_MAX and self.shards[0].host_readable()
 
     def materialize(self) -> torch.Tensor:
         """Load and assemble the logical tensor. Replica disagreements are appended to ``notes``."""
@@ -120,16 +129,27 @@ class LogicalTensor:
             )
 
 
-def materialize_many(tensors: Sequence[LogicalTensor]) -> list[torch.Tensor]:
-    """:meth:`LogicalTensor.materialize` of each, in order; those of one full stored shard that can be read into
-    a buffer (``TensorRef.read_into``) are read side by side into one buffer per dtype, each a view of it, which
-    the CPU engine measures without copying them together (``numerics.backends.cpu.compare_cpu_many``). Meant
-    for a batch of small tensors: their bytes are read into memory, not memory-mapped; a tensor alone is loaded as
-    it is stored (a large blob: memory-mapped)."""
-    import torch
+def materialize_many(tensors: Sequence[LogicalTensor]) -> list[Array]:
+    """:meth:`LogicalTensor.materialize` of each, in order, with the same elements. Those the engine measures in
+    NumPy (:meth:`LogicalTensor.host_readable`) are read as ``numerics.host.HostArray``, without torch; of the
+    others, those of one full stored shard that can be read into a buffer (``TensorRef.read_into``) are read
+    side by side into one buffer per dtype, each a view of it, which the CPU engine measures without copying
+    them together (``numerics.backends.cpu.compare_cpu_many``). Meant for a batch of small tensors: their bytes
+    are read into memory, not memory-mapped; a larger tensor alone is loaded as it is stored (a large blob:
+    memory-mapped)."""
+    out: list[Array | None] = [t.shards[0].load_host() if t.host_readable() else None for t in tensors]
+    rest = [i for i, got in enumerate(out) if got is None]
+    if len(rest) == 1:
+        out[rest[0]] = tensors[rest[0]].materialize()
+    elif rest:
+        for i, got in zip(rest, _materialize_torch([tensors[i] for i in rest])):
+            out[i] = got
+    return [t for t in out if t is not None]
 
-    if len(tensors) == 1:
-        return [tensors[0].materialize()]
+
+def _materialize_torch(tensors: Sequence[LogicalTensor]) -> list[torch.Tensor]:
+    """:meth:`LogicalTensor.materialize` of each (two or more), in order, as :func:`materialize_many` reads them."""
+    import torch
 
     from validator.runs.tensorfile import dtype_name, torch_dtype
 

@@ -4,13 +4,17 @@ SGLang dumper folder, the store)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from probes.shards import Coords, ShardSpec
 from validator.errors import InputError
+from validator.numerics.host import STORAGE, HostArray
 from validator.runs.tensorfile import dtype_name, file_byte_chunks
 
 if TYPE_CHECKING:
@@ -46,6 +50,38 @@ class TensorRef:
             from probes.bundle import tensor_bytes
 
             yield tensor_bytes(self.load())
+
+    def host_readable(self) -> bool:
+        """Whether :meth:`load_host` can read it: a float dtype of ``numerics.host.STORAGE`` whose bytes lie in
+        a file or a blob, as many as its shape needs."""
+        storage = STORAGE.get(self.dtype)
+        return (
+            storage is not None
+            and (self.read_into is not None or self.location is not None)
+            and self.nbytes == math.prod(self.shape) * np.dtype(storage).itemsize
+        )
+
+    def load_host(self) -> HostArray:
+        """The tensor as a ``numerics.host.HostArray``, its bytes read as they are stored (no torch); only where
+        :meth:`host_readable`."""
+        buf = np.empty(self.shape, STORAGE[self.dtype])
+        raw = buf.reshape(-1).view(np.uint8).data
+        if not self.nbytes:
+            pass
+        elif self.read_into is not None:
+            self.read_into(raw)
+        else:
+            assert self.location is not None
+            path, offset = self.location
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    f.seek(offset)
+                    got = f.readinto(raw)
+            except OSError as exc:
+                raise InputError(f"{self.origin}: cannot read: {exc.strerror or exc}") from None
+            if got != self.nbytes:
+                raise InputError(f"{self.origin}: the file ends {self.nbytes - (got or 0)} bytes before the tensor's end")
+        return HostArray(buf, self.dtype)
 
     def load(self) -> torch.Tensor:
         t = self.loader()

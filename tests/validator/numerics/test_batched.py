@@ -183,9 +183,11 @@ def test_pairs_side_by_side_in_one_buffer_are_measured_where_they_lie() -> None:
 
 
 def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
-    """Stored runs: a batch's tensors read side by side into one buffer per dtype (``materialize_many``) give
-    the tensors and the report of the pairs loaded and measured one by one."""
+    """Stored runs: a batch's tensors (``materialize_many``: the small ones as NumPy, the others read side by side
+    into one buffer per dtype) give the tensors and the report of the pairs loaded and measured one by one."""
     from probes import BundleWriter, ShardSpec
+    from validator.numerics.backends import as_torch
+    from validator.numerics.host import HostArray
     from validator.runs.reassembly import group_logical, materialize_many
     from validator.service import Service
     from validator.settings import Settings
@@ -199,13 +201,18 @@ def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
                 full = torch.randn(8, 6, generator=torch.Generator().manual_seed(99)).to(torch.bfloat16)
                 for rank, piece in enumerate(full.chunk(2, dim=1)):  # a logical tensor of two shards
                     w.add("split", piece.contiguous(), shard=ShardSpec.split(1, rank, 2))
+                for i in range(2):  # above the NumPy pass's size: read into one buffer
+                    big = torch.randn(130, 64, generator=torch.Generator().manual_seed(i))
+                    w.add(f"big{i}", (big * (1 + 1e-2 * seed * big)).to(torch.bfloat16))
             svc.ingest(tmp_path / name, name=name)
         va, vb = svc.resolve("a", allow_paths=False), svc.resolve("b", allow_paths=False)
         logical = list(group_logical(va.tensors).values())
         together = materialize_many(logical)
-        assert all(torch.equal(t, lt.materialize()) and t.dtype == lt.materialize().dtype for t, lt in zip(together, logical))
-        bf16 = [t for t, lt in zip(together, logical) if t.dtype == torch.bfloat16 and len(lt.shards) == 1 and t.numel()]
-        assert len({t.untyped_storage().data_ptr() for t in bf16}) == 1  # one buffer for the bfloat16 tensors
+        assert {isinstance(t, HostArray) for t in together} == {True, False}
+        loaded = [as_torch(t) for t in together]
+        assert all(torch.equal(t, lt.materialize()) and t.dtype == lt.materialize().dtype for t, lt in zip(loaded, logical))
+        bf16 = [t for t, lt in zip(together, logical) if not isinstance(t, HostArray) and t.dtype == torch.bfloat16 and len(lt.shards) == 1]
+        assert len(bf16) == 2 and len({t.untyped_storage().data_ptr() for t in bf16}) == 1  # one buffer for the large bfloat16 tensors
         by_pair = compare_runs(va, vb, executor=lambda fn, ps: (fn(*p) for p in ps)).to_dict()  # loaded one by one
         assert bits(svc.compare("a", "b", allow_paths=False).to_dict()) == bits(by_pair)
     finally:

@@ -8,8 +8,9 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
   float32 could not decide;
 - ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
   pairs several per pass (:func:`compare_many`), with the same bits; ``small.py``: pairs of at most
-  ``small.NUMPY_MAX`` elements on the CPU, in NumPy float64, with nothing to compile (numba is imported only
-  when a larger pair comes).
+  ``small.NUMPY_MAX`` elements on the CPU, CPU tensors or ``host.HostArray`` (small tensors read from files
+  as NumPy), in NumPy float64, with nothing to compile (numba is imported only when a larger pair comes, and
+  torch only when a pair holds a torch tensor or goes to another backend).
 
 Counts, ``max_abs`` and the largest ULP distance are exact on every backend; the sums agree with the float64
 reference to about 1e-7 relative or better (``docs/performance.md``). A given backend returns
@@ -21,13 +22,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
-
-from validator.numerics.backends.common import FLOAT_DTYPES, Totals
-from validator.numerics.backends.reference import compare_reference, compute_device
 from validator.numerics.backends.small import NUMPY_MAX, compare_small, compare_small_many
+from validator.numerics.backends.totals import Totals
+from validator.numerics.host import HostArray
+
+if TYPE_CHECKING:
+    import torch
+
+    from validator.numerics.host import Array
 
 __all__ = ["Totals", "backend_for", "compare", "compare_many", "info"]
 
@@ -42,8 +46,14 @@ def _cuda() -> ModuleType | None:
     return cuda
 
 
-def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
+def backend_for(a: Array, b: Array) -> str:
     """Which backend :func:`compare` uses for this pair: ``"cuda"``, ``"cpu"`` or ``"reference"``."""
+    if isinstance(a, HostArray) and isinstance(b, HostArray):  # float dtypes in host memory
+        return "cpu"
+    a, b = as_torch(a), as_torch(b)
+    from validator.numerics.backends.common import FLOAT_DTYPES
+    from validator.numerics.backends.reference import compute_device
+
     if a.dtype not in FLOAT_DTYPES or b.dtype not in FLOAT_DTYPES:
         return "reference"
     if a.is_cpu and b.is_cpu:  # compute_device's CPU, without making a device (~2 us a pair)
@@ -54,9 +64,14 @@ def backend_for(a: torch.Tensor, b: torch.Tensor) -> str:
     return "cpu" if device.type == "cpu" else "reference"
 
 
+def as_torch(t: Array) -> torch.Tensor:
+    """``t`` as a torch tensor: a HostArray's elements in one (imports torch), a tensor itself."""
+    return t.to_torch() if isinstance(t, HostArray) else t
+
+
 def compare(
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: Array,
+    b: Array,
     *,
     atol: float,
     rtol: float,
@@ -66,6 +81,9 @@ def compare(
     """The totals of ``a`` (reference) against ``b`` (inputs already checked), in one read of the pair.
     ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
     a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""
+    if isinstance(a, HostArray) and isinstance(b, HostArray) and a.numel() <= NUMPY_MAX:
+        return compare_small(a, b, atol=atol, rtol=rtol, edges=edges)
+    a, b = as_torch(a), as_torch(b)  # a HostArray beside a tensor, or a large one
     backend = backend_for(a, b)
     if backend == "cuda":
         cuda = _cuda()
@@ -78,11 +96,13 @@ def compare(
         from validator.numerics.backends.cpu import compare_cpu
 
         return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+    from validator.numerics.backends.reference import compare_reference
+
     return compare_reference(a, b, atol, rtol, chunk_elems, edges)
 
 
 def compare_many(
-    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float, chunk_elems: int
+    pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float, chunk_elems: int
 ) -> list[Totals]:
     """:func:`compare` of each pair ``(a, b, edges)``, in order, with the same bits. Contiguous CPU pairs of
     float dtypes are measured together, one pass of the CPU engine per pair of dtypes; the others (and
@@ -94,7 +114,7 @@ def compare_many(
         cpu = backend_for(a, b) == "cpu"
         if cpu and a.numel() <= NUMPY_MAX:
             small.append(i)
-        elif cpu and _batchable(a, b):
+        elif cpu and not isinstance(a, HostArray) and not isinstance(b, HostArray) and _batchable(a, b):
             together.setdefault((a.dtype, b.dtype), []).append(i)
         else:
             out[i] = compare(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
@@ -104,7 +124,8 @@ def compare_many(
         from validator.numerics.backends.cpu import compare_cpu_many
 
         for idx in together.values():
-            for i, got in zip(idx, compare_cpu_many([pairs[i] for i in idx], atol=atol, rtol=rtol)):
+            tensors = cast("list[tuple[torch.Tensor, torch.Tensor, Sequence[int]]]", [pairs[i] for i in idx])
+            for i, got in zip(idx, compare_cpu_many(tensors, atol=atol, rtol=rtol)):
                 out[i] = got
     return [t for t in out if t is not None]
 
@@ -118,6 +139,8 @@ def _batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def info() -> dict[str, Any]:
     """What is available here (for benchmarks and bug reports)."""
+    import torch
+
     from validator.numerics.backends.cpu import threads
 
     out: dict[str, Any] = {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": None}

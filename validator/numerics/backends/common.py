@@ -13,11 +13,12 @@ read; for float32, whose distances reach 2**32, a histogram of the high 16 bits 
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import torch
+
+from validator.numerics.backends.totals import Totals as Totals  # (re-exported: the backends import it from here)
+from validator.numerics.backends.totals import pieces_of as pieces_of
 
 # dtype -> (same-width signed integer dtype, mask of the non-sign bits); the dtypes with ULP metrics
 ULP_DTYPES: dict[torch.dtype, tuple[torch.dtype, int]] = {
@@ -36,33 +37,6 @@ TINY = 2.0**-146
 SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100
 # significand bits (with the implicit one) of the 8- and 16-bit float dtypes: see exact_ulp
 SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
-
-
-@dataclass(frozen=True)
-class Totals:
-    """One pass over a pair. ``sums``: a², b², d², |d|, a·d over the positions finite in both
-    (d = b - a); ``counts``: finite in both, passed, non-finite in a, in b, mismatched;
-    ``max_ulp``: the largest ULP distance over those positions, ``None`` without ULP metrics;
-    ``block_d2``, ``block_a2``: d² and a² summed over each block of the ``edges`` the pass was given;
-    ``nonfinite``: NaN in a, NaN in b, and positions holding the same infinity on both sides."""
-
-    numel: int
-    sums: tuple[float, float, float, float, float]
-    max_abs: float
-    counts: tuple[int, int, int, int, int]
-    max_ulp: int | None
-    block_d2: tuple[float, ...] = ()
-    block_a2: tuple[float, ...] = ()
-    nonfinite: tuple[int, int, int] = (0, 0, 0)
-
-
-def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
-    """(block, lo, hi) of each block of ``edges`` (element offsets, 0 first, numel last) that meets
-    elements ``start .. stop``, lo and hi relative to ``start``."""
-    first = max(0, bisect.bisect_right(edges, start) - 1)
-    last = min(len(edges) - 1, bisect.bisect_left(edges, stop))
-    spans = [(j, max(edges[j], start) - start, min(edges[j + 1], stop) - start) for j in range(first, last)]
-    return [s for s in spans if s[2] > s[1]]
 
 
 def ulp_spec(dtype_a: torch.dtype, dtype_b: torch.dtype) -> tuple[torch.dtype, int] | None:

@@ -1,4 +1,4 @@
-"""The CPU engine's pass over small pairs: NumPy float64, nothing compiled, numba never imported.
+"""The CPU engine's pass over small pairs: NumPy float64, nothing compiled, neither numba nor torch imported.
 
 A pair of at most :data:`NUMPY_MAX` elements (the whole pair's count: a size, never a setting or the state
 of a cache) is read here; a larger one by the numba kernels of ``cpu.py``, which compile at their first use.
@@ -7,6 +7,10 @@ import numba. Both write the same rows of partials (:func:`plan`: at most ``cpu.
 laid from each edge of the pair's blocks) and add them in one sequential float64 chain (:func:`chain`, the
 bits of ``cpu._add_rows``), so a small pair measured in ranges (``validator.numerics.ranges``) merges into
 the bits measured whole.
+
+A side is a CPU torch tensor or a ``host.HostArray`` (a small tensor read from a file as NumPy, bfloat16 and
+float8 as their bits): both are read through their storage form (:func:`stored`), so they give the same bits,
+and a comparison of HostArrays never imports torch.
 
 Here every element is read in float64, as the reference reads it (``reference.py``, ``docs/metrics.md``):
 a row's sums are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count
@@ -18,11 +22,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from validator.numerics.backends.common import Totals, pieces_of, ulp_spec
+from validator.numerics.backends.totals import Totals, pieces_of
+from validator.numerics.host import STORAGE, ULP_NAMES, HostArray
+
+if TYPE_CHECKING:
+    import torch
+
+    from validator.numerics.host import Array
 
 NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/file_compare_small.md)
 BLOCK = 2048  # elements per row of partials: cpu.BLOCK
@@ -44,44 +54,78 @@ def plan(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.nda
     return np.append(starts, n), np.repeat(owner, count)
 
 
-@functools.cache
-def _table(dtype: torch.dtype) -> np.ndarray:
-    """float64 value of every bit pattern of an 8-bit float type (torch's conversion, exact)."""
-    bits = torch.arange(256, dtype=torch.int16).to(torch.uint8)
-    return bits.view(dtype).to(torch.float64).numpy()
+def _e4m3fn() -> np.ndarray:
+    """float64 value of every float8_e4m3fn bit pattern: 4 exponent bits (bias 7), 3 significand bits, no
+    infinity, NaN where all seven low bits are set (tests hold it to torch's conversion)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 0xF, b & 7
+    mag = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * 2.0 ** (e - 7))
+    return np.where((b & 0x7F) == 0x7F, np.nan, np.where(b >> 7, -mag, mag))
+
+
+# float64 value of every bit pattern of the 8-bit float types, exactly (float8_e5m2 is float16's high byte)
+_TABLES = {
+    "float8_e4m3fn": _e4m3fn(),
+    "float8_e5m2": (np.arange(256, dtype=np.uint16) << 8).view(np.float16).astype(np.float64),
+}
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements in row-major order, one dense run (a copy only where they are not)."""
+    import torch
+
     flat = t.reshape(-1)
     if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
         flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
     return flat
 
 
-def values(t: torch.Tensor) -> np.ndarray:
-    """The elements of ``t`` (flat, row-major) in float64, exactly."""
-    flat, dtype = _flat(t), t.dtype
-    if dtype == torch.float64:
-        return flat.numpy()
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        looked_up: np.ndarray = _table(dtype)[flat.view(torch.uint8).numpy()]
+def stored(t: Array) -> tuple[np.ndarray, str]:
+    """``t``'s elements, flat in row-major order, in their storage form (``host.STORAGE``: bfloat16 and
+    float8 as their bits), and its dtype's name; a CPU torch tensor's without a copy where it is dense."""
+    if isinstance(t, HostArray):
+        return t.bits.reshape(-1), t.dtype
+    import torch
+
+    flat, name = _flat(t), _dtype_name(t.dtype)
+    if name in ("float64", "float32", "float16"):
+        return flat.numpy(), name
+    raw = flat.view(torch.int16 if flat.element_size() == 2 else torch.uint8).numpy()
+    return raw.view(STORAGE[name]), name
+
+
+@functools.cache
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def values(bits: np.ndarray, name: str) -> np.ndarray:
+    """The elements (flat, in their storage form: :func:`stored`) in float64, exactly."""
+    if name == "float64":
+        return bits
+    table = _TABLES.get(name)
+    if table is not None:
+        looked_up: np.ndarray = table[bits]
         return looked_up
-    if dtype == torch.bfloat16:  # its bits are the high half of a float32's
-        high: np.ndarray = flat.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
-        return high.view(np.float32).astype(np.float64)
-    if dtype == torch.float16:
-        return flat.view(torch.int16).numpy().view(np.float16).astype(np.float64)
-    return flat.view(torch.int32).numpy().view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN's bits: a NaN all the same
+        if name == "bfloat16":  # its bits are the high half of a float32's
+            high: np.ndarray = bits.astype(np.uint32) << 16
+            return high.view(np.float32).astype(np.float64)
+        return bits.astype(np.float64)  # float32, float16
 
 
-def ordinals(t: torch.Tensor) -> np.ndarray:
+def ordinals(bits: np.ndarray) -> np.ndarray:
     """Each element's bit pattern as a point on a monotonic integer line (``common.ulp_distance``): its bits,
     or minus them without the sign bit where that is set; computed in the storage width (it fits), int64."""
-    s = _flat(t).view(torch.uint8).numpy().view(_SIGNED[t.dtype.itemsize])
-    neg = s >> (8 * t.dtype.itemsize - 1)  # -1 where the sign bit is set, else 0
-    out: np.ndarray = ((s ^ (neg & _MASK[t.dtype.itemsize])) - neg).astype(np.int64)
+    s = bits.view(_SIGNED[bits.itemsize])
+    neg = s >> (8 * bits.itemsize - 1)  # -1 where the sign bit is set, else 0
+    out: np.ndarray = ((s ^ (neg & _MASK[bits.itemsize])) - neg).astype(np.int64)
     return out
+
+
+def has_ulp(name_a: str, name_b: str) -> bool:
+    """Whether a pair of these dtypes has ULP metrics (``common.ulp_spec``, by name)."""
+    return name_a == name_b and name_a in ULP_NAMES
 
 
 def rows_of(x: np.ndarray, y: np.ndarray, dist: np.ndarray | None, atol: float, rtol: float,
@@ -166,16 +210,17 @@ def add_up(rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.
     return sums, tops, counts[:, :5], max_ulp, counts[:, 6:], blocks
 
 
-def _read(a: torch.Tensor, b: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Both sides' float64 values and their ULP distances (None without ULP metrics)."""
+    (bits_a, name_a), (bits_b, name_b) = stored(a), stored(b)
     dist = None
-    if ulp_spec(a.dtype, b.dtype) is not None:
-        dist = np.abs(ordinals(a) - ordinals(b))
-    return values(a), values(b), dist
+    if has_ulp(name_a, name_b):
+        dist = np.abs(ordinals(bits_a) - ordinals(bits_b))
+    return values(bits_a, name_a), values(bits_b, name_b), dist
 
 
 def compare_small_many(
-    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float
+    pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float
 ) -> list[Totals]:
     """The totals of each pair ``(a, b, edges)`` (float dtypes on the CPU; ``edges``: see ``common.Totals``),
     the pairs read end to end, each row on its own: a pair's bits are those it has alone."""
@@ -219,17 +264,18 @@ def compare_small_many(
     return out
 
 
-def _empty(a: torch.Tensor, b: torch.Tensor, edges: Sequence[int]) -> Totals:
+def _empty(a: Array, b: Array, edges: Sequence[int]) -> Totals:
     zeros = (0.0,) * max(1, len(edges) - 1)
-    return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, None if ulp_spec(a.dtype, b.dtype) is None else 0, zeros, zeros)
+    ulp = has_ulp(stored(a)[1], stored(b)[1])
+    return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, 0 if ulp else None, zeros, zeros)
 
 
-def compare_small(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
+def compare_small(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
     """:func:`compare_small_many` of one pair."""
     return compare_small_many([(a, b, edges)], atol=atol, rtol=rtol)[0]
 
 
-def range_rows(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int],
+def range_rows(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int],
                start: int) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:  # fmt: skip
     """``cpu.compare_cpu_range`` of a range of a pair of at most NUMPY_MAX elements (its rows are the whole
     pair's: they start where the whole pair's do)."""

@@ -1,11 +1,12 @@
-"""Whole-process time of ``validator compare`` on two small .safetensors files against ``validator runs``,
-side by side in one run (issue target: the compare within 2x of ``validator runs``).
+"""Whole-process time of ``validator compare`` on two small .safetensors files and two small bundles against
+``validator runs``, side by side in one run (issue target: the compare within 2x of ``validator runs``).
 
     python benchmarks/small_compare_bench.py --dir /tmp/small-compare --reps 7
 
-Writes two bf16 64 x 64 files into ``--dir`` (b = bf16(a * (1 + 1e-2 N(0,1)))), then runs, in turn, ``--reps``
-times each: ``validator compare A B``, ``validator compare A B --json`` and ``validator runs`` (the store of
-``VALIDATOR_HOME``, as set). Prints each command's median wall and CPU (user + system) seconds, from the
+Writes two bf16 64 x 64 files into ``--dir`` (b = bf16(a * (1 + 1e-2 N(0,1)))) and two bundles of 32 bf16
+tensors of 16 x 256 (8 layers of 4 tensors, the same noise), then runs, in turn, ``--reps`` times each:
+``validator compare A B``, ``validator compare A B --json``, ``validator compare`` of the bundles and
+``validator runs`` (the store of ``VALIDATOR_HOME``, as set). Prints each command's median wall and CPU (user + system) seconds, from the
 operating system's accounting of the finished child, and the ratios of the medians to ``validator runs``'. Then
 the slowest imports of one ``validator compare`` (``python -X importtime``, cumulative, top level only).
 """
@@ -35,6 +36,27 @@ def make_files(folder: Path) -> tuple[Path, Path]:
     return paths
 
 
+def make_bundles(folder: Path) -> tuple[Path, Path]:
+    import torch
+
+    from probes import BundleWriter
+
+    paths = folder / "bundle-a", folder / "bundle-b"
+    for path, noise in zip(paths, (0.0, 1e-2)):
+        g = torch.Generator().manual_seed(0)
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        with BundleWriter(path, run_name=path.name, part="tp0") as w:
+            for layer in range(8):
+                for name in ("q", "k", "v", "out"):
+                    x = torch.randn(16, 256, generator=g)
+                    x = x * (1 + noise * torch.randn(16, 256, generator=torch.Generator().manual_seed(layer)))
+                    w.add(name, x.to(torch.bfloat16), step=0, layer=layer)
+    return paths
+
+
 def timed(cmd: list[str]) -> tuple[float, float]:
     """(wall, user + system CPU) seconds of one run of ``cmd``."""
     t0 = time.perf_counter()
@@ -53,10 +75,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     a, b = make_files(args.dir)
+    ba, bb = make_bundles(args.dir)
     validator = str(Path(sys.executable).with_name("validator"))
     commands = {
         "validator compare": [validator, "compare", str(a), str(b)],
         "validator compare --json": [validator, "compare", str(a), str(b), "--json"],
+        "validator compare (bundles, 32 tensors)": [validator, "compare", str(ba), str(bb)],
         "validator runs": [validator, "runs"],
     }
     for cmd in commands.values():  # warm the page cache

@@ -207,9 +207,12 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     from validator.comparing import compare_refs
     from validator.judging.policy import Policy
     from validator.judging.report import comparison_doc
+    from validator.service.cycle_collector import cycle_collector_paused
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
-    with _progress("compare", not args.json) as prog:  # two plain files compare without opening the store
+    # the pairs' results and their document's dicts stay alive to the end: the cycle collector's walks over them
+    # would cost more than the measuring of small pairs (benchmarks/many_pairs_bench.md)
+    with cycle_collector_paused(), _progress("compare", not args.json) as prog:  # plain files: no store opened
         if getattr(args, "align_tokens", False):  # SGLang dumps batched differently (validator/runs/token_align.py)
             from validator.comparing import compare_resolved
             from validator.runs.token_align import align_views, open_for_alignment
@@ -223,8 +226,8 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
                                  progress=prog, executor=args.executor)
         else:
             c = compare_refs(a, b, open_store=lambda: _service(args), policy=pol, floor=floor, progress=prog, executor=args.executor)
-    tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
-    return comparison_doc(c), tables
+        tables = {k: v["table"] for k, v in c.sections.items() if isinstance(v, dict) and v.get("table")}
+        return comparison_doc(c), tables
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

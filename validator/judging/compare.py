@@ -554,8 +554,11 @@ def tensor_verdict(
         return "inconclusive", ["no tensors in common to compare"] + reasons
     if undecided:
         border = [p for p in undecided if p.decision and p.decision.borderline]
-        nonfinite = [p for p in undecided if p not in border and p.decision and p.decision.no_finite]
-        nofloor = [p for p in undecided if p not in border and p not in nonfinite]
+        # by identity: a list's ``in`` compares the pairs field by field, for every pair of thousands
+        seen = {id(p) for p in border}
+        nonfinite = [p for p in undecided if id(p) not in seen and p.decision and p.decision.no_finite]
+        seen.update(id(p) for p in nonfinite)
+        nofloor = [p for p in undecided if id(p) not in seen]
         head = []
         if border:
             head.append(f"{len(border)} pair(s) borderline, e.g. {_pair_reason(border[0])}")

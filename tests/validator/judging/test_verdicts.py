@@ -316,3 +316,21 @@ def test_fail_just_above_the_limit_prints_its_lower_bound_above_it(tmp_path: Pat
     # the table (CLI, Markdown, dashboard) prints the same interval, outward and clear of the limit
     cell = re.search(r"x \[(\S+), (\S+)\]\s+1\.5x", format_comparison(doc))
     assert cell is not None and 1.5 < float(cell[1]) <= lo and float(cell[2]) >= hi
+
+
+def test_thousands_of_undecided_pairs_are_each_counted_once() -> None:
+    """An INCONCLUSIVE verdict over thousands of undecided pairs: each counted under one reason (borderline first,
+    then no finite element, then no floor), the pairs told apart by identity (a list's ``in`` would compare
+    every pair with every other, field by field: seconds for 4,464 pairs)."""
+    from validator.judging.compare import PairResult, pair_frontier, tensor_verdict
+    from validator.judging.policy import Decision, Policy
+
+    pairs = [
+        PairResult(f"t{i % 3}", {"layer": i}, f"t{i % 3} [layer={i}]", "inconclusive", None,
+                   Decision("inconclusive", 0.03, ("undecided",), borderline=i % 2 == 0, no_finite=i % 3 == 0))
+        for i in range(4464)
+    ]
+    verdict, reasons = tensor_verdict(pairs, [], [], Policy(), pair_frontier(pairs))
+    assert verdict == "inconclusive"
+    assert reasons[0] == ("2232 pair(s) borderline, e.g. t0 [layer=0]: undecided; 744 pair(s) with no finite element, "
+                          "e.g. t0 [layer=3]: undecided; 1488 pair(s) without a floor, e.g. t1 [layer=1]: undecided")

@@ -8,11 +8,12 @@ The runs are written and ingested into the embedded store at ``--home`` once (no
 ``validator compare many-a many-b --json`` and ``validator compare one-a one-b --json`` as whole processes
 (the console script, as a user runs it), and the same comparisons in this process the way the command does
 them (resolve the stored runs, measure every pair, judge, encode the JSON report). Prints each time, the
-medians and (many - one) / 4,464: the overhead per pair (also from the fastest repetition of each). ``--save-json DIR`` writes the JSON report of each comparison (``DIR/many.json``, ``DIR/one.json``,
-from the last repetition): a change that must keep the results bit for bit compares them byte for byte
-(``cmp``) with the ones saved before it. ``--profile`` then prints where one more comparison of the 4,464
-pairs spends its time (``cProfile``, 25 functions by their own time, then 50 by the time of their calls; the
-profiler's cost is in the figures).
+medians and (many - one) / 4,464: the overhead per pair (also from the fastest repetition of each); for the
+processes, from their wall-clock times and from the CPU time they used. ``--save-json DIR`` writes the JSON
+report of each comparison (``DIR/many.json``, ``DIR/one.json``, from the last repetition): a change that must
+keep the results bit for bit compares them byte for byte (``cmp``) with the ones saved before it.
+``--profile`` then prints where one more comparison of the 4,464 pairs spends its time (``cProfile``, 25
+functions by their own time, then 50 by the time of their calls; the profiler's cost is in the figures).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,14 +74,16 @@ def ensure_runs(home: Path, noise: float) -> Service:
     return svc
 
 
-def whole_process(home: Path, a: str, b: str) -> float:
-    """Seconds of ``validator compare A B --json`` as a process (exit 1, a FAIL, counts as done)."""
+def whole_process(home: Path, a: str, b: str) -> tuple[float, float]:
+    """Seconds of ``validator compare A B --json`` as a process (exit 1, a FAIL, counts as done): wall clock, and
+    the CPU time the process used (user and system), which other work on a shared box moves less."""
     cmd = [str(Path(sys.executable).with_name("validator")), "compare", a, b, "--json"]
-    t0 = time.perf_counter()
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     done = subprocess.run(cmd, env={**os.environ, "VALIDATOR_HOME": str(home)}, stdout=subprocess.DEVNULL)
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
         raise SystemExit(f"{cmd} exited {done.returncode}")
-    return time.perf_counter() - t0
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
 
 def timed(svc: Service, a: str, b: str) -> tuple[float, int, str]:
@@ -101,11 +105,15 @@ def main() -> None:
     svc = ensure_runs(args.home, args.noise)
     names = {kind: (run_name(kind, "a", args.noise), run_name(kind, "b", args.noise)) for kind in ("many", "one")}
     procs: dict[str, list[float]] = {"many": [], "one": []}
+    cpu: dict[str, list[float]] = {"many": [], "one": []}
     for _ in range(args.reps):
         for kind in ("many", "one"):
-            procs[kind].append(whole_process(args.home, *names[kind]))
-            print(f"validator compare {' '.join(names[kind])} --json: {procs[kind][-1]:.2f} s", flush=True)
+            wall, used = whole_process(args.home, *names[kind])
+            procs[kind].append(wall)
+            cpu[kind].append(used)
+            print(f"validator compare {' '.join(names[kind])} --json: {wall:.2f} s ({used:.2f} s CPU)", flush=True)
     report_overhead("whole process", procs)
+    report_overhead("whole process, CPU time", cpu)
     times: dict[str, list[float]] = {"many": [], "one": []}
     try:
         timed(svc, *names["one"])  # warm: imports, the engine's first call

@@ -68,7 +68,8 @@ def comparison_doc(c: Comparison) -> dict[str, Any]:
 
 def comparison_json(c: Comparison) -> str:
     """The JSON report, compact. A caller with thousands of pairs builds it with the cycle collector paused
-    (``store.bulk.cycle_collector_paused``, as Service does; ``benchmarks/many_pairs_bench.md``)."""
+    (``service.cycle_collector.cycle_collector_paused``, as Service and the CLI do;
+    ``benchmarks/many_pairs_bench.md``)."""
     return dumps(comparison_doc(c))
 
 

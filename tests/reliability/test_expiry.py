@@ -133,8 +133,7 @@ def test_admin_gc_route(tmp_path: Path) -> None:
     import asyncio
 
     from validator.app.api import create_app
-    from validator.service import Service
-    from validator.service import uploads
+    from validator.service import Service, uploads
 
     async def go(svc: Service) -> list[tuple[int, dict]]:
         transport = httpx.ASGITransport(app=create_app(svc.settings, service=svc))

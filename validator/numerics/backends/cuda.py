@@ -340,7 +340,9 @@ def _fix_row(
         _counts(row, n - qout, qlo + qsame, qnfa, qnfb, qout - qsame, qulp, qnan_a, qnan_b, qinf)
     else:
         if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
-            passed = _group(a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, BLOCK, 0, A8, B8, 1, 0, 1, 1, 0)[6]
+            _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
+                a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, BLOCK, 0, A8, B8, 1, 0, 1, 1, 0,
+            )  # fmt: skip
             _put(row, PASSED, passed)
         if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
             top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)

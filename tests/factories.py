@@ -28,18 +28,18 @@ def write_tp_bundle(
     noise: float = 0.0,
     seed: int = 1,
 ) -> Path:
-    """One part per TP rank. ``ctx`` is replicated; ``k`` is split by heads (replicated when tp > heads)."""
+    """One part per TP rank. ``ctx`` is replicated; ``k`` is split by heads (replicated when tp > heads).
+    ``noise`` is drawn once per tensor, so the copies of a replicated tensor are equal, as a real run's are."""
     path = root / name
     g = torch.Generator().manual_seed(seed)
+    full = {key: t + noise * torch.randn(t.shape, generator=g) for key, t in full.items()}
     per = max(1, kv_heads // tp)
     reps = max(1, tp // kv_heads)
     for r in range(tp):
         with BundleWriter(path, run_name=name, part=f"tp{r}", labels={"tp": str(tp)}) as w:
-            ctx = full["ctx"] + noise * torch.randn(full["ctx"].shape, generator=g)
-            w.add("ctx", ctx.to(dtype), step=0, tp_rank=r, tp_size=tp, shard=ShardSpec.replicated(r, tp))
+            w.add("ctx", full["ctx"].to(dtype), step=0, tp_rank=r, tp_size=tp, shard=ShardSpec.replicated(r, tp))
             idx = r // reps
             k = full["k"][:, idx * per : (idx + 1) * per]
-            k = k + noise * torch.randn(k.shape, generator=g)
             w.add(
                 "k",
                 k.to(dtype),

@@ -3,7 +3,7 @@
 A pair too large for one machine's memory (or one task's) is cut into element ranges (row-major); each
 range is read and measured on its own (:func:`measure_range`), and :func:`merge` adds the ranges' partials
 in the engine's own order, giving the ``TensorMetrics`` and ``BlockSums`` that ``floors.measure_blocks``
-gives for the whole pair, bit for bit (validator.ray_executor measures huge pairs this way).
+gives for the whole pair, bit for bit (validator.executors measures huge pairs this way).
 
 Why it is exact: the CPU engine (``backends.cpu``) writes one row of float64 partials (a², b², d², |d|, a·d)
 per at most :data:`ROW` elements, rows laid from each row-block edge, and adds the rows of the whole pair in

@@ -364,9 +364,6 @@ def compare_runs(
                 members.append(None)
             else:
                 d = next(decisions)
-                disagree = tuple(n for n in g.notes if "replicas disagree" in n)
-                if disagree:  # the ranks of a replicated tensor hold different values: the pair fails, naming them
-                    d = replace(d, status="fail", reasons=(*d.reasons, *disagree), borderline=False)
                 status = d.status
                 members.append(_member(d, g, next(floors)))
             pairs.append(

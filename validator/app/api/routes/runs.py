@@ -12,8 +12,8 @@ from fastapi import APIRouter, Query, Request
 from validator.app.api.deps import ReadAuth, ServiceDep, WriteAuth
 from validator.app.api.schemas import RunCreate, RunPublic, RunsPublic, UploadStatus
 from validator.errors import NotFoundError
-from validator.settings import parse_labels
 from validator.service import uploads
+from validator.settings import parse_labels
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from validator.errors import InputError
 from validator.numerics.backends import Totals, as_torch, compare, compare_many
 from validator.numerics.host import HostArray
+from validator.numerics.jsonsafe import json_safe as _json_safe  # judging.compare and judging.pooling import it here
 
 if TYPE_CHECKING:
     import torch
@@ -75,12 +76,6 @@ class TensorMetrics:
 
 _FIELD_NAMES = tuple(f.name for f in fields(TensorMetrics))
 _FLOAT_NAMES = tuple(f.name for f in fields(TensorMetrics) if f.type == "float")
-
-
-def _json_safe(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 def compare_tensors(

@@ -23,6 +23,7 @@ from typing import Any
 
 from validator.judging.frontier import Node, first_above_floor, first_failing, nodes_from_doc
 from validator.judging.text import judged_cell
+from validator.numerics.jsonsafe import json_safe
 
 __all__ = [
     "METRICS",
@@ -39,7 +40,6 @@ __all__ = [
     "pair_table",
     "steps",
     "finite",
-    "json_safe",
 ]
 
 METRICS = {
@@ -80,17 +80,6 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
         return None
     return float(v)
-
-
-def json_safe(v: Any) -> Any:
-    """Non-finite floats as the strings 'nan', 'inf', '-inf' (the comparison documents' convention)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return {str(k): json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_safe(x) for x in v]
-    return v
 
 
 def default_metric(doc: Mapping[str, Any]) -> str:

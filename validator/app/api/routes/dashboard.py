@@ -35,9 +35,10 @@ from markupsafe import Markup
 from validator._data import dashboards_dir
 from validator.app.api.deps import ReadAuth, ServiceDep
 from validator.app.dashboard import pages
-from validator.app.dashboard.views import MAX_PER_PAGE, PER_PAGE, TableQuery, json_safe
+from validator.app.dashboard.views import MAX_PER_PAGE, PER_PAGE, TableQuery
 from validator.errors import InputError, NotFoundError, ValidatorError
 from validator.judging.text import fmt_num
+from validator.numerics.jsonsafe import json_safe
 
 __all__ = ["router"]
 
@@ -129,7 +130,7 @@ def _env() -> Environment:
     )
     env.filters.update(fmt=_fmt, bytes=_bytes, script_json=_script_json, excludes_zero=_excludes_zero)
     env.filters["q"] = lambda s: quote(str(s), safe="")
-    env.filters["pretty"] = lambda v: json.dumps(json_safe(v), indent=1, sort_keys=False)
+    env.filters["pretty"] = lambda v: json.dumps(json_safe(v, str_keys=True), indent=1, sort_keys=False)
     return env
 
 
@@ -165,7 +166,7 @@ def _page(request: Request, template: str, build: Callable[[], dict[str, Any]]) 
     except ValidatorError as exc:
         return _error(request, exc)
     if request.query_params.get("format") == "json":
-        return JSONResponse(json_safe(data))
+        return JSONResponse(json_safe(data, str_keys=True))
     return _html(request, template, data)
 
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 import fnmatch
 import functools
 import hashlib
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from validator.errors import InputError
+from validator.judging.exit_codes import VERDICT_EXIT
+from validator.numerics.jsonsafe import json_safe
 from validator.runs.weight_manifest import ManifestTensor, WeightManifest
 
 __all__ = ["DEFAULT_LORA_B", "MAX_LORA_B_BYTES", "ManifestDiff", "diff_manifests", "zero_sha256", "zero_sha256s"]
 
 DiffVerdict = Literal["identical", "updated", "different"]
-DIFF_EXIT: dict[str, int] = {"identical": 0, "updated": 0, "different": 1}
 DEFAULT_LORA_B = ("*lora_B*", "*lora_b*")
 # The largest LoRA B factor the version-1 zero check accepts. A B factor is out_features x rank: the largest in
 # practice, an lm_head's (vocab 262,144 at rank 1,024) or a fused-MoE stack's (256 experts x 7,168 x 128), in
@@ -72,16 +72,8 @@ class TensorChange:
     numeric: dict[str, Any] | None = None  # rel_l2, max_abs, conversion (when both sides had the tensors)
 
     def to_dict(self) -> dict[str, Any]:
-        num = None if self.numeric is None else {k: _num(v) if isinstance(v, float) else v for k, v in self.numeric.items()}
+        num = None if self.numeric is None else json_safe(self.numeric)
         return {"name": self.name, "kind": self.kind, "a": self.a.to_dict(), "b": self.b.to_dict(), "numeric": num}
-
-
-def _num(x: float) -> float | str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
 
 
 @dataclass(frozen=True)
@@ -101,7 +93,7 @@ class ManifestDiff:
 
     @property
     def exit_code(self) -> int:
-        return DIFF_EXIT[self.verdict]
+        return VERDICT_EXIT[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         return {

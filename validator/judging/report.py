@@ -11,7 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from validator.judging.compare import VERDICT_EXIT, Comparison
+from validator.judging.compare import Comparison
+from validator.judging.exit_codes import VERDICT_EXIT
 from validator.judging.text import (
     counts_line,
     floor_cell,
@@ -24,7 +25,7 @@ from validator.judging.text import (
     limit_cell,
     pair_status,
 )
-from validator.numerics.metrics import _json_safe
+from validator.numerics.jsonsafe import json_safe
 
 __all__ = [
     "comparison_doc",
@@ -41,17 +42,7 @@ __all__ = [
     "EXIT_CODES",
 ]
 
-EXIT_CODES = VERDICT_EXIT
-
-
-def _num(v: Any) -> Any:
-    """JSON-safe numbers, all the way down dicts, lists and tuples (tuples become lists): non-finite floats become
-    the strings 'inf', '-inf', 'nan' (``metrics._json_safe``, which does one value)."""
-    if isinstance(v, dict):
-        return {k: _num(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_num(x) for x in v]
-    return _json_safe(v)
+EXIT_CODES = VERDICT_EXIT  # the one map (judging.exit_codes), by the name tests/validator/executors import
 
 
 def comparison_doc(c: Comparison) -> dict[str, Any]:
@@ -59,7 +50,7 @@ def comparison_doc(c: Comparison) -> dict[str, Any]:
     full = c.to_dict()
     keys = list(full)
     pairs = full.pop("pairs")
-    rest: dict[str, Any] = _num(full)
+    rest: dict[str, Any] = json_safe(full)
     for sec in rest.values():
         if isinstance(sec, dict):
             sec.pop("table", None)
@@ -80,7 +71,7 @@ def dumps(doc: Any, *, indent: bool = False) -> str:
     default=str)`` writes them: float subclasses (NumPy float64) as numbers, other objects as ``str``, keys as
     strings. What orjson refuses (integers past 64 bits, lone surrogates, nesting past 255 levels), or an
     environment without orjson, goes to ``json``, which writes the same values (and refuses NaN and
-    infinities, which a document never holds: ``metrics._json_safe``)."""
+    infinities, which a document never holds: ``numerics.jsonsafe``)."""
     try:
         import orjson  # only where a report is encoded
 

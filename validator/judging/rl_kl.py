@@ -21,6 +21,9 @@ import numpy.typing as npt
 from scipy import stats as sps
 from scipy.special import erfc as _erfc
 
+from validator.judging.exit_codes import VERDICT_EXIT
+from validator.judging.holm import holm_adjust
+from validator.numerics.jsonsafe import json_safe
 from validator.runs.logprob_records import LogprobRecords
 
 __all__ = [
@@ -29,7 +32,6 @@ __all__ = [
     "StepKL",
     "StepTable",
     "TrendTest",
-    "VERDICT_EXIT",
     "kl_by_step",
     "StepStats",
     "judge_steps",
@@ -43,7 +45,6 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Verdict = Literal["at floor", "above floor", "diverging", "inconclusive"]
-VERDICT_EXIT: dict[str, int] = {"at floor": 0, "above floor": 1, "diverging": 1, "inconclusive": 3}
 _EXACT_MK_MAX_N = 50
 _Z975 = NormalDist().inv_cdf(0.975)
 
@@ -345,13 +346,9 @@ class KLReport:
 
 
 def _num(x: float) -> float | str:
-    """JSON-safe float: non-finite values as the strings 'inf', '-inf', 'nan' (as TensorMetrics.to_dict)."""
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
+    """A number of the document: a Python float, JSON-safe (:func:`validator.numerics.jsonsafe.json_safe`)."""
+    out: float | str = json_safe(float(x))
+    return out
 
 
 def _nums(col: FloatArray) -> list[float | str]:
@@ -520,22 +517,6 @@ def _boot_ratio(groups: Sequence[tuple[FloatArray, FloatArray]], resamples: int,
 # -- the report ------------------------------------------------------------------------------------
 
 
-def _holm(p: FloatArray) -> FloatArray:
-    m = p.size
-    out = np.full(m, math.nan)
-    ok = np.isfinite(p)
-    q = p[ok]
-    if q.size == 0:
-        return out
-    order = np.argsort(q, kind="stable")
-    k = q.size
-    adj = np.minimum(1.0, np.maximum.accumulate((k - np.arange(k)) * q[order]))
-    res = np.empty(k)
-    res[order] = adj
-    out[ok] = res
-    return out
-
-
 def _norm_sf(x: float) -> float:
     """The standard normal's upper tail, accurate far into it (``erfc``; scipy's per call costs 100x more)."""
     return 0.5 * math.erfc(x / math.sqrt(2.0))
@@ -702,7 +683,7 @@ def judge_steps(stats: StepStats, settings: KLSettings | None = None) -> KLRepor
     measured = _measured_level(cfg, k3, n_window, floor) if len(judged) and estimated else None
     if measured is not None:  # above the band beyond both its sampling error and the run's step-to-step variation
         p_raw = np.maximum(p_raw, measured.p_steps)
-    p_adj = _holm(p_raw)
+    p_adj = holm_adjust(p_raw)
     above_mask = np.isfinite(p_adj) & (p_adj < cfg.alpha)
     at_mask = ~above_mask & np.isfinite(k3_se[n_window:]) & (jk3 + z * jse <= band)
     status_of = np.where(above_mask, "above floor", np.where(at_mask, "at floor", "unclear")).tolist()

@@ -86,15 +86,6 @@ def test_tost_and_needed_trials_formulas() -> None:
     assert needed_trials(0.8, 0.8, 0.02, design_effect=2.0) == math.ceil(2 * z**2 * 0.32 / 0.0004)
 
 
-def test_holm_adjustment_by_hand() -> None:
-    # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> running max 0.06)
-    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    out = holm_adjust([0.01, math.nan, 0.04])  # NaN is outside the family: m = 2
-    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
-    assert holm_adjust([0.5, 0.6]).tolist() == [1.0, 1.0]  # capped at 1
-    assert holm_adjust([0.02]).tolist() == [0.02] and len(holm_adjust([])) == 0
-
-
 def test_js_distance_direct_formula() -> None:
     p = np.array([10.0, 30, 50, 0, 10])
     q = np.array([20.0, 20, 40, 15, 5])

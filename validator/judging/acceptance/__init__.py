@@ -10,7 +10,7 @@ Inputs are :class:`StepArrays` (build one from an acceptance DataFrame with :met
 or pass the DataFrame directly to :func:`compare_acceptance`). Results are frozen dataclasses with
 ``to_dict()`` (JSON-safe) and ``__bool__`` (the item passed its check).
 
-Modules: ``margin`` (the equivalence margin: log odds by default, absolute on request), ``primitives`` (intervals, TOST, Holm, trials needed, chi-square, JS distance, McNemar), ``steps``
+Modules: ``margin`` (the equivalence margin: log odds by default, absolute on request), ``primitives`` (intervals, TOST, trials needed, chi-square, JS distance, McNemar), ``steps``
 (:class:`StepArrays`, :func:`summarize_run`, the request-level bootstrap), ``results`` (the result types
 and the text table), ``pairing`` (requests and steps matched across runs, McNemar, greedy divergence,
 draft logprobs) and ``compare`` (:func:`compare_acceptance`, :func:`acceptance_verdict`).
@@ -22,7 +22,6 @@ from validator.judging.acceptance.margin import DEFAULT_LOG_ODDS_MARGIN, Margin,
 from validator.judging.acceptance.primitives import (
     chi2_homogeneity,
     equivalence_verdict,
-    holm_adjust,
     js_distance,
     mcnemar_test,
     needed_trials,
@@ -44,6 +43,7 @@ from validator.judging.acceptance.results import (
     RequestDivergence,
 )
 from validator.judging.acceptance.steps import StepArrays, summarize_run
+from validator.judging.holm import holm_adjust
 
 __all__ = [
     "DEFAULT_LOG_ODDS_MARGIN",

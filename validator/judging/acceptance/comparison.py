@@ -9,7 +9,7 @@ conditional rates, so that a halving is never equivalent at any rate; the rate d
 absolute margin was asked for.
 
 Several positions are tested at once, and any one of them can fail the run, so the difference tests
-that can fail it are Holm-adjusted together (:func:`.primitives.holm_adjust`): equal runs fail with
+that can fail it are Holm-adjusted together (:func:`validator.judging.holm.holm_adjust`): equal runs fail with
 probability at most ``alpha`` overall, not ``alpha`` per position.
 """
 
@@ -36,7 +36,6 @@ from validator.judging.acceptance.primitives import (
     FloatArray,
     chi2_homogeneity,
     equivalence_verdict,
-    holm_adjust,
     js_distance,
     tost_p_value,
     two_sided_p,
@@ -65,6 +64,7 @@ from validator.judging.acceptance.steps import (
     rates,
     summarize_run,
 )
+from validator.judging.holm import holm_adjust
 
 # -- standard errors and intervals --------------------------------------------------------------------
 

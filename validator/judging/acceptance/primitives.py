@@ -1,4 +1,4 @@
-"""Building blocks: binomial intervals, TOST and two-sided tests, Holm's adjustment, trials needed, histogram
+"""Building blocks: binomial intervals, TOST and two-sided tests, trials needed, histogram
 and paired tests.
 
 Pure numpy/scipy; every function takes counts or arrays and returns numbers.
@@ -166,24 +166,6 @@ def position_counts(
     reached = ((n > k) & (a >= k)).sum(axis=0)
     acc = (a > k).sum(axis=0)
     return reached.astype(np.int64), acc.astype(np.int64)
-
-
-
-def holm_adjust(p_values: npt.ArrayLike) -> FloatArray:
-    """Holm's step-down adjusted p-values: with the ``m`` finite p-values sorted ascending,
-    ``p_adj(i) = min(1, max_{j <= i} (m - j + 1) p(j))`` (1-based ``i``). Rejecting every test with
-    ``p_adj < alpha`` keeps the family-wise error (any false rejection) at most ``alpha`` under any
-    dependence between the tests. NaN p-values are not in the family and stay NaN."""
-    p = np.asarray(p_values, dtype=np.float64)
-    out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
-    if m == 0:
-        return out
-    order = ok[np.argsort(p[ok], kind="stable")]
-    scaled = (m - np.arange(m)) * p[order]
-    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
-    return out
 
 
 def equivalence_verdict(

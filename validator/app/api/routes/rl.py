@@ -69,7 +69,8 @@ def _kl_response(doc: dict[str, Any]) -> Response:
 
 @router.post("/kl", dependencies=[WriteAuth, UniqueKeys], response_model=dict[str, Any])
 def kl_gate(body: KLGate) -> Response:
-    from validator.judging.rl_kl import VERDICT_EXIT, KLSettings, kl_report
+    from validator.judging.exit_codes import VERDICT_EXIT
+    from validator.judging.rl_kl import KLSettings, kl_report
     from validator.runs.logprob_records import records_from_objects
 
     if len(body.records) > MAX_KL_RECORDS:
@@ -99,7 +100,8 @@ def stored_kl(
     variation: Literal["measured", "sampling"] = "measured",
 ) -> Response:
     """The KL verdict of a stored run's logprob records (a bundle part's logprobs.jsonl); 404 without them."""
-    from validator.judging.rl_kl import VERDICT_EXIT, KLSettings
+    from validator.judging.exit_codes import VERDICT_EXIT
+    from validator.judging.rl_kl import KLSettings
 
     try:
         settings = KLSettings(floor=floor, floor_steps=floor_steps, tolerance=tolerance, variation=variation)

@@ -1,9 +1,9 @@
 """The CPU backend of this checkout against another version of it, calls in turn in one process.
 
-    git show 2659a67:validator/numerics/backends/cpu.py > /tmp/old_cpu.py
+    git show REV:validator/numerics/backends/cpu.py > /tmp/old_cpu.py
     .venv/bin/python benchmarks/cpu_ab.py /tmp/old_cpu.py --threads 2 --elems 16,64 --reps 10
 
-Both modules' ``compare_cpu`` run on the same bf16 pairs (``engine_bench.make_pair``, ``--elems`` Mi
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). Both modules' ``compare_cpu`` run on the same bf16 pairs (``engine_bench.make_pair``, ``--elems`` Mi
 elements per tensor; ``--dtypes``: the same values in other float dtypes) on ``--threads`` numba threads,
 one call of each in turn, ``--reps`` rounds. Prints per version the least CPU time per element pair
 (``time.process_time``: every thread of the process) and the best wall GB/s (both tensors' bytes); then
@@ -63,7 +63,9 @@ def main() -> None:
             results = [call() for call in calls.values()]
             same &= results[0] == results[1]
             for label, (p, w) in best_of(calls, args.reps).items():
-                print(f"{mi:3d} Mi {str(dtype):16s} {label:14s} {p / x.numel() * 1e9:6.3f} ns CPU per element pair, {2 * x.nbytes / w / 1e9:5.2f} GB/s")
+                print(
+                    f"{mi:3d} Mi {str(dtype):16s} {label:14s} {p / x.numel() * 1e9:6.3f} ns CPU per element pair, {2 * x.nbytes / w / 1e9:5.2f} GB/s"
+                )
     a, b = make_pair(64, "cpu")
     calls = {label: (lambda m=m: m.compare_cpu(a, b, atol=1e-3, rtol=1e-2)) for label, m in versions.items()}
     for call in calls.values():

@@ -1,9 +1,9 @@
 """The GPU backend of this checkout against another version of it, calls in turn in one process.
 
-    git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
+    git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_ab.py /tmp/old_cuda.py
 
-Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``;
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``;
 and 8192x7168 with differences of 5%), one call of each in turn, 40 rounds; each call ends with its result on the host. Prints the
 median and the fastest call of each, and whether both gave the same counts, max_abs and ULP results. The other module must import from this checkout's ``validator.numerics.backends`` (it is
 loaded by path, as a module of its own).
@@ -55,14 +55,22 @@ def run_pair(name: str, n: int, other: ModuleType, noise: float = 1e-3) -> None:
             times[label].append(time.perf_counter() - t)
     for label, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:>18} {label:<14} median {med * 1e6:8.1f} us {4 * n / med / 1e9:7.0f} GB/s, fastest {min(ts) * 1e6:8.1f} us")
+        print(
+            f"{name:>18} {label:<14} median {med * 1e6:8.1f} us {4 * n / med / 1e9:7.0f} GB/s, fastest {min(ts) * 1e6:8.1f} us"
+        )
     x, y = (call() for call in calls.values())
-    print(f"{name:>18} same counts, max_abs, ULP: {(x.counts, x.max_abs, x.max_ulp) == (y.counts, y.max_abs, y.max_ulp)}")
+    print(
+        f"{name:>18} same counts, max_abs, ULP: {(x.counts, x.max_abs, x.max_ulp) == (y.counts, y.max_abs, y.max_ulp)}"
+    )
 
 
 def main() -> None:
     other = load_module(sys.argv[1])
-    for name, n, noise in [("8192x7168", 8192 * 7168, 1e-3), ("8192x7168, 5%", 8192 * 7168, 0.05), ("1 GiB per tensor", 1 << 29, 1e-3)]:
+    for name, n, noise in [
+        ("8192x7168", 8192 * 7168, 1e-3),
+        ("8192x7168, 5%", 8192 * 7168, 0.05),
+        ("1 GiB per tensor", 1 << 29, 1e-3),
+    ]:
         run_pair(name, n, other, noise)
         torch.cuda.empty_cache()
 

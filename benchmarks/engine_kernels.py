@@ -1,10 +1,10 @@
 """The GPU backend's kernels per call (``torch.profiler``) and whole calls, on this checkout or another version.
 
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py                   # this checkout's backend
-    git show eb90c71:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
+    git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
 
-bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
 median and fastest of 40 calls of ``compare_cuda`` and of ``metrics.compare_tensors``, each ending with its
 result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``, and where
 the host's time goes in 200 calls of ``compare_cuda`` on 8192x7168 (``cProfile``, this checkout only; the call
@@ -50,7 +50,9 @@ def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
             call()
             times.append(time.perf_counter() - t)
         med = statistics.median(times)
-        print(f"{name} {label}: median {med * 1e6:7.1f} us {4 * n / med / 1e9:6.0f} GB/s, fastest {min(times) * 1e6:7.1f} us")
+        print(
+            f"{name} {label}: median {med * 1e6:7.1f} us {4 * n / med / 1e9:6.0f} GB/s, fastest {min(times) * 1e6:7.1f} us"
+        )
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             calls[0][1]()
@@ -70,7 +72,12 @@ def profile_host(n: int) -> None:
 
 def main() -> None:
     cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
-    for name, n, noise in [("8192x7168", 8192 * 7168, 1e-3), ("1GiB", 1 << 29, 1e-3), ("8192x7168 5%", 8192 * 7168, 0.05), ("1GiB 5%", 1 << 29, 0.05)]:
+    for name, n, noise in [
+        ("8192x7168", 8192 * 7168, 1e-3),
+        ("1GiB", 1 << 29, 1e-3),
+        ("8192x7168 5%", 8192 * 7168, 0.05),
+        ("1GiB 5%", 1 << 29, 0.05),
+    ]:
         run_pair(name, n, cuda, noise)
         torch.cuda.empty_cache()
     if cuda is this:

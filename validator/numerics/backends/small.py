@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/file_compare_small.md)
+NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/first_compare_bench.md)
 BLOCK = 2048  # elements per row of partials: cpu.BLOCK
 GROUP = 1 << 16  # elements: many pairs are read this many at a time (their float64 copies stay in cache)
 # a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d|; rows_i (int64) finite in both, passed,

@@ -12,6 +12,7 @@ start-up included. Writes benchmarks/sglang_comparator.md.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -100,6 +101,9 @@ def main() -> None:
             f"Written by `benchmarks/sglang_comparator.py` ({os.cpu_count()} CPU cores, torch CPU). Dumps: the real 0.5.23 "
             "dumper, float32, 2 layers, 2 steps of 5 tokens (tests/validator/runs/sglang0523_dumps.py). Both tools with "
             "their defaults; times are whole processes.", "",
+            f"- Measured: {datetime.date.today().isoformat()}", f"- Machine: {os.cpu_count()} CPU cores, torch CPU",
+            "- Command: `.venv/bin/python benchmarks/sglang_comparator.py --deps /tmp/cmpdeps` (it writes this file; "
+            "`--deps`: a folder with polars and einops, `pip install --target`)", "",
             "| case | SGLang comparator | time | validator compare | time |", "| --- | --- | --- | --- | --- |"]
     Path(args.out).write_text("\n".join(head + rows) + "\n")
     print("\n".join(head + rows))

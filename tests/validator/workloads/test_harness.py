@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from validator.errors import InputError
 from validator.runs.acceptance_records import normalize_record, read_acceptance_bundle
 from validator.workloads.harness import EOS, Harness, HarnessConfig, spec_counters, write_acceptance_part
 
@@ -173,3 +174,17 @@ def test_server_contract_in_process(tmp_path: Path) -> None:
     app.state.engine.write_records()  # what the server does on shutdown
     df = read_acceptance_bundle(tmp_path / "rec", strict=True)
     assert len(df) == stats["spec_verify_ct"]
+
+
+def test_oracle_file_problems_name_file_and_line(tmp_path: Path) -> None:
+    from validator.workloads.harness.generate_server import load_oracle
+
+    p = tmp_path / "oracle.jsonl"
+    p.write_text('{"question": " Q1 ", "answer": "A1"}\n\n{"question": "Q2"}\n')
+    with pytest.raises(InputError, match=r"oracle\.jsonl line 3: expected an object with 'question' and 'answer'$"):
+        load_oracle(p)
+    p.write_text('{"question": " Q1 ", "answer": "A1"}\noops\n')
+    with pytest.raises(InputError, match=r"oracle\.jsonl line 2: not JSON \("):
+        load_oracle(p)
+    p.write_text('{"question": " Q1 ", "answer": "A1"}\n')
+    assert load_oracle(p) == {"Q1": "A1"}

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from validator.errors import InputError
+from validator.runs.jsonlines import json_lines
 from validator.workloads.harness.model import EOS, Harness, HarnessConfig, spec_counters, write_acceptance_part
 
 __all__ = ["HarnessEngine", "ServerSettings", "create_app", "main", "question_of"]
@@ -65,14 +67,13 @@ def question_of(prompt: str) -> str | None:
 
 
 def load_oracle(path: Path) -> dict[str, str]:
+    """The reference answer of each question of a GSM8K JSONL file (``question``, ``answer`` per line)."""
     out = {}
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-                    raise ValueError(f"{path} line {n}: expected an object with 'question' and 'answer'")
-                out[str(row["question"]).strip()] = str(row["answer"])
+        for n, row in json_lines(path, f):
+            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+                raise InputError(f"{path} line {n}: expected an object with 'question' and 'answer'")
+            out[str(row["question"]).strip()] = str(row["answer"])
     return out
 
 

@@ -1,0 +1,75 @@
+"""Writes token-alignment dumps in ``b s`` layouts with the real dumper of SGLang 0.5.23 (loaded as
+tests/validator/runs/sglang0523_dumps.py loads it), run as a script: ``python token_align_dumps.py OUT``.
+
+The prompts, the decoded tokens and the ``hidden`` rows (embedding row of the token x (1 + position / 10)) are
+those of ``align-a`` / ``align-b`` there, so these runs pair token by token with them. Padding rows hold 1e3, so
+a padding row taken for a token fails the comparison. Experiments (folders under OUT):
+
+- ``bs-a``: both prompts prefilled as one ``[2, 6]`` batch, p1 right-padded, the padding marked by
+  ``attention_mask`` (1 for a token, 0 for padding), then two ``[2, 1]`` decode steps; ``hidden`` dumped with
+  dims ``b s h``, ``seq_lens`` dumped;
+- ``bs-b``: p0 chunked (4 tokens alone, then 2 beside p1's 4, left-padded), decode steps in the other order;
+  ``hidden`` dumped sequence-major (dims ``s b h``), the padding marked by position -1, no ``seq_lens`` and no
+  ``attention_mask``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, VOCAB, H, _play, load_dumper
+
+PAD = 1e3
+# a run is a list of steps; a step is a list of batch rows: (rid, first position, tokens, padding before it)
+BS = {
+    "bs-a": [[("p0", 0, 6, 0), ("p1", 0, 4, 0)], [("p0", 6, 1, 0), ("p1", 4, 1, 0)], [("p0", 7, 1, 0), ("p1", 5, 1, 0)]],
+    "bs-b": [[("p0", 0, 4, 0)], [("p0", 4, 2, 2), ("p1", 0, 4, 0)], [("p1", 4, 1, 0), ("p0", 6, 1, 0)],
+             [("p0", 7, 1, 0), ("p1", 5, 1, 0)]],
+}  # fmt: skip
+
+
+def bs_run(dumper: Any, exp: str) -> None:
+    _play(dumper, exp, 0, 1, tp=(0, 1))
+    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    full = {r: PROMPTS[r] + DECODED[r] for r in PROMPTS}
+    for batch in BS[exp]:
+        s = max(pad + n for _, _, n, pad in batch)
+        ids = torch.zeros(len(batch), s, dtype=torch.int64)
+        pos = torch.full((len(batch), s), -1 if exp == "bs-b" else 0, dtype=torch.int64)
+        mask = torch.zeros(len(batch), s, dtype=torch.int64)
+        hidden = torch.full((len(batch), s, H), PAD)
+        for i, (r, p, n, pad) in enumerate(batch):  # right padding after the tokens, left padding before them
+            cols = slice(pad, pad + n)
+            ids[i, cols] = torch.tensor(full[r][p : p + n])
+            pos[i, cols] = torch.arange(p, p + n)
+            mask[i, cols] = 1
+            hidden[i, cols] = emb[ids[i, cols]] * (1 + pos[i, cols].float()[:, None] / 10)
+        dump = dumper.dump
+        dump("input_ids", ids)
+        dump("positions", pos)
+        if exp == "bs-a":
+            dump("attention_mask", mask)
+            dump("seq_lens", torch.tensor([p + n for _, p, n, _ in batch]))
+            dump("hidden", hidden, dims="b s h", layer_id=0)
+        else:
+            dump("hidden", hidden.transpose(0, 1).contiguous(), dims="s b h", layer_id=0)
+        dump("rids", [f"{exp}-{r}" for r, _, _, _ in batch])
+        dumper.step()
+
+
+def main(out: str) -> None:
+    os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+    dumper = load_dumper()
+    for exp in BS:
+        bs_run(dumper, exp)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
-from validator.runs.reassembly import LogicalTensor
+from validator.runs.reassembly import LogicalTensor, replica_note
 from validator.runs.view import TensorRef
 from validator.store.blob_read import open_blob_range, open_blob_tensor, open_file_range, open_file_tensor
 
@@ -149,6 +149,6 @@ def replica_notes(t: LogicalTensor, found: list[list[Check | None]]) -> list[str
             continue
         worsts = [w for _, w in got if w is not None]
         worst = max(worsts) if worsts else float("nan")
-        notes.append(f"replicas disagree: {r.origin} ({r.shard}) differs from {ref0.origin} ({ref0.shard}), max |diff| {worst:.3g}")
+        notes.append(replica_note(ref0, r, worst))
     return notes
 

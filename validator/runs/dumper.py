@@ -16,7 +16,9 @@ function, for instance) is refused with its path. Mapping to coordinates: ``forw
 
 How the ranks' dumps of one tensor form it: a ``split`` rule (``{"attn_*": 1}``: TP slices along dim 1, in
 rank order) first; else the meta's ``dims`` (0.5.23; validator/runs/dims.py: concatenation, partial sums,
-replicated copies, DP filtering); else, without dims, ``replicated`` copies. A tensor whose layout does not
+replicated copies, DP filtering); else, without dims, ``replicated`` copies. Each copy's record says whether
+its replication was declared (dims that name an active axis ``replicated``) or assumed (no dims): copies that
+differ fail their pair in the first case, and are a note in the second. A tensor whose layout does not
 fit (an active axis its dims do not declare, a missing rank, copies of different shapes without dims) is
 kept per rank (coordinate ``rank``) and the reason listed in the manifest (``unassembled``). A name dumped
 twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order). Values that are
@@ -34,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -43,6 +45,7 @@ from probes.config import glob_match
 from probes.shards import Coords, ShardSpec
 from validator.errors import InputError
 from validator.runs.dims import LayoutError, Op, axes_of, parse_dims, plan_layout
+from validator.runs.reassembly import ReplicaRef
 from validator.runs.tensorfile import DTYPES, dtype_name
 from validator.runs.view import RunView, TensorRef
 
@@ -304,16 +307,18 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int,
                 shard = ShardSpec.full()
             elif dim is not None:
                 shard = ShardSpec.split(dim, i, len(ps))
-            else:
+            else:  # copies, as nothing says otherwise: assumed, not declared
                 shard = ShardSpec.replicated(i, len(ps))
-            refs.append(_ref([p], shard, extra, max_file_bytes, placed=True))
+            refs.append(_ref([p], shard, extra, max_file_bytes, placed=True,
+                             replication="assumed" if shard.kind == "replicated" else None))
     return refs
 
 
 def _ref(ps: list[DumpFile], shard: ShardSpec, extra: Mapping[str, str], max_file_bytes: int, *, placed: bool,
-         ops: tuple[Op, ...] = (), coords: tuple[Mapping[str, int], ...] = ()) -> TensorRef:
+         ops: tuple[Op, ...] = (), coords: tuple[Mapping[str, int], ...] = (),
+         replication: Literal["declared", "assumed"] | None = None) -> TensorRef:
     """A record of one dump file (``placed``: with its rank's placement), or of several ranks' files that
-    ``ops`` combine on load."""
+    ``ops`` combine on load; ``replication``: one copy of several, its replication declared or assumed."""
     p = ps[0]
     try:
         check_tensor_name(p.name)
@@ -337,6 +342,9 @@ def _ref(ps: list[DumpFile], shard: ShardSpec, extra: Mapping[str, str], max_fil
         origin = f"{p.path.parent}/{p.name}" + (f"[{p.key}]" if p.key else "") + f" of ranks {ranks}"
         loader = functools.partial(_combined, tuple((q.path, q.key) for q in ps), ops, coords, p.dtype, max_file_bytes)
     nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=p.dtype).element_size()
+    if replication is not None:
+        return ReplicaRef(name=p.name, coords=c, shard=shard, dtype=dtype_name(p.dtype), shape=shape, sha256=None,
+                          nbytes=nbytes, origin=origin, loader=loader, replication=replication)
     return TensorRef(name=p.name, coords=c, shard=shard, dtype=dtype_name(p.dtype), shape=shape, sha256=None,
                      nbytes=nbytes, origin=origin, loader=loader)
 
@@ -356,6 +364,8 @@ def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str]
         return [_ref(kept, ShardSpec.full(), extra, max_file_bytes, placed=False)]
     rep_sizes = [lay.sizes[a] for a in lay.replicated]
     replicas = math.prod(rep_sizes)
+    # the dims name an active axis replicated (a recompute's copy alone, the dumper's own axis, is assumed)
+    replication: Literal["declared", "assumed"] = "declared" if dims.replicated & set(lay.replicated) else "assumed"
 
     def rep_index(c: Mapping[str, int]) -> int:
         i = 0
@@ -379,7 +389,7 @@ def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str]
         else:
             shard = ShardSpec.full()
         out.append(_ref([kept[i] for i in members], shard, extra, max_file_bytes, placed=False, ops=lay.ops,
-                        coords=tuple(coords[i] for i in members)))
+                        coords=tuple(coords[i] for i in members), replication=replication if replicas > 1 else None))
     return out
 
 

@@ -6,6 +6,11 @@ compare tensor for tensor.
 - ``replicated``: every copy must agree; the copy of the lowest rank is used and disagreements are reported.
 - ``partial``: pieces are summed in stage order, in float64; a stage may be absent (it had nothing to add).
 - ``full``: exactly one record.
+
+A copy that differs leaves a note (:func:`replica_note`). Where the run's layout declared the copies
+replicated (a :class:`ReplicaRef` with ``replication="declared"``: SGLang's dumper ``dims``, ``# tp:replicated``)
+the note says so, and the comparison fails the pair on it; copies the reader only assumed to be replicated
+(a tensor dumped without dims on several ranks) and records that say nothing about it leave a note only.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from probes.shards import Coords
 from validator.errors import InputError
@@ -26,9 +31,32 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-__all__ = ["LogicalTensor", "group_logical", "logical_key", "materialize_many"]
+__all__ = ["DECLARED_DISAGREE", "LogicalTensor", "ReplicaRef", "group_logical", "logical_key", "materialize_many",
+           "replica_note"]
 
 LogicalKey = tuple[str, tuple[Any, ...]]
+
+# how a note about declared copies that differ begins (validator.judging.compare fails the pair on such a note)
+DECLARED_DISAGREE = "declared replicas disagree"
+
+
+@dataclass(frozen=True)
+class ReplicaRef(TensorRef):
+    """A stored copy of a tensor (or of a slice of one) that several ranks hold, and how the copies came to be
+    replicated: ``declared`` by the run's layout (SGLang's dumper ``dims``, ``# tp:replicated``) or ``assumed``
+    by the reader (a tensor dumped without dims on several ranks: it may really be split). Read from the run's
+    own files only: the store keeps a record's shard spec, not this, so a stored run's copies are plain records."""
+
+    replication: Literal["declared", "assumed"] = "assumed"
+
+
+def replica_note(first: TensorRef, other: TensorRef, worst: float) -> str:
+    """The note a copy ``other`` that differs from the copy used, ``first``, leaves (``worst``: the largest
+    finite |difference|, NaN when none is finite); it begins with :data:`DECLARED_DISAGREE` when ``other`` is a
+    copy its layout declared replicated."""
+    declared = isinstance(other, ReplicaRef) and other.replication == "declared"
+    what = DECLARED_DISAGREE if declared else "replicas disagree"
+    return f"{what}: {other.origin} ({other.shard}) differs from {first.origin} ({first.shard}), max |diff| {worst:.3g}"
 
 
 def logical_key(ref: TensorRef) -> LogicalKey:
@@ -124,9 +152,7 @@ class LogicalTensor:
             diff = (other.to(torch.float64) - first.to(torch.float64)).abs()
             finite = torch.isfinite(diff)
             worst = float(diff[finite].max()) if bool(finite.any()) else float("nan")
-            self.notes.append(
-                f"replicas disagree: {r.origin} ({r.shard}) differs from {ref0.origin} ({ref0.shard}), max |diff| {worst:.3g}"
-            )
+            self.notes.append(replica_note(ref0, r, worst))
 
 
 def materialize_many(tensors: Sequence[LogicalTensor]) -> list[Array]:

@@ -16,6 +16,14 @@ consecutive positions. Padding is what an ``attention_mask`` of shape ``[B, S]``
 position; a row whose remaining positions skip (or do not end at its ``seq_lens``) is reported and left out.
 Rows count batch-major (``b * S + s``), as SGLang's comparator collapses ``b s``.
 
+With DP attention each DP rank runs a batch of its own: tensors that carry a coordinate ``dp=<rank>`` (aux
+fields included) are that DP rank's, its ``rids`` are the manifest's ``dp_rids[step][rank]``, and each DP
+rank's batch is read as above on its own; a request is keyed by its rid (or, without rids, by step, DP rank and
+batch index), so the DP ranks' requests join into one set. A step's rows are counted over its DP ranks in
+DP-rank order, the order DP attention's gather puts them in, so a tensor of that step without a ``dp``
+coordinate whose token dimension holds every DP rank's rows (one after the gather) is aligned too. A run with
+DP attention thus pairs token by token with one without it.
+
 The aligned run has, per matched request and per tensor that has a token dimension in every step (the dim
 named ``t``, or ``b*s``, in the dumper's dims, else the dims ``b`` and ``s`` of a ``b s`` batch in either order;
 without dims, dim 0, or dims 0 and 1 where they are the batch's ``[B, S]``), one tensor

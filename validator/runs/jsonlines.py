@@ -7,7 +7,7 @@ names no key twice; only a line with more (a duplicate, or ``:`` inside strings)
 ``object_pairs_hook`` to tell which.
 
 :func:`json_lines` is the one JSONL line loop: line numbers from 1, blank lines skipped, every problem one
-message naming file, line and problem (``f.jsonl line 3: not JSON (...)``, ``f.jsonl line 4: key 'a' appears
+message naming file, line and problem (``f.jsonl line 3: not valid JSON (...)``, ``f.jsonl line 4: key 'a' appears
 twice in one object``). Opening the file is the caller's (each names its own read error); what a parsed line must
 hold is the caller's too.
 """
@@ -97,7 +97,7 @@ def json_lines(
             except DuplicateKeyError as exc:
                 raise error(f"{where} line {n}: {exc}") from None
             except (ValueError, RecursionError) as exc:
-                raise error(f"{where} line {n}: not JSON ({exc})") from None
+                raise error(f"{where} line {n}: not valid JSON ({exc})") from None
             taken += 1
             yield n, obj
     except UnicodeDecodeError:  # from a text file's decoder, chunks ahead of the line it names

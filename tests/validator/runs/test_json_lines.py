@@ -17,7 +17,7 @@ def test_numbers_lines_from_one_and_skips_blank_ones() -> None:
 
 
 def test_not_json_names_file_and_line() -> None:
-    with pytest.raises(InputError, match=r"^d/f\.jsonl line 3: not JSON \(Expecting value: line 1 column 1 \(char 0\)\)$"):
+    with pytest.raises(InputError, match=r"^d/f\.jsonl line 3: not valid JSON \(Expecting value: line 1 column 1 \(char 0\)\)$"):
         list(json_lines(Path("d/f.jsonl"), ["1", "", "oops"]))
 
 
@@ -42,7 +42,7 @@ def test_the_readers_own_error_and_text_that_is_not_utf8(tmp_path: Path) -> None
     class RecordsError(InputError):
         pass
 
-    with pytest.raises(RecordsError, match=r"^r\.jsonl line 1: not JSON \("):
+    with pytest.raises(RecordsError, match=r"^r\.jsonl line 1: not valid JSON \("):
         list(json_lines("r.jsonl", ["[" * 100_000], error=RecordsError))  # nested past any parser's depth
     p = tmp_path / "latin1.jsonl"
     p.write_bytes(b'{"a": "caf\xe9"}\n')

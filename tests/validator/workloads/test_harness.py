@@ -184,7 +184,7 @@ def test_oracle_file_problems_name_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"oracle\.jsonl line 3: expected an object with 'question' and 'answer'$"):
         load_oracle(p)
     p.write_text('{"question": " Q1 ", "answer": "A1"}\noops\n')
-    with pytest.raises(InputError, match=r"oracle\.jsonl line 2: not JSON \("):
+    with pytest.raises(InputError, match=r"oracle\.jsonl line 2: not valid JSON \("):
         load_oracle(p)
     p.write_text('{"question": " Q1 ", "answer": "A1"}\n')
     assert load_oracle(p) == {"Q1": "A1"}

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture_overhead import DiscardWriter  # the writer that keeps nothing (this folder, next to this script)
 
-from probes.capture import ProbeSession
-from probes.config import ProbeConfig
+from probes.core.capture import ProbeSession
+from probes.core.config import ProbeConfig
 
 
 def per_call(fn: Any, n: int = 20000) -> float:

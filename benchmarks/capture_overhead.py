@@ -42,8 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.capture import DISABLED, ProbeSession
-from probes.config import ProbeConfig
+from probes.core.capture import DISABLED, ProbeSession
+from probes.core.config import ProbeConfig
 
 HIDDEN = 7168
 FEATURES = 6 * HIDDEN
@@ -315,7 +315,7 @@ def _time_us(fn: Callable[[], Any], iters: int = 20) -> float:
 
 def check() -> None:
     """The device summary (fused where Triton imports) against the float64 torch path on the CPU."""
-    from probes.summary import summarize
+    from probes.core.summary import summarize
 
     g = torch.Generator(device="cuda").manual_seed(5)
     for dtype in (torch.bfloat16, torch.float32):
@@ -330,7 +330,7 @@ def check() -> None:
 
 def isolated_case(model: Model, tokens: int) -> dict[str, Any]:
     """The 4 captured tensors of one step, on their own: the summary's kernels vs one read (amax) of each."""
-    from probes.summary import summarize
+    from probes.core.summary import summarize
 
     x = torch.randn(tokens, FEATURES, device="cuda").to(torch.bfloat16)
     h = x @ model.w_fc.t()

@@ -105,8 +105,8 @@ def _nonfinite(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def projection_capture(device: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``pre_norm`` of the probe's ref (float64) and partial-bf16 paths at hidden 7168."""
-    from probes.projection import run_probe
-    from probes.projection_config import ProjectionConfig
+    from probes.workloads.projection import run_probe
+    from probes.workloads.projection_config import ProjectionConfig
 
     run = run_probe(ProjectionConfig(tokens=tokens), device=device, paths=["partial-bf16", "ref"], write_stages=False)
     return run.paths["ref"].pre_norm, run.paths["partial-bf16"].pre_norm

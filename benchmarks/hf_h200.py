@@ -46,9 +46,9 @@ sys.path.insert(0, str(REPO))
 
 from capture_overhead import DiscardWriter  # noqa: E402  (this folder: the writer that keeps nothing)
 
-from probes.capture import ProbeSession  # noqa: E402
-from probes.config import ProbeConfig  # noqa: E402
-from probes.transformers import AssistedAcceptance, HandoffInjector, ModelCapture  # noqa: E402
+from probes.core.capture import ProbeSession  # noqa: E402
+from probes.core.config import ProbeConfig  # noqa: E402
+from probes.engines.transformers import AssistedAcceptance, HandoffInjector, ModelCapture  # noqa: E402
 from validator.workloads.hf_models import BOS, EOS, VOCAB, ByteTokenizer, load_model  # noqa: E402
 from validator.workloads.hf_pd import decode, load_prompts, prefill  # noqa: E402
 

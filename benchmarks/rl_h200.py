@@ -36,8 +36,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from probes.logprobs import LogprobRecorder  # noqa: E402
-from probes.weights import write_manifest  # noqa: E402
+from probes.rl.logprobs import LogprobRecorder  # noqa: E402
+from probes.rl.weights import write_manifest  # noqa: E402
 from validator.workloads.hf_models import EOS, ByteTokenizer, load_model  # noqa: E402
 from validator.workloads.hf_pd import load_prompts  # noqa: E402
 

@@ -24,11 +24,11 @@ SCRIPT = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, Blocker())
-    import probes, probes.capture, probes.hooks, probes.summary, probes.cudagraph, probes.config, probes.transfer
-    assert probes.summary.fused() is None  # Triton cannot be imported: the torch fallback
+    import probes, probes.core.capture, probes.core.hooks, probes.core.summary, probes.core.cudagraph, probes.core.config, probes.core.transfer
+    assert probes.core.summary.fused() is None  # Triton cannot be imported: the torch fallback
     import torch
-    from probes.capture import ProbeSession
-    from probes.config import ProbeConfig
+    from probes.core.capture import ProbeSession
+    from probes.core.config import ProbeConfig
 
     with tempfile.TemporaryDirectory() as d:
         s = ProbeSession(ProbeConfig(bundle=d, mode="summary"))
@@ -61,24 +61,26 @@ def test_probes_import_and_capture_with_torch_only() -> None:
 LAZY = textwrap.dedent(
     """
     import sys
-    import probes, probes.sglang
-    from probes.bundle import MANIFEST, check_tensor_name
-    from probes.shards import ShardSpec
-    from probes.sglang.coverage import read_reports
+    import probes, probes.core, probes.engines, probes.engines.sglang, probes.rl, probes.workloads
+    from probes.core.bundle import MANIFEST, check_tensor_name
+    from probes.core.shards import ShardSpec
+    from probes.engines.sglang.coverage import read_reports
     assert "torch" not in sys.modules, "the torch-free probes modules imported torch"
-    for pkg in (probes, probes.sglang):
+    for pkg in (probes, probes.core, probes.engines, probes.engines.sglang, probes.rl, probes.workloads):
         for name in pkg.__all__:
             getattr(pkg, name)
         assert set(pkg.__all__) <= set(dir(pkg))
     from probes import BundleWriter, ProbeSession, attach  # noqa: F401
-    assert probes.capture.ProbeSession is ProbeSession and probes.sglang.runtime.Plugin is probes.sglang.Plugin
+    assert probes.core.capture.ProbeSession is ProbeSession is probes.core.ProbeSession
+    assert probes.engines.sglang.runtime.Plugin is probes.engines.sglang.Plugin
+    assert probes.rl.weights.write_manifest is probes.rl.write_manifest
     print("ok")
     """
 )
 
 
 def test_package_names_load_on_first_use() -> None:
-    """probes.bundle, probes.shards and probes.sglang.coverage (what the validator's ingest reads) import no
+    """probes.core.bundle, probes.core.shards and probes.engines.sglang.coverage (what the validator's ingest reads) import no
     torch; every exported name of the packages still resolves."""
     proc = subprocess.run(
         [sys.executable, "-c", LAZY],

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from probes.bundle import MANIFEST, PART_FILE
+from probes.core.bundle import MANIFEST, PART_FILE
 from tests.servers import VALIDATOR as EXE
 from tests.servers import free_port, stop_process, wait_healthy
 

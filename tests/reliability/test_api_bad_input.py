@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from probes.bundle import MANIFEST
+from probes.core.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import AUTH, TOKEN, Server, bundle_files
 from validator.app.api import create_app

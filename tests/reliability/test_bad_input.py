@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from probes import BundleWriter, ShardSpec
-from probes.bundle import BundleError
-from probes.shards import ShardSpecError
+from probes.core.bundle import BundleError
+from probes.core.shards import ShardSpecError
 from tests.reliability.helpers import safetensors_bytes, tree
 from validator.app.cli import main
 from validator.errors import InputError, ValidatorError

@@ -13,7 +13,7 @@ import httpx
 import torch
 
 from probes import BundleWriter, ShardSpec
-from probes.bundle import MANIFEST
+from probes.core.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import TOKEN, Server, check_blob_store, db_blobs
 from validator.service import Service

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from starlette.routing import Mount
 
 from probes import BundleWriter
-from probes.bundle import MANIFEST
+from probes.core.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.reliability.helpers import AUTH, REPO, TOKEN, bundle_files, check_blob_store, tree
 from validator.app.api import create_app

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from probes.bundle import BundleError
-from probes.config import ProbeConfigError
-from probes.shards import ShardSpecError
+from probes.core.bundle import BundleError
+from probes.core.config import ProbeConfigError
+from probes.core.shards import ShardSpecError
 from validator.errors import InputError, ValidatorError
 from validator.judging.text import format_rows
 from validator.settings import ClientSettings, Settings, parse_labels
@@ -581,7 +581,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors of the probes package that are the user's to fix (exit 2). ``ProjectionConfigError`` lives in a
     module that imports torch; it can only have been raised if that module was loaded."""
     errors: tuple[type[Exception], ...] = (BundleError, ShardSpecError, ProbeConfigError)
-    projection = sys.modules.get("probes.projection_config")
+    projection = sys.modules.get("probes.workloads.projection_config")
     return errors if projection is None else (*errors, projection.ProjectionConfigError)
 
 

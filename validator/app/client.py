@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from probes.bundle import MANIFEST, PART_FILE
+from probes.core.bundle import MANIFEST, PART_FILE
 from validator.errors import InputError, NotFoundError, ValidatorError
 from validator.runs.sources import read_bundle
 

@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import torch
 
-from probes.bundle import BundleError, check_tensor_name
-from probes.config import glob_match
-from probes.shards import Coords, ShardSpec
+from probes.core.bundle import BundleError, check_tensor_name
+from probes.core.config import glob_match
+from probes.core.shards import Coords, ShardSpec
 from validator.errors import InputError
 from validator.runs.dims import LayoutError, Op, axes_of, parse_dims, plan_layout
 from validator.runs.reassembly import ReplicaRef

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from probes.shards import Coords
+from probes.core.shards import Coords
 from validator.errors import InputError
 from validator.numerics.backends.small import NUMPY_MAX
 from validator.runs.view import TensorRef

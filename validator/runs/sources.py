@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, BundleError, check_tensor_name
-from probes.shards import Coords, ShardSpec, ShardSpecError
+from probes.core.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, PART_FILE, BundleError, check_tensor_name
+from probes.core.shards import Coords, ShardSpec, ShardSpecError
 from validator.errors import InputError
 from validator.runs.tensorfile import SafetensorsFile, check_dtype
 from validator.runs.view import RunView, TensorRef
@@ -139,7 +139,7 @@ def _check_capture_coverage(root: Path, view: RunView) -> None:
     """Bundles written by the SGLang plugin: every capture layer must have been seen on some PP stage
     (the "aux hidden states captured only on the last PP rank" bug). The result goes in the manifest,
     where compare turns problems into a failing reason."""
-    from probes.sglang.coverage import check_coverage, read_reports
+    from probes.engines.sglang.coverage import check_coverage, read_reports
 
     try:
         reports = read_reports(root)

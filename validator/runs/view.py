@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probes.shards import Coords, ShardSpec
+from probes.core.shards import Coords, ShardSpec
 from validator.errors import InputError
 from validator.numerics.host import STORAGE, HostArray
 from validator.runs.tensorfile import dtype_name, file_byte_chunks
@@ -47,7 +47,7 @@ class TensorRef:
         if self.location is not None:
             yield from file_byte_chunks(self.location[0], self.location[1], self.nbytes)
         else:
-            from probes.bundle import tensor_bytes
+            from probes.core.bundle import tensor_bytes
 
             yield tensor_bytes(self.load())
 

@@ -8,7 +8,9 @@ A manifest is JSON::
 
 ``version`` (the weight version, an int >= 0) is optional at the top and per tensor (a tensor's overrides the
 top's). The hash covers the elements in row-major order as little-endian bytes: what a ``.safetensors`` file
-stores, and what ``probes.weights`` hashes from a state dict. No torch here.
+stores, and what ``probes.rl.weights`` hashes from a state dict. The document, its JSON file and the hashing of
+safetensors files are ``probes.rl.weights``'s (one writer for the trainer's probe and this validator). No torch
+here.
 """
 
 from __future__ import annotations
@@ -23,8 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from probes.core.safetensors_header import TensorEntry
+from probes.rl.weights import (
+    MANIFEST_FORMAT,
+    ManifestWriteError,
+    manifest_doc,
+    safetensors_tensors,
+    save_manifest,
+    tensor_entry,
+)
+from probes.rl.weights import MANIFEST_VERSION as MANIFEST_FORMAT_VERSION
 from validator.errors import InputError
-from validator.runs.tensorfile import ITEMSIZES, SafetensorsFile, file_byte_chunks
+from validator.runs.tensorfile import ITEMSIZES, raw_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +57,6 @@ __all__ = [
     "write_manifest",
 ]
 
-MANIFEST_FORMAT = "validator.weight_manifest"
-MANIFEST_FORMAT_VERSION = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_MANIFEST_BYTES = 256 << 20
 # The largest tensor a manifest may declare. The largest single tensors of published checkpoints, fused MoE
@@ -72,10 +82,7 @@ class ManifestTensor:
         return n
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "sha256": self.sha256}
-        if self.version is not None:
-            d["version"] = self.version
-        return d
+        return tensor_entry(self.dtype, self.shape, self.sha256, self.version)
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,7 @@ class WeightManifest:
         return self.version if v is None else v
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION}
-        if self.version is not None:
-            doc["version"] = self.version
-        doc["tensors"] = {k: self.tensors[k].to_dict() for k in sorted(self.tensors)}
-        return doc
+        return manifest_doc({k: t.to_dict() for k, t in self.tensors.items()}, self.version)
 
 
 def _version(v: Any, where: str) -> int | None:
@@ -110,7 +113,12 @@ def _version(v: Any, where: str) -> int | None:
 
 
 def check_size(
-    dtype: str, shape: list[int] | tuple[int, ...], where: str, *, nbytes: int | None = None, limit: int | None = MAX_TENSOR_BYTES
+    dtype: str,
+    shape: list[int] | tuple[int, ...],
+    where: str,
+    *,
+    nbytes: int | None = None,
+    limit: int | None = MAX_TENSOR_BYTES,
 ) -> int:
     """The byte size of a ``dtype`` tensor of ``shape`` (ints >= 0), refused above ``limit`` (a manifest's
     :data:`MAX_TENSOR_BYTES`; None for tensors that exist, e.g. a stored run's) or when it disagrees with a
@@ -120,7 +128,9 @@ def check_size(
     if len(shape) > _MAX_NDIM:
         raise InputError(f"{where}: 'shape' has {len(shape)} dimensions; a tensor has at most {_MAX_NDIM}")
     if any(s > _MAX_DIM for s in shape):
-        raise InputError(f"{where}: 'shape' {list(shape)!r:.80} has a dimension above {_MAX_DIM} (dimensions are int64)")
+        raise InputError(
+            f"{where}: 'shape' {list(shape)!r:.80} has a dimension above {_MAX_DIM} (dimensions are int64)"
+        )
     size = 0 if 0 in shape else ITEMSIZES[dtype]
     for s in shape if size else ():
         size *= s
@@ -130,7 +140,9 @@ def check_size(
                 "the largest tensor a manifest may declare"
             )
     if nbytes is not None and nbytes != size:
-        raise InputError(f"{where}: shape {list(shape)!r:.80} of {dtype} is {size} bytes, but {nbytes} bytes are recorded")
+        raise InputError(
+            f"{where}: shape {list(shape)!r:.80} of {dtype} is {size} bytes, but {nbytes} bytes are recorded"
+        )
     return size
 
 
@@ -139,10 +151,14 @@ def manifest_from_dict(doc: Any, *, source: str = "manifest") -> WeightManifest:
     if not isinstance(doc, dict):
         raise InputError(f"{source}: a manifest must be a JSON object, got {type(doc).__name__}")
     if doc.get("format") != MANIFEST_FORMAT:
-        raise InputError(f"{source}: not a weight manifest ('format' must be {MANIFEST_FORMAT!r}, got {doc.get('format')!r:.60})")
+        raise InputError(
+            f"{source}: not a weight manifest ('format' must be {MANIFEST_FORMAT!r}, got {doc.get('format')!r:.60})"
+        )
     fv = doc.get("format_version", MANIFEST_FORMAT_VERSION)
     if fv != MANIFEST_FORMAT_VERSION:
-        raise InputError(f"{source}: unsupported format_version {fv!r:.20} (this validator reads {MANIFEST_FORMAT_VERSION})")
+        raise InputError(
+            f"{source}: unsupported format_version {fv!r:.20} (this validator reads {MANIFEST_FORMAT_VERSION})"
+        )
     version = _version(doc.get("version"), source)
     tensors = doc.get("tensors")
     if not isinstance(tensors, dict):
@@ -156,7 +172,9 @@ def manifest_from_dict(doc: Any, *, source: str = "manifest") -> WeightManifest:
         if dtype not in ITEMSIZES:
             raise InputError(f"{where}: unknown dtype {dtype!r:.40} (one of {', '.join(sorted(ITEMSIZES))})")
         shape = e.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+        ):
             raise InputError(f"{where}: 'shape' must be a list of ints >= 0, got {shape!r:.60}")
         check_size(dtype, shape, where)
         sha = e.get("sha256")
@@ -183,37 +201,22 @@ def read_manifest(path: str | Path) -> WeightManifest:
     return manifest_from_dict(doc, source=str(p))
 
 
+def _load(path: Path, e: TensorEntry) -> torch.Tensor:
+    return raw_tensor(path, e.begin, e.nbytes, e.dtype, e.shape)
+
+
 def manifest_of_safetensors(paths: str | Path | Iterable[str | Path], *, version: int | None = None) -> WeightManifest:
-    """Hash ``.safetensors`` files (a file, a directory of them, or a list of either) tensor by tensor, as stored."""
+    """Hash ``.safetensors`` files (a file, a directory of them, or a list of either) tensor by tensor, as stored
+    (:func:`probes.rl.weights.safetensors_tensors`)."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files: list[Path] = []
-    for p in map(Path, items):
-        if p.is_dir():
-            found = sorted(p.glob("*.safetensors"))
-            if not found:
-                raise InputError(f"{p}: no .safetensors files in this directory")
-            files.extend(found)
-        elif p.exists():
-            files.append(p)
-        else:
-            raise InputError(f"{p}: no such file or directory")
     tensors: dict[str, ManifestTensor] = {}
-    where: dict[str, Path] = {}
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
-    for f in files:
-        st = SafetensorsFile(f)
-        for key, e in st.entries.items():
-            if key in tensors:
-                raise InputError(f"tensor {key!r} is in both {where[key]} and {f}")
-            h = hashlib.sha256()
-            try:
-                for chunk in file_byte_chunks(f, e.begin, e.nbytes):
-                    h.update(chunk)
-            except OSError as exc:
-                raise InputError(f"{f}, tensor {key!r}: cannot read: {exc}") from None
-            tensors[key] = ManifestTensor(e.dtype_name, e.shape, h.hexdigest())
-            where[key] = f
-            loaders[key] = functools.partial(st.load, key)
+    try:
+        for f, e, sha in safetensors_tensors(items):
+            tensors[e.key] = ManifestTensor(e.dtype_name, e.shape, sha)
+            loaders[e.key] = functools.partial(_load, f, e)
+    except ManifestWriteError as exc:
+        raise InputError(str(exc)) from None
     source = ", ".join(map(str, items)) if len(items) > 1 else str(items[0])
     return WeightManifest(tensors=tensors, version=version, source=source, loaders=loaders)
 
@@ -228,7 +231,9 @@ def manifest_of_view(view: RunView, *, version: int | None = None) -> WeightMani
         coords = {k: v for k, v in ref.coords.to_dict().items() if k not in where and v is not None}
         name = ref.name + ("[" + ",".join(f"{k}={v}" for k, v in sorted(coords.items())) + "]" if coords else "")
         if ref.shard.kind not in ("full", "replicated"):
-            raise InputError(f"{view.name}: tensor {name!r} is stored as {ref.shard.kind} shards; a manifest needs whole tensors")
+            raise InputError(
+                f"{view.name}: tensor {name!r} is stored as {ref.shard.kind} shards; a manifest needs whole tensors"
+            )
         check_size(ref.dtype, tuple(ref.shape), f"{view.name}: tensor {name!r}", nbytes=ref.nbytes, limit=None)
         sha = ref.sha256
         if sha is None:
@@ -265,7 +270,4 @@ def load_side(
 
 
 def write_manifest(manifest: WeightManifest, path: str | Path) -> None:
-    out = Path(path)
-    tmp = out.with_name(f".tmp-{out.name}")
-    tmp.write_text(json.dumps(manifest.to_dict(), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    save_manifest(manifest.to_dict(), path)

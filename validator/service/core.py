@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
 
-from probes.shards import Coords, ShardSpec
+from probes.core.shards import Coords, ShardSpec
 from validator.comparing import Progress, compare_resolved
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError
 from validator.runs.reassembly import group_logical

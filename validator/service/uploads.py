@@ -22,7 +22,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probes.bundle import MANIFEST, PART_FILE, PART_RE
+from probes.core.bundle import MANIFEST, PART_FILE, PART_RE
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError, ValidatorError
 from validator.runs.sources import read_bundle
 from validator.service.cycle_collector import cycle_collector_paused

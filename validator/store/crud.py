@@ -482,7 +482,7 @@ def damaged_rows(session: Session, *, limit: int = 20) -> list[str]:
     """Stored rows whose JSON columns the readers cannot decode: a run's manifest (an object), a tensor's shape
     (a list of sizes), coordinates and shard spec (``slot``, ``coords``, ``shard``: objects), a comparison's
     request and result. Distinct texts are decoded once; at most ``limit`` rows are named per column."""
-    from probes.shards import Coords, ShardSpec
+    from probes.core.shards import Coords, ShardSpec
 
     out: list[str] = []
 

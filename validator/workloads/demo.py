@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from probes.projection import ProjectionConfig
+from probes.workloads.projection import ProjectionConfig
 from validator.judging.report import format_comparison, headline
 from validator.service import Service
 from validator.workloads.projection_report import format_table, run_projection_report

@@ -167,7 +167,7 @@ def run_gsm8k(
 def write_gsm8k_bundle(out: str | os.PathLike[str], run: GSM8KRun, *, run_name: str, labels: Mapping[str, str],
                        config: Mapping[str, Any] | None = None) -> Path:
     """Write one run as a bundle at ``out`` (which must not hold one yet). ``part.json`` is written last."""
-    from probes.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, write_json_atomic
+    from probes.core.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, write_json_atomic
 
     root = Path(out)
     if (root / "manifest.json").exists():

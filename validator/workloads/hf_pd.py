@@ -169,8 +169,8 @@ def _models(cfg: PDConfig) -> tuple[Any, Any]:
 
 
 def _session(cfg: PDConfig, part: str) -> Any:
-    from probes.capture import ProbeSession
-    from probes.config import ProbeConfig, ProbeConfigError, parse_bytes
+    from probes.core.capture import ProbeSession
+    from probes.core.config import ProbeConfig, ProbeConfigError, parse_bytes
 
     try:
         budget = parse_bytes(cfg.budget)
@@ -187,7 +187,7 @@ def _session(cfg: PDConfig, part: str) -> Any:
 
 
 def _recorder(cfg: PDConfig, part: str) -> Any:
-    from probes.acceptance import AcceptanceRecorder
+    from probes.core.acceptance import AcceptanceRecorder
 
     return AcceptanceRecorder(cfg.out, part, run_name=cfg.run_name or f"hf-{cfg.mode}",
                               labels={"engine": "transformers", "mode": cfg.mode, **cfg.labels})
@@ -239,7 +239,7 @@ def decode(target: Any, draft: Any, ids: Any, first: int, tkv: Any, dkv: Any, *,
     the draft's cache handed to its first forward by ``injector``. Returns the output tokens."""
     import torch
 
-    from probes.transformers import cache_kv
+    from probes.engines.transformers import cache_kv
 
     full = torch.cat([ids, torch.tensor([[first]], device=ids.device)], dim=1)
     if max_new_tokens <= 1 or first == EOS:
@@ -270,8 +270,8 @@ def write_handoff(folder: Path, rid: str, ids: list[int], first: int, tkv: Any, 
     """One safetensors file per P rank: that rank's KV heads of every layer, target and draft."""
     from safetensors.torch import save_file
 
-    from probes.sglang.heads import rank_heads
-    from probes.transformers import cache_kv
+    from probes.engines.sglang.heads import rank_heads
+    from probes.engines.transformers import cache_kv
 
     folder.mkdir(parents=True, exist_ok=True)
     kinds = [("target", cache_kv(tkv))] + ([("draft", cache_kv(dkv))] if dkv is not None else [])
@@ -295,7 +295,7 @@ def read_handoff(folder: Path, rid: str, tp_p: int, tp_d: int, broken: str | Non
     import torch
     from safetensors import safe_open
 
-    from probes.sglang.heads import head_ranks, rank_heads
+    from probes.engines.sglang.heads import head_ranks, rank_heads
 
     files = []
     for r in range(tp_p):
@@ -345,7 +345,7 @@ def _gather(per_rank: list[list[tuple[Any, Any]]]) -> list[tuple[Any, Any]]:
 
 
 def _captures(cfg: PDConfig, target: Any, draft: Any, session: Any) -> list[Any]:
-    from probes.transformers import ModelCapture
+    from probes.engines.transformers import ModelCapture
 
     caps = [ModelCapture(target, session, role="target").attach()]
     if draft is not None:
@@ -357,7 +357,7 @@ def _process(cfg: PDConfig, role: str, handoff: Path | None) -> dict[str, Any]:
     """``role``: ``donly`` (prefill + decode), ``prefill`` (P) or ``decode`` (D)."""
     import torch
 
-    from probes.transformers import AssistedAcceptance, HandoffInjector, capture_kv
+    from probes.engines.transformers import AssistedAcceptance, HandoffInjector, capture_kv
 
     torch.manual_seed(cfg.seed)
     target, draft = _models(cfg)
@@ -431,7 +431,7 @@ def _process(cfg: PDConfig, role: str, handoff: Path | None) -> dict[str, Any]:
 
 
 def _kv(cache: Any) -> list[tuple[Any, Any]]:
-    from probes.transformers import cache_kv
+    from probes.engines.transformers import cache_kv
 
     return [(k, v) for k, v in cache_kv(cache)]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.sglang.heads import HeadLayoutError, check_heads, head_ranks, heads_per_rank, rank_heads
+from probes.engines.sglang.heads import HeadLayoutError, check_heads, head_ranks, heads_per_rank, rank_heads
 from validator.errors import InputError
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from probes.projection import (
+from probes.workloads.projection import (
     HIDDEN_NAME,
     ProbeRun,
     ProjectionConfig,

@@ -310,7 +310,7 @@ def acceptance_from_scrapes(start: Scrape, end: Scrape) -> dict[str, Any]:
 
 def write_metrics_bundle(doc: Mapping[str, Any], out: str | Path, *, name: str, labels: Mapping[str, str] | None = None) -> Path:
     """A bundle with no tensors whose part ``metrics`` holds ``metrics.json`` (and the same in ``extra``)."""
-    from probes.bundle import BundleError, BundleWriter, write_json_atomic
+    from probes.core.bundle import BundleError, BundleWriter, write_json_atomic
 
     root = Path(out)
     if (root / "parts" / "metrics").exists():

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from probes import BundleWriter, ShardSpec
-from probes.acceptance import AcceptanceRecorder
+from probes.core.acceptance import AcceptanceRecorder
 from tests.factories import tensors, write_tp_bundle
 from tests.ray_cluster import RayCluster
 from tests.servers import VALIDATOR, free_port

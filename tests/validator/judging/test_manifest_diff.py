@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from probes.weights import write_manifest as probe_write
+from probes.rl.weights import write_manifest as probe_write
 from validator.app.cli import main
 from validator.errors import InputError
 from validator.judging.manifest_diff import diff_manifests, zero_sha256
@@ -50,7 +50,7 @@ def test_missing_extra_dtype_shape(tmp_path: Path) -> None:
 
 
 def _doc(sd: dict[str, torch.Tensor], version: int | None = None) -> dict[str, object]:
-    from probes.weights import manifest_from_state_dict
+    from probes.rl.weights import manifest_from_state_dict
 
     return manifest_from_state_dict(sd, version=version)
 

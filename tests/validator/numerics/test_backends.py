@@ -349,7 +349,7 @@ def test_compare_runs_in_parallel_keeps_order(tmp_path: Path) -> None:
 
 def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
     from probes import BundleWriter
-    from probes.bundle import tensor_bytes
+    from probes.core.bundle import tensor_bytes
     from validator.runs.sources import open_path
 
     with BundleWriter(tmp_path / "r", run_name="r") as w:

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from probes.acceptance import ACCEPTANCE_FILE, AcceptanceRecorder, AcceptanceRecordError
+from probes.core.acceptance import ACCEPTANCE_FILE, AcceptanceRecorder, AcceptanceRecordError
 from validator.runs.acceptance_records import (
     COLUMNS,
     AcceptanceInputError,
@@ -201,7 +201,7 @@ def test_recorder_writes_what_the_loader_reads(tmp_path: Path) -> None:
 
 
 def test_recorder_manifest_matches_bundle_writer(tmp_path: Path) -> None:
-    from probes.bundle import BundleWriter
+    from probes.core.bundle import BundleWriter
 
     with (
         BundleWriter(tmp_path / "b", run_name="exp", part="tp1") as w,

@@ -109,7 +109,7 @@ def test_objects_and_parquet_round_trip(tmp_path: Path) -> None:
 
 
 def test_bundle_parts_hold_logprob_records(tmp_path: Path) -> None:
-    from probes.bundle import ensure_manifest
+    from probes.core.bundle import ensure_manifest
     from validator.runs.sources import open_path
 
     root = tmp_path / "bundle"

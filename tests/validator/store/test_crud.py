@@ -158,7 +158,7 @@ def test_blob_deleted_by_a_failed_ingest_is_restored_by_the_one_that_references_
 def test_stored_view_holds_the_records_coordinates_and_shards(service, tmp_path: Path) -> None:
     """A stored run's tensors carry the coordinates and shard specs of the bundle's records (decoded from
     each record's slot, once per distinct slot), whatever coordinates they use."""
-    from probes.shards import ShardSpec
+    from probes.core.shards import ShardSpec
     from validator.runs.sources import open_path
 
     path = tmp_path / "coords"

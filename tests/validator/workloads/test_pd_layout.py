@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
-from probes.shards import ShardSpec
+from probes.engines.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
+from probes.core.shards import ShardSpec
 from validator.workloads.pd_layout import (
     KVLayout,
     PDLayoutError,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.bundle import BundleWriter
-from probes.projection import ProjectionConfig, make_hidden_states, run_probe
+from probes.core.bundle import BundleWriter
+from probes.workloads.projection import ProjectionConfig, make_hidden_states, run_probe
 from tests.paths import ROOT
 from validator.workloads.projection_report import (
     add_arguments,

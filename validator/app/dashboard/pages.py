@@ -12,7 +12,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from probes.shards import Coords
+from probes.core.shards import Coords
 from validator.app.dashboard.drill import error_profile
 from validator.app.dashboard.views import (
     METRICS,

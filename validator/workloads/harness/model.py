@@ -372,8 +372,8 @@ def write_acceptance_part(
 ) -> Path:
     """Write ``records`` as ``BUNDLE/parts/<part>/acceptance.jsonl`` (creating the manifest when the bundle
     has none) and then the part's ``part.json`` (no tensors), which marks the part complete."""
-    from probes.acceptance import AcceptanceRecorder
-    from probes.bundle import write_json_atomic
+    from probes.core.acceptance import AcceptanceRecorder
+    from probes.core.bundle import write_json_atomic
 
     with AcceptanceRecorder(bundle_dir, part, run_name=run_name, labels=labels) as rec:
         for r in records:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import httpx
 
-from probes.bundle import MANIFEST, PART_FILE
+from probes.core.bundle import MANIFEST, PART_FILE
 
 
 async def push(client: httpx.AsyncClient, bundle: Path, name: str) -> dict:

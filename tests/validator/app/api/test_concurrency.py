@@ -11,7 +11,7 @@ import httpx
 import torch
 
 from probes import BundleWriter, ShardSpec
-from probes.bundle import MANIFEST
+from probes.core.bundle import MANIFEST
 from tests.servers import validator_serve
 
 RANK_SCRIPT = r"""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from probes.weights import manifest_from_state_dict
+from probes.rl.weights import manifest_from_state_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from probes.logprobs import LogprobRecorder
+from probes.rl.logprobs import LogprobRecorder
 from tests.validator.app.api.test_rl_store import _push
 from tests.validator.judging.test_rl_kl import _series
 from tests.validator.judging.test_rl_kl_variation import HEALTHY, _levels

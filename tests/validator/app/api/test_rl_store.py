@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-from probes.bundle import MANIFEST
-from probes.logprobs import LogprobRecorder
+from probes.core.bundle import MANIFEST
+from probes.rl.logprobs import LogprobRecorder
 from validator.app.cli import main
 from validator.service import Service
 

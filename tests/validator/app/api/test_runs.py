@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from probes.bundle import MANIFEST
+from probes.core.bundle import MANIFEST
 from tests.factories import tensors, write_tp_bundle
 from tests.validator.app.api.helpers import push
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from probes import BundleWriter, ShardSpec
-from probes.bundle import write_json_atomic
+from probes.core.bundle import write_json_atomic
 from tests.paths import DATA
 from tests.validator.judging.acceptance_factories import make_records
 from validator.runs.acceptance_records import write_acceptance_jsonl

@@ -254,8 +254,8 @@ def _tail(va, vb, xa, xb, tol, f, cnt, whole):
     m = xa.size
     qa, qb = np.zeros(PIECE, va.dtype), np.zeros(PIECE, vb.dtype)
     pa, pb = np.zeros(PIECE, xa.dtype), np.zeros(PIECE, xb.dtype)
-    qa[: m - whole], qb[: m - whole] = va[whole:m], vb[whole:m]
-    pa[: m - whole], pb[: m - whole] = xa[whole:], xb[whole:]
+    for j in range(m - whole):  # element by element: a slice assignment compiles numba's shape-error messages
+        qa[j], qb[j], pa[j], pb[j] = va[whole + j], vb[whole + j], xa[whole + j], xb[whole + j]
     _piece(qa, qb, pa, pb, tol, f, cnt)
     return whole + PIECE - m
 
@@ -335,7 +335,9 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
     """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
     largest (float32 rounding is monotonic), read again in float64, unless the block's ULP distances stay
     within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
-    best, top32 = part_f[first:stop, MAX_EXACT].max(), part_f[first:stop, MAX32].max()
+    best = top32 = 0.0  # (loops: NumPy's max compiles to more than it saves here)
+    for blk in range(first, stop):
+        best, top32 = max(best, part_f[blk, MAX_EXACT]), max(top32, part_f[blk, MAX32])
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
         for blk in range(first, stop):

@@ -17,6 +17,7 @@ from probes.core.bundle import BundleError
 from probes.core.config import ProbeConfigError
 from probes.core.shards import ShardSpecError
 from validator.errors import InputError, ValidatorError
+from validator.judging.exit_codes import EXIT_INPUT_ERROR, VERDICT_EXIT
 from validator.judging.text import format_rows
 from validator.settings import ClientSettings, Settings, parse_labels
 
@@ -231,18 +232,18 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from validator.judging.report import EXIT_CODES, dumps, format_comparison, write_junit
+    from validator.judging.report import dumps, format_comparison, write_junit
 
     doc, tables = _comparison(args, args.a, args.b)
     if args.junit:
         write_junit(doc, args.junit)
     print(dumps(doc, indent=True) if args.json else format_comparison(doc, tables=tables))
-    return EXIT_CODES[doc["verdict"]]
+    return VERDICT_EXIT[doc["verdict"]]
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Like compare, for CI: prints Markdown, appends it to $GITHUB_STEP_SUMMARY, optional JUnit."""
-    from validator.judging.report import EXIT_CODES, dumps, markdown_summary, write_junit
+    from validator.judging.report import dumps, markdown_summary, write_junit
 
     doc, _ = _comparison(args, args.baseline, args.candidate)
     link = f"{args.server.rstrip('/')}/comparisons/{doc['comparison_id']}" if args.server and "comparison_id" in doc else None
@@ -254,7 +255,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(md + "\n")
     print(dumps(doc, indent=True) if args.json else md)
-    return EXIT_CODES[doc["verdict"]]
+    return VERDICT_EXIT[doc["verdict"]]
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -595,11 +596,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except _user_errors() as exc:
         print(f"validator: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"validator: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
         print("validator: interrupted", file=sys.stderr)
         return 130

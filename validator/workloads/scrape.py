@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import time
 import urllib.error
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
+from validator.numerics.jsonsafe import json_safe
 
 __all__ = [
     "METRICS_FILE",
@@ -207,9 +207,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _num(x: float | None) -> int | float | None:
-    if x is None or not math.isfinite(x):
-        return None
-    return int(x) if float(x).is_integer() else x
+    """A count as the metrics document holds it: a whole number as an int, no finite value as null."""
+    v: int | float | None = json_safe(x, nonfinite_as_null=True)
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 def _vllm(start: Scrape, end: Scrape) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from validator.errors import InputError
 from validator.numerics.backends import Totals, as_torch, compare, compare_many
 from validator.numerics.host import HostArray
-from validator.numerics.jsonsafe import json_safe as _json_safe  # judging.compare and judging.pooling import it here
+from validator.numerics.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ class TensorMetrics:
         d = {name: getattr(self, name) for name in _FIELD_NAMES}
         for name in _FLOAT_NAMES:  # the others are ints, strings or None
             if not math.isfinite(d[name]):
-                d[name] = _json_safe(d[name])
+                d[name] = json_safe(d[name])
         return d
 
     @classmethod
@@ -74,6 +74,7 @@ class TensorMetrics:
         return cls(**kwargs)
 
 
+_json_safe = json_safe  # judging.pooling imports it by this name
 _FIELD_NAMES = tuple(f.name for f in fields(TensorMetrics))
 _FLOAT_NAMES = tuple(f.name for f in fields(TensorMetrics) if f.type == "float")
 

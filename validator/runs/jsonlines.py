@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from validator.errors import InputError
@@ -77,6 +77,7 @@ def json_lines(
     With ``limit``, stops before reading (or parsing) a line once ``limit`` objects were yielded: the callers take
     each object or raise, so this is "the first ``limit`` rows", and a bad line after them is never looked at.
     """
+    fast_loads: Callable[[str], Any]
     try:
         from orjson import loads as fast_loads
     except ImportError:  # the workloads' machines may have no orjson

@@ -83,6 +83,7 @@ class _Aux:
     fields: dict[str, list[int]] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     grid: tuple[int, int] | None = None
+    per_rank: set[str] = field(default_factory=set)  # fields the reader kept per world rank (coordinate rank=)
 
     @property
     def rows(self) -> int:
@@ -117,6 +118,8 @@ def _aux(view: RunView) -> tuple[dict[Batch, _Aux], dict[tuple[Any, ...], dict[B
                 aux.shapes[lt.name] = tuple(x.shape)
                 if lt.name == "input_ids" and x.dim() == 2:
                     aux.grid = (int(x.shape[0]), int(x.shape[1]))
+            elif any(k == "rank" for k, _ in extra):
+                aux.per_rank.add(lt.name)
             continue
         others[(lt.name, c.request, c.tokens, c.layer, extra)][(c.step, dp)] = lt
     return per_batch, others
@@ -203,6 +206,12 @@ def token_sequences(view: RunView) -> tuple[dict[str, Sequence], list[str]]:
         where = f"step {step}" + (f" DP rank {dp}" if dp is not None else "")
         aux = per_batch[b]
         need = _FLAT[:2] if aux.grid is not None else _FLAT
+        if aux.per_rank:  # ranks that dumped different batches and no DP rank that tells them apart
+            problems.append(
+                f"{where}: {', '.join(sorted(aux.per_rank))} differ between ranks and were kept per rank "
+                "(a batch per rank, as with DP attention, needs each dump's DP rank); the step is not aligned"
+            )
+            continue
         if not set(need) <= aux.fields.keys():
             problems.append(f"{where}: no {', '.join(sorted(set(need) - aux.fields.keys()))} dumped")
             continue

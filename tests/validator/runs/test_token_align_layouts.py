@@ -105,3 +105,20 @@ def test_positions_that_skip_inside_a_b_s_row_are_a_problem(dumps: Path, tmp_pat
     ]
     # p0's decode rows (positions 6 and 7) have nothing before them; p1, the next row of the batch, is whole
     assert seqs["bs-a-p0"].ids == [] and seqs["bs-a-p1"].ids == PROMPTS["p1"] + DECODED["p1"]
+
+
+def test_batch_fields_kept_per_rank_are_reported(dumps: Path, tmp_path: Path) -> None:
+    # a second rank dumped another batch's input_ids in step 0 and its dumps say no DP rank: the reader keeps
+    # both ranks' input_ids apart, and the step is not aligned (not read from one rank's copy)
+    d = tmp_path / "two"
+    shutil.copytree(dumps / "align-a", d)
+    meta = torch.load(next(d.glob("step=0___rank=0___*name=input_ids*")), weights_only=True)["meta"]
+    torch.save(
+        {"value": torch.tensor([1, 2, 3]), "meta": meta}, d / "step=0___rank=1___dump_index=1___name=input_ids.pt"
+    )
+    seqs, problems = token_sequences(read_dumper_dir(d))
+    assert problems[0] == (
+        "step 0: input_ids differ between ranks and were kept per rank (a batch per rank, as with "
+        "DP attention, needs each dump's DP rank); the step is not aligned"
+    )
+    assert all(s.ids == [] for s in seqs.values())  # positions 0 .. 5 were in step 0

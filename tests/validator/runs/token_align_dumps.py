@@ -10,7 +10,13 @@ a padding row taken for a token fails the comparison. Experiments (folders under
   dims ``b s h``, ``seq_lens`` dumped;
 - ``bs-b``: p0 chunked (4 tokens alone, then 2 beside p1's 4, left-padded), decode steps in the other order;
   ``hidden`` dumped sequence-major (dims ``s b h``), the padding marked by position -1, no ``seq_lens`` and no
-  ``attention_mask``.
+  ``attention_mask``;
+- ``dp-a``: world 4, attention TP 2 x attention DP 2: DP rank 0 serves p0, DP rank 1 p1 (chunked; rank 0 idle,
+  an empty batch, in the last step), each DP rank dumping its own batch's fields and ``rids``, its
+  attention-side ``hidden`` (``t h # tp:replicated dp:=attn_dp``) and ``attn_q`` (``t (nh*hd)[tp] #
+  dp:=attn_dp``), and ``mlp_out`` after DP attention's gather, every DP rank's rows in DP-rank order
+  (``t h # tp:replicated attn_dp:replicated``);
+- ``dp-ref``: the same three tensors on one rank, batched as ``align-a``.
 """
 
 from __future__ import annotations
@@ -64,11 +70,52 @@ def bs_run(dumper: Any, exp: str) -> None:
         dumper.step()
 
 
+# per step, per DP rank: (rid, first position, tokens)
+DP = [[[("p0", 0, 6)], [("p1", 0, 2)]], [[("p0", 6, 1)], [("p1", 2, 2)]], [[("p0", 7, 1)], [("p1", 4, 1)]],
+      [[], [("p1", 5, 1)]]]  # fmt: skip
+DP_REF = [[[("p0", 0, 6), ("p1", 0, 4)]], [[("p0", 6, 1), ("p1", 4, 1)]], [[("p0", 7, 1), ("p1", 5, 1)]]]
+NQ = 8  # attn_q columns, split over the attention TP ranks
+
+
+def dp_run(dumper: Any, exp: str) -> None:
+    steps = DP if exp == "dp-a" else DP_REF
+    dp_size, tp_size = len(steps[0]), 2 if exp == "dp-a" else 1
+    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    w_q = torch.randn(NQ, H, generator=torch.Generator().manual_seed(2))
+    full = {r: PROMPTS[r] + DECODED[r] for r in PROMPTS}
+
+    def rows(batch: list[tuple[str, int, int]]) -> tuple[list[int], list[int], torch.Tensor]:
+        ids = [full[r][p + i] for r, p, n in batch for i in range(n)]
+        pos = [p + i for _, p, n in batch for i in range(n)]
+        return ids, pos, (emb[ids] * (1 + torch.tensor(pos, dtype=torch.float32)[:, None] / 10)).reshape(len(ids), H)
+
+    for rank in range(dp_size * tp_size):
+        tp, dp = rank % tp_size, rank // tp_size
+        _play(dumper, exp, rank, dp_size * tp_size, tp=(tp, tp_size), attn_dp=(dp, dp_size))
+        q = slice(tp * NQ // tp_size, (tp + 1) * NQ // tp_size)
+        decl = " dp:=attn_dp" if dp_size > 1 else ""
+        for per_dp in steps:
+            ids, pos, hidden = rows(per_dp[dp])
+            dumper.dump("input_ids", torch.tensor(ids, dtype=torch.int64))
+            dumper.dump("positions", torch.tensor(pos, dtype=torch.int64))
+            dumper.dump("seq_lens", torch.tensor([p + n for _, p, n in per_dp[dp]], dtype=torch.int64))
+            dumper.dump("rids", [f"{exp}-{r}" for r, _, _ in per_dp[dp]])
+            dumper.dump("hidden", hidden, dims="t h # tp:replicated" + decl, layer_id=0)
+            dumper.dump("attn_q", (hidden @ w_q[q].T).contiguous(), dims="t (nh*hd)[tp]" + (" #" + decl if decl else ""),
+                        layer_id=0)  # fmt: skip
+            gathered = torch.cat([rows(b)[2] for b in per_dp])  # every DP rank's rows, in DP-rank order
+            dumper.dump("mlp_out", 2 * gathered, dims="t h # tp:replicated" + (" attn_dp:replicated" if decl else ""),
+                        layer_id=0)  # fmt: skip
+            dumper.step()
+
+
 def main(out: str) -> None:
     os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
     dumper = load_dumper()
     for exp in BS:
         bs_run(dumper, exp)
+    for exp in ("dp-a", "dp-ref"):
+        dp_run(dumper, exp)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ def ensure_manifest(
         except (OSError, ValueError) as exc:
             raise BundleError(f"{mpath}: unreadable manifest: {exc}") from None
         if existing.get("run", {}).get("name") != run_name:
-            raise BundleError(f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}")
+            raise BundleError(
+                f"{mpath}: bundle belongs to run {existing.get('run', {}).get('name')!r}, not {run_name!r}"
+            )
         return
     run: dict[str, Any] = {"name": run_name or Path(root).name, "labels": {str(k): str(v) for k, v in labels.items()}}
     run.update(extra or {})
@@ -114,7 +116,9 @@ def write_json_atomic(path: Path, obj: Any, *, compact: bool = False) -> None:
     """``obj`` as JSON at ``path``, all or nothing. ``compact``: no indentation (Python's C encoder: a part's
     records, tens of thousands in a long run, encode about ten times faster)."""
     path = Path(path)
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=1, sort_keys=True)
+    text = (
+        json.dumps(obj, sort_keys=True, separators=(",", ":")) if compact else json.dumps(obj, indent=1, sort_keys=True)
+    )
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -136,8 +140,17 @@ def _record(r: tuple[Any, ...], file: str) -> dict[str, Any]:
     """A tensor's entry in part.json, from what :meth:`BundleWriter.add` kept."""
     name, key, (step, request, tokens, layer, extra), pp_stage, tp_rank, tp_size, shard, dtype, shape, sha, nbytes = r
     coords = Coords(step, request, tokens, layer, pp_stage, tp_rank, tp_size, extra)
-    return {"name": name, "key": key, "coords": coords.to_dict(), "shard": ShardSpec(*shard).to_dict(),
-            "dtype": dtype, "shape": list(shape), "sha256": sha, "nbytes": nbytes, "file": file}
+    return {
+        "name": name,
+        "key": key,
+        "coords": coords.to_dict(),
+        "shard": ShardSpec(*shard).to_dict(),
+        "dtype": dtype,
+        "shape": list(shape),
+        "sha256": sha,
+        "nbytes": nbytes,
+        "file": file,
+    }
 
 
 class BundleWriter:
@@ -200,8 +213,9 @@ class BundleWriter:
             raise BundleError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
         spec = shard if isinstance(shard, ShardSpec) else _FULL if shard is None else ShardSpec.from_dict(shard)
         c = Coords.make(**coords)
-        shard_key = _FULL_KEY if spec is _FULL else (spec.kind, spec.index, spec.count, spec.dim, spec.replica,
-                                                             spec.replicas)
+        shard_key = (
+            _FULL_KEY if spec is _FULL else (spec.kind, spec.index, spec.count, spec.dim, spec.replica, spec.replicas)
+        )
         ident = (name, c.identity(), shard_key, c.pp_stage, c.tp_rank)
         if ident in self._seen:
             raise BundleError(f"tensor {name!r} ({c.label() or 'no coords'}, {spec}) was already added to this part")
@@ -214,9 +228,12 @@ class BundleWriter:
         raw = (host.view(torch.uint8) if host.dim() else host.reshape(1).view(torch.uint8)) if nbytes else None
         sha = hashlib.sha256(raw.numpy().data if raw is not None else b"").hexdigest()
         # kept as a tuple of plain values until flush (the cycle collector skips those: a long run holds many)
-        dtype = _DTYPE_NAMES.get(host.dtype) or _DTYPE_NAMES.setdefault(host.dtype, str(host.dtype).removeprefix("torch."))
-        self._pending_records.append((name, key, ident[1], c.pp_stage, c.tp_rank, c.tp_size, shard_key, dtype,
-                                      tuple(host.shape), sha, nbytes))
+        dtype = _DTYPE_NAMES.get(host.dtype) or _DTYPE_NAMES.setdefault(
+            host.dtype, str(host.dtype).removeprefix("torch.")
+        )
+        self._pending_records.append(
+            (name, key, ident[1], c.pp_stage, c.tp_rank, c.tp_size, shard_key, dtype, tuple(host.shape), sha, nbytes)
+        )
         self._pending[key] = host
         self._pending_bytes += nbytes
         if self._pending_bytes >= self.max_file_bytes:

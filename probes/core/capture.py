@@ -87,9 +87,16 @@ class ProbeSession:
         self._batch_step: Any = None  # the step whose captures are staged (copied together)
         self._lost = 0  # deferred summaries lost to in-place writes, already taken off the stats
         if self.enabled:
-            self.writer = writer if writer is not None else BundleWriter(
-                cfg.bundle, run_name=cfg.run_name, labels=dict(cfg.labels), part=cfg.part,  # type: ignore[arg-type]
-                manifest={"probe": cfg.sampling()},
+            self.writer = (
+                writer
+                if writer is not None
+                else BundleWriter(
+                    cfg.bundle,
+                    run_name=cfg.run_name,
+                    labels=dict(cfg.labels),
+                    part=cfg.part,  # type: ignore[arg-type]
+                    manifest={"probe": cfg.sampling()},
+                )
             )
             self._transfer = Transfer(self.writer, drain=cfg.drain, summary_chunk=cfg.summary_chunk)
 
@@ -222,9 +229,12 @@ class ProbeSession:
             return
         self.stats["captured"] -= lost
         self.stats["captured_bytes"] -= lost * SUMMARY_NBYTES
-        self._warn("modified", f"{t.modified} summary(ies) not recorded: the tensor was written in place before "
-                   f"the step's summaries ran ({', '.join(sorted(t.modified_names))}); later captures of these "
-                   "names are summarised at once")
+        self._warn(
+            "modified",
+            f"{t.modified} summary(ies) not recorded: the tensor was written in place before "
+            f"the step's summaries ran ({', '.join(sorted(t.modified_names))}); later captures of these "
+            "names are summarised at once",
+        )
 
     def end_step(self) -> None:
         """Queue the copies of what this step captured now (non-blocking). Optional: a new ``step``
@@ -234,9 +244,7 @@ class ProbeSession:
             self._transfer.poll()
             self._report_modified()
 
-    def _window(
-        self, name: str, t: torch.Tensor, coords: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, Any]] | None:
+    def _window(self, name: str, t: torch.Tensor, coords: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]] | None:
         """Apply the token window to dim ``token_dim``; ``coords["tokens"]`` gives the rows' first position."""
         win = self.config.tokens
         dim = self.config.token_dim
@@ -373,12 +381,18 @@ class ProbeSession:
                 got = data.get(id(s))
                 if missed:
                     self.stats["graph_missed_replays"] += missed
-                    self._warn("missed", f"graph {graph!r}, {s.name}: {missed} replay(s) were never read out "
-                               "(after_replay was not called after each replay)")
+                    self._warn(
+                        "missed",
+                        f"graph {graph!r}, {s.name}: {missed} replay(s) were never read out "
+                        "(after_replay was not called after each replay)",
+                    )
                 if not fresh:
                     self.stats["graph_stale_reads"] += 1
-                    self._warn("stale", f"graph {graph!r}, {s.name}: read without a replay since the last read "
-                               "(stale data, not written)")
+                    self._warn(
+                        "stale",
+                        f"graph {graph!r}, {s.name}: read without a replay since the last read "
+                        "(stale data, not written)",
+                    )
                     if got is not None:
                         self.stats["captured"] -= 1
                         self.stats["captured_bytes"] -= s.nbytes
@@ -406,8 +420,9 @@ class ProbeSession:
         self._transfer.close()
         for s, n in self._graphs.unread():
             self.stats["graph_unread_replays"] += n
-            self._warn("unread", f"graph {s.graph!r}, {s.name}: {n} replay(s) after the last after_replay were "
-                       "never read out")
+            self._warn(
+                "unread", f"graph {s.graph!r}, {s.name}: {n} replay(s) after the last after_replay were never read out"
+            )
         if self._transfer.write_errors:
             self._report_write_errors()
         self._report_modified()

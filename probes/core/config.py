@@ -59,8 +59,20 @@ def glob_match(pattern: str, name: str) -> bool:
     return _glob_regex(pattern).fullmatch(name) is not None
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def parse_bytes(value: Any) -> int | None:
@@ -281,7 +293,7 @@ class ProbeConfig:
         for key, value in env.items():
             if not key.startswith(prefix):
                 continue
-            short = key[len(prefix):]
+            short = key[len(prefix) :]
             if short not in fields:
                 raise ProbeConfigError(
                     f"unknown probe variable {key}; known: {', '.join(prefix + k for k in sorted(fields))}"

@@ -183,8 +183,9 @@ def _pass_kernel(
     BLOCK: tl.constexpr, WPE: tl.constexpr, F8: tl.constexpr, ACC: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    _pass_program(x_ptr, n, tiles, nchunks, pid, tl.num_programs(0), part_ptr + pid.to(tl.int64) * 6,
-                  BLOCK, WPE, F8, ACC, WIDE)
+    _pass_program(
+        x_ptr, n, tiles, nchunks, pid, tl.num_programs(0), part_ptr + pid.to(tl.int64) * 6, BLOCK, WPE, F8, ACC, WIDE
+    )
 
 
 @triton.jit(do_not_specialize=["ntensors", "row0"])
@@ -206,9 +207,20 @@ def _pass_many_kernel(
     x_ptr = tl.load(entry + 0).to(tl.pointer_type(DT))
     if ALIGNED:
         x_ptr = tl.multiple_of(x_ptr, 16)
-    _pass_program(x_ptr, tl.load(entry + 1), tl.load(entry + 2).to(tl.int32), tl.load(entry + 3).to(tl.int32),
-                  (row - first).to(tl.int32), tl.load(entry + 4).to(tl.int32), part_ptr + row * 6,
-                  BLOCK, WPE, F8, ACC, WIDE)
+    _pass_program(
+        x_ptr,
+        tl.load(entry + 1),
+        tl.load(entry + 2).to(tl.int32),
+        tl.load(entry + 3).to(tl.int32),
+        (row - first).to(tl.int32),
+        tl.load(entry + 4).to(tl.int32),
+        part_ptr + row * 6,
+        BLOCK,
+        WPE,
+        F8,
+        ACC,
+        WIDE,
+    )
 
 
 @triton.jit
@@ -250,8 +262,15 @@ def _finish_kernel(part_ptr, rows, n, out_ptr, gen_ptr, HAS_GEN: tl.constexpr, C
 def _finish_many_kernel(tensors_ptr, part_ptr, out_ptr, CHUNK: tl.constexpr):
     """One program per tensor: (first partial row, rows, n, row of ``out``), int64."""
     entry = tensors_ptr + tl.program_id(0).to(tl.int64) * 4
-    _finish_program(part_ptr + tl.load(entry) * 6, tl.load(entry + 1), tl.load(entry + 2),
-                    out_ptr + tl.load(entry + 3) * 5, out_ptr, False, CHUNK)
+    _finish_program(
+        part_ptr + tl.load(entry) * 6,
+        tl.load(entry + 1),
+        tl.load(entry + 2),
+        out_ptr + tl.load(entry + 3) * 5,
+        out_ptr,
+        False,
+        CHUNK,
+    )
 
 
 def _max_programs(device: torch.device) -> int:
@@ -304,8 +323,9 @@ def summarize_fused(x: torch.Tensor, out: torch.Tensor, counter: torch.Tensor | 
                 x, n, tiles, nchunks, part, BLOCK=block, WPE=wpe, F8=f8, ACC=_acc(x.dtype),
                 WIDE=x.dtype == torch.float64, num_warps=NUM_WARPS, enable_fp_fusion=True,
             )  # fmt: skip
-        _finish_kernel[(1,)](part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4,
-                             enable_fp_fusion=True)
+        _finish_kernel[(1,)](
+            part, programs, n, out, gen, HAS_GEN=counter is not None, CHUNK=256, num_warps=4, enable_fp_fusion=True
+        )
 
 
 _TL_DTYPES = {
@@ -333,7 +353,8 @@ def summarize_many_fused(
         _block, tiles, nchunks, programs = _plan(x)
         address = x.data_ptr()
         groups.setdefault((x.dtype, address % 16 == 0), []).append(
-            (address, x.numel(), tiles, nchunks, programs, out_row))
+            (address, x.numel(), tiles, nchunks, programs, out_row)
+        )
     # the table: per tensor (first partial row, rows, n, row of out), then per group its tensors' entries
     finish: list[int] = []
     entries: list[int] = []
@@ -360,8 +381,14 @@ def summarize_many_fused(
         _launch_many(launches, rows, dev, part, out, len(xs))
 
 
-def _launch_many(launches: list[tuple[torch.dtype, bool, int, int, int]], rows: int, dev: torch.Tensor,
-                 part: torch.Tensor, out: torch.Tensor, count_all: int) -> None:
+def _launch_many(
+    launches: list[tuple[torch.dtype, bool, int, int, int]],
+    rows: int,
+    dev: torch.Tensor,
+    part: torch.Tensor,
+    out: torch.Tensor,
+    count_all: int,
+) -> None:
     for i, (dtype, aligned, count, row0, offset) in enumerate(launches):
         programs = (launches[i + 1][3] if i + 1 < len(launches) else rows) - row0
         if programs:

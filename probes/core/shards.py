@@ -183,7 +183,9 @@ class Coords:
             raise ShardSpecError(f"coordinate request must be a string, got {self.request!r}")
         if self.tokens is not None:
             t = self.tokens
-            if not (isinstance(t, tuple) and len(t) == 2 and _plain_int(t[0]) and _plain_int(t[1]) and 0 <= t[0] <= t[1]):
+            if not (
+                isinstance(t, tuple) and len(t) == 2 and _plain_int(t[0]) and _plain_int(t[1]) and 0 <= t[0] <= t[1]
+            ):
                 raise ShardSpecError(f"coordinate tokens must be a [start, end) pair, got {t!r}")
 
     @classmethod
@@ -193,8 +195,16 @@ class Coords:
         extra: tuple[tuple[str, str], ...] = ()
         if not _COORD_SET.issuperset(kw):
             extra = tuple(sorted((str(k), str(v)) for k, v in kw.items() if k not in _COORD_SET and v is not None))
-        return cls(kw.get("step"), None if request is None else str(request), None if tokens is None else tuple(tokens),
-                   kw.get("layer"), kw.get("pp_stage"), kw.get("tp_rank"), kw.get("tp_size"), extra)
+        return cls(
+            kw.get("step"),
+            None if request is None else str(request),
+            None if tokens is None else tuple(tokens),
+            kw.get("layer"),
+            kw.get("pp_stage"),
+            kw.get("tp_rank"),
+            kw.get("tp_size"),
+            extra,
+        )
 
     def identity(self) -> tuple[Any, ...]:
         """The part of the coordinates that names the logical tensor (placement excluded)."""

@@ -219,9 +219,15 @@ def summarize(
     return out
 
 
-def summarize_many(tensors: list[torch.Tensor], *, out: torch.Tensor, rows: list[int] | None = None,
-                   chunk: int = 1 << 24, backend: Backend = "auto",
-                   host_buffer: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
+def summarize_many(
+    tensors: list[torch.Tensor],
+    *,
+    out: torch.Tensor,
+    rows: list[int] | None = None,
+    chunk: int = 1 << 24,
+    backend: Backend = "auto",
+    host_buffer: Callable[[int], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The summaries of ``tensors`` (all on ``out``'s device) into rows ``rows`` (default 0, 1, ...) of ``out``
     (float64 [k, 5]): the same bits as :func:`summarize` of each one alone.
 

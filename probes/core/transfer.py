@@ -139,7 +139,9 @@ class PinnedPool:
                 del self.free[old]
 
 
-def host_view(buf: torch.Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+def host_view(
+    buf: torch.Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, offset: int = 0
+) -> torch.Tensor:
     """``buf[offset:]`` (a uint8 host buffer) seen as a tensor of ``shape`` and ``dtype``."""
     n = dtype.itemsize
     for d in shape:
@@ -416,8 +418,9 @@ class Transfer:
         used by two threads at once) and the writer will not write a file for them (``room_for``: files are
         written on the thread). ``nbytes``: their bytes, if known."""
         room_for = getattr(self.writer, "room_for", None)
-        if self._queue is not None and (nbytes is None or nbytes > INLINE_BYTES or self._queued or (
-                room_for is not None and not room_for(nbytes))):
+        if self._queue is not None and (
+            nbytes is None or nbytes > INLINE_BYTES or self._queued or (room_for is not None and not room_for(nbytes))
+        ):
             with self._lock:
                 self._queued += 1
             self._queue.put((writes, bufs or []))

@@ -59,10 +59,24 @@ __all__ = [
 
 POINTS = ("hidden", "attn", "mlp", "norm", "logits")
 _NAMES = {
-    "target": {"hidden": "target.hidden", "attn": "target.attn", "mlp": "target.mlp", "norm": "target.norm",
-               "logits": "target.logits", "k": "target.k", "v": "target.v"},
-    "draft": {"hidden": "draft.layer", "attn": "draft.attn", "mlp": "draft.mlp", "norm": "draft.hidden",
-              "logits": "draft.logits", "k": "draft.k", "v": "draft.v"},
+    "target": {
+        "hidden": "target.hidden",
+        "attn": "target.attn",
+        "mlp": "target.mlp",
+        "norm": "target.norm",
+        "logits": "target.logits",
+        "k": "target.k",
+        "v": "target.v",
+    },
+    "draft": {
+        "hidden": "draft.layer",
+        "attn": "draft.attn",
+        "mlp": "draft.mlp",
+        "norm": "draft.hidden",
+        "logits": "draft.logits",
+        "k": "draft.k",
+        "v": "draft.v",
+    },
 }
 _ROLE_RE = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -117,8 +131,11 @@ class _Structure:
 def find_structure(model: nn.Module) -> _Structure:
     """The decoder layers, their attention and MLP blocks, the final norm and the LM head of a causal LM."""
     n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
-             and n.rsplit(".", 1)[-1] in ("layers", "h", "layer", "blocks")]
+    lists = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) > 0 and n.rsplit(".", 1)[-1] in ("layers", "h", "layer", "blocks")
+    ]
     if n_layers is not None:
         lists = [(n, m) for n, m in lists if len(m) == n_layers] or lists
     if not lists:
@@ -150,8 +167,16 @@ class ModelCapture:
     ``step_from``: a draft's capture takes the step of the target's next verify from the target's capture.
     """
 
-    def __init__(self, model: nn.Module, session: Any, *, role: str = "target", points: Sequence[str] = POINTS,
-                 layers: Sequence[int] | None = None, step_from: ModelCapture | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        session: Any,
+        *,
+        role: str = "target",
+        points: Sequence[str] = POINTS,
+        layers: Sequence[int] | None = None,
+        step_from: ModelCapture | None = None,
+    ) -> None:
         bad = [p for p in points if p not in POINTS]
         if bad:
             raise TransformersProbeError(f"unknown capture point(s) {bad}; known: {', '.join(POINTS)}")
@@ -284,9 +309,17 @@ def cache_kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     raise TransformersProbeError(f"cannot read the KV tensors of a {type(cache).__name__}")
 
 
-def capture_kv(session: Any, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], *, role: str, step: int,
-               request: str | Sequence[str], start: int = 0, tp: tuple[int, int] | None = None,
-               layers: Sequence[int] | None = None) -> None:
+def capture_kv(
+    session: Any,
+    kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    role: str,
+    step: int,
+    request: str | Sequence[str],
+    start: int = 0,
+    tp: tuple[int, int] | None = None,
+    layers: Sequence[int] | None = None,
+) -> None:
     """Capture K/V per layer as ``<role>.k`` / ``<role>.v`` ``[tokens, kv_heads, head_dim]`` (rows from
     ``start``). ``tp=(rank, size)``: the tensors hold that rank's KV heads, recorded as ``split(dim=1)``."""
     if not session.enabled:
@@ -300,8 +333,9 @@ def capture_kv(session: Any, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
         n = int(k.shape[2])
         for b, rid in enumerate(rids[: k.shape[0]]):
             for nm, t in ((names["k"], k), (names["v"], v)):
-                session.capture(nm, t[b].transpose(0, 1), shard=shard, step=step, request=rid,
-                                tokens=(start, start + n), layer=i)
+                session.capture(
+                    nm, t[b].transpose(0, 1), shard=shard, step=step, request=rid, tokens=(start, start + n), layer=i
+                )
 
 
 class HandoffInjector:
@@ -334,7 +368,8 @@ class HandoffInjector:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if cache is None or _cache_len(cache) != 0 or not isinstance(ids, torch.Tensor) or ids.shape[1] <= self._n:
             raise TransformersProbeError(
-                f"hand-off: expected a first forward with an empty cache and more than {self._n} positions")
+                f"hand-off: expected a first forward with an empty cache and more than {self._n} positions"
+            )
         kv, n, self._kv = self._kv, self._n, None
         for i, (k, v) in enumerate(kv):
             cache.update(k.to(ids.device), v.to(ids.device), i)
@@ -431,8 +466,13 @@ class AssistedAcceptance:
         accepted = 0
         while accepted < len(proposed) and proposed[accepted] == target[accepted]:
             accepted += 1
-        rec = {"request_id": self.request, "step": v.step, "proposed": proposed, "accepted": accepted,
-               "target_tokens": target}
+        rec = {
+            "request_id": self.request,
+            "step": v.step,
+            "proposed": proposed,
+            "accepted": accepted,
+            "target_tokens": target,
+        }
         self.records.append(rec)
         if self.recorder is not None:
             self.recorder.record(self.request, proposed, accepted, step=v.step, target_tokens=target)

@@ -165,4 +165,3 @@ def _device(device: str | torch.device) -> torch.device:
     elif dev.type != "cpu":
         raise ProjectionConfigError(f"--device {device}: only cpu and cuda devices are supported")
     return dev
-

@@ -40,9 +40,7 @@ def short_dtype(name: str | torch.dtype) -> str:
         raise ProjectionConfigError(f"unsupported dtype {name}")
     key = _ALIASES.get(name.lower(), name.lower())
     if key not in DTYPES:
-        raise ProjectionConfigError(
-            f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} (or bfloat16, ...)"
-        )
+        raise ProjectionConfigError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} (or bfloat16, ...)")
     return key
 
 
@@ -172,12 +170,8 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ProjectionConfigError(f"{name} must be a positive integer, got {v!r}")
     if cfg.head_dim % 2:
-        raise ProjectionConfigError(
-            f"head_dim {cfg.head_dim} must be even for neox RoPE (rotary dim = head_dim)"
-        )
-    if not (cfg.eps > 0 and math.isfinite(cfg.eps)) or not (
-        cfg.rope_theta > 1 and math.isfinite(cfg.rope_theta)
-    ):
+        raise ProjectionConfigError(f"head_dim {cfg.head_dim} must be even for neox RoPE (rotary dim = head_dim)")
+    if not (cfg.eps > 0 and math.isfinite(cfg.eps)) or not (cfg.rope_theta > 1 and math.isfinite(cfg.rope_theta)):
         raise ProjectionConfigError(f"eps must be > 0 and rope_theta > 1, got {cfg.eps}, {cfg.rope_theta}")
     short_dtype(cfg.dtype)
     if cfg.norm != "after_sum":
@@ -190,14 +184,10 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         raise ProjectionConfigError("no capture layers given")
     for c in caps:
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < cfg.layers:
-            raise ProjectionConfigError(
-                f"capture layer {c!r} is out of range for a {cfg.layers}-layer target"
-            )
+            raise ProjectionConfigError(f"capture layer {c!r} is out of range for a {cfg.layers}-layer target")
     dup = sorted({c for c in caps if caps.count(c) > 1})
     if dup:
-        raise ProjectionConfigError(
-            f"capture layer(s) {dup} listed twice: each feature block must be a distinct layer"
-        )
+        raise ProjectionConfigError(f"capture layer(s) {dup} listed twice: each feature block must be a distinct layer")
     for i in range(1, len(caps)):
         if caps[i] < caps[i - 1]:
             raise ProjectionConfigError(
@@ -229,9 +219,7 @@ def plan_layout(cfg: ProjectionConfig) -> ProjectionLayout:
         )
     missing = [layer for layer in range(cfg.layers) if layer not in owner]
     if missing:
-        raise ProjectionConfigError(
-            f"layer(s) {_ranges_text(missing)} are in no stage (split {_fmt_ranges(ranges)})"
-        )
+        raise ProjectionConfigError(f"layer(s) {_ranges_text(missing)} are in no stage (split {_fmt_ranges(ranges)})")
     overlap = sorted(layer for layer, o in owner.items() if len(o) > 1)
     if overlap:
         raise ProjectionConfigError(f"layer(s) {_ranges_text(overlap)} are in more than one stage")
@@ -263,9 +251,7 @@ def check_path(name: str) -> str | None:
         return None
     if name.startswith("partial-") and name.removeprefix("partial-") in DTYPES:
         return name.removeprefix("partial-")
-    raise ProjectionConfigError(
-        f"unknown path {name!r}; expected concat, ref or partial-<{'|'.join(DTYPES)}>"
-    )
+    raise ProjectionConfigError(f"unknown path {name!r}; expected concat, ref or partial-<{'|'.join(DTYPES)}>")
 
 
 def handoff_bytes(cfg: ProjectionConfig, layout: ProjectionLayout) -> dict[str, Any]:
@@ -276,9 +262,7 @@ def handoff_bytes(cfg: ProjectionConfig, layout: ProjectionLayout) -> dict[str, 
         "boundaries": cfg.pp - 1,
         # boundaries that must carry a non-zero sum (from the first stage owning a capture layer on)
         "boundaries_carrying_sum": cfg.pp - 1 - layout.first_contributing_stage,
-        "raw_features_instead_bytes_per_token": len(cfg.capture_layers)
-        * cfg.hidden
-        * cfg.torch_dtype.itemsize,
+        "raw_features_instead_bytes_per_token": len(cfg.capture_layers) * cfg.hidden * cfg.torch_dtype.itemsize,
     }
     for acc in ("bf16", "fp32"):
         per_token = cfg.hidden * DTYPES[acc].itemsize

@@ -51,8 +51,7 @@ def load_hidden_states(
             kind = (r.get("shard") or {}).get("kind", "full")
             if kind not in ("full", "replicated"):
                 raise ProjectionConfigError(
-                    f"{pj}: {name} layer={coords['layer']} is a {kind} shard; "
-                    "the probe needs whole hidden states"
+                    f"{pj}: {name} layer={coords['layer']} is a {kind} shard; the probe needs whole hidden states"
                 )
             found.setdefault(coords["layer"], []).append((pj.parent, r))
     missing = [c for c in capture_layers if c not in found]
@@ -65,9 +64,7 @@ def load_hidden_states(
     for c in capture_layers:
         recs = found[c]
         if kind_of(recs[0][1]) == "full" and len(recs) > 1:
-            raise ProjectionConfigError(
-                f"{root}: {len(recs)} {name!r} tensors for layer {c}; pass step= to pick one"
-            )
+            raise ProjectionConfigError(f"{root}: {len(recs)} {name!r} tensors for layer {c}; pass step= to pick one")
         part_dir, r = recs[0]
         with safe_open(str(part_dir / r["file"]), framework="pt") as f:
             t = f.get_tensor(r["key"])

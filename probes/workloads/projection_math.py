@@ -27,9 +27,7 @@ from .projection_config import (
 class ProjectionWeights:
     fc: torch.Tensor  # [hidden, n_capture * hidden], bias-free
     hidden_norm: torch.Tensor  # [hidden]
-    kv: tuple[
-        torch.Tensor, ...
-    ]  # per draft layer: K rows then V rows of the fused QKV weight, [2*kv*hd, hidden]
+    kv: tuple[torch.Tensor, ...]  # per draft layer: K rows then V rows of the fused QKV weight, [2*kv*hd, hidden]
     k_norm: tuple[torch.Tensor, ...]  # per draft layer: [head_dim]
 
 
@@ -96,9 +94,7 @@ class Kernels:
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         if self.flashinfer is not None and x.dtype in (torch.bfloat16, torch.float16):
             shape = x.shape
-            out: torch.Tensor = self.flashinfer.norm.rmsnorm(
-                x.reshape(-1, shape[-1]).contiguous(), w, eps=eps
-            )
+            out: torch.Tensor = self.flashinfer.norm.rmsnorm(x.reshape(-1, shape[-1]).contiguous(), w, eps=eps)
             return out.reshape(shape)
         return torch_rmsnorm(x, w, eps)
 
@@ -111,9 +107,7 @@ class Kernels:
             pos = torch.arange(t, device=k.device, dtype=torch.int64)
             key = k.reshape(t, h * d).clone()  # the kernel works in place: never on the caller's tensor
             query = key.clone()  # the kernel rotates a query too; this one is thrown away
-            self.flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
-                pos, query, key, d, cache, is_neox=True
-            )
+            self.flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(pos, query, key, d, cache, is_neox=True)
             return key.reshape(t, h, d)
         return torch_rope(k, theta)
 
@@ -174,9 +168,7 @@ def select_kernels(mode: str, device: torch.device) -> Kernels:
         return k
     except Exception as exc:  # an import failure, a JIT build failure or a wrong answer
         if mode == "flashinfer":
-            raise ProjectionConfigError(
-                f"flashinfer kernels unavailable: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise ProjectionConfigError(f"flashinfer kernels unavailable: {type(exc).__name__}: {exc}") from exc
         return Kernels(note=f"flashinfer unavailable: {type(exc).__name__}: {str(exc)[:300]}")
 
 

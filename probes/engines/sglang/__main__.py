@@ -28,8 +28,17 @@ def coverage(argv: Sequence[str]) -> int:
     layers = [int(x) for x in a.capture_layers.split(",")] if a.capture_layers else None
     res = check_coverage(read_reports(a.bundle), layers)
     if a.json:
-        print(json.dumps({"ok": res.ok, "capture_layers": list(res.capture_layers), "problems": list(res.problems),
-                          "layers": {str(k): v for k, v in res.layers.items()}}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "ok": res.ok,
+                    "capture_layers": list(res.capture_layers),
+                    "problems": list(res.problems),
+                    "layers": {str(k): v for k, v in res.layers.items()},
+                },
+                indent=1,
+            )
+        )
     else:
         print("\n".join(res.lines()))
     return 0 if res.ok else 1

@@ -24,12 +24,27 @@ def check(argv: Sequence[str]) -> int:
     cfg = PluginConfig.from_env()
     statuses = check_points(POINTS, root)
     selected = set(cfg.selected())
-    missing_required = [s for s in statuses if s.point.name in selected and not s.active and cfg.is_required(s.point.name)]
+    missing_required = [
+        s for s in statuses if s.point.name in selected and not s.active and cfg.is_required(s.point.name)
+    ]
     if a.json:
-        print(json.dumps({"sglang": str(root), "version": sglang_version(root),
-                          "points": {s.point.name: {**s.to_dict(), "selected": s.point.name in selected,
-                                                    "required": cfg.is_required(s.point.name)} for s in statuses}},
-                         indent=1))
+        print(
+            json.dumps(
+                {
+                    "sglang": str(root),
+                    "version": sglang_version(root),
+                    "points": {
+                        s.point.name: {
+                            **s.to_dict(),
+                            "selected": s.point.name in selected,
+                            "required": cfg.is_required(s.point.name),
+                        }
+                        for s in statuses
+                    },
+                },
+                indent=1,
+            )
+        )
     else:
         print(f"sglang {sglang_version(root)} at {root}")
         for s in statuses:

@@ -85,13 +85,19 @@ def check_coverage(reports: Iterable[Mapping[str, Any]], capture_layers: Iterabl
     for layer in layers:
         owners = [s for s, (a, b) in stages.items() if a <= layer < b]
         conf = [configured.get(s) for s in owners]
-        info = {"owners": owners, "configured": None if not conf or conf[0] is None else layer in conf[0], "seen": layer in seen}
+        info = {
+            "owners": owners,
+            "configured": None if not conf or conf[0] is None else layer in conf[0],
+            "seen": layer in seen,
+        }
         per_layer[layer] = info
         if stages and not owners:
             problems.append(f"layer {layer}: no PP stage owns it (stages own {sorted(stages.values())})")
         if info["configured"] is False:
-            problems.append(f"layer {layer}: stage {owners[0]} owns it but SGLang does not capture it there "
-                            f"(configured: {sorted(conf[0] or [])}); its feature is missing or taken from elsewhere")
+            problems.append(
+                f"layer {layer}: stage {owners[0]} owns it but SGLang does not capture it there "
+                f"(configured: {sorted(conf[0] or [])}); its feature is missing or taken from elsewhere"
+            )
         if not info["seen"]:
             problems.append(f"layer {layer}: never seen by the probes on any stage")
     return CoverageResult(tuple(layers), stages, tuple(problems), per_layer)

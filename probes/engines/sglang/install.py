@@ -137,7 +137,8 @@ def activate(
     fatal = [s for s in missing if cfg.is_required(s.point.name)]
     if fatal:
         raise PluginStartupError(
-            "validator SGLang probes cannot start: " + "; ".join(s.message() for s in fatal)
+            "validator SGLang probes cannot start: "
+            + "; ".join(s.message() for s in fatal)
             + " (required by VALIDATOR_SGLANG_REQUIRED)"
         )
     for s in missing:

@@ -21,8 +21,16 @@ from typing import Any
 
 from .points import Point, Target
 
-__all__ = ["Resolution", "PointStatus", "check_points", "module_file", "resolve_runtime", "resolve_static",
-           "sglang_root", "sglang_version"]
+__all__ = [
+    "Resolution",
+    "PointStatus",
+    "check_points",
+    "module_file",
+    "resolve_runtime",
+    "resolve_static",
+    "sglang_root",
+    "sglang_version",
+]
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,9 @@ def sglang_version(root: Path | None) -> str:
         return "not installed"
     vf = root / "_version.py"
     if vf.is_file():
-        m = re.search(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", vf.read_text(errors="replace"), re.M)
+        m = re.search(
+            r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", vf.read_text(errors="replace"), re.M
+        )
         if m:
             return m.group(1)
     for info in sorted(root.parent.glob("sglang-*.dist-info")):
@@ -152,7 +162,9 @@ def resolve_static(target: Target, root: Path | None) -> Resolution:
     return Resolution(target, True, f"{path}:{getattr(node, 'lineno', 0)}", params)
 
 
-def check_points(points: Iterable[Point], root: Path | None = None, *, search_path: Sequence[str] | None = None) -> list[PointStatus]:
+def check_points(
+    points: Iterable[Point], root: Path | None = None, *, search_path: Sequence[str] | None = None
+) -> list[PointStatus]:
     """Static status of each point against the SGLang at ``root`` (default: the one on ``search_path``)."""
     root = root if root is not None else sglang_root(search_path)
     version = sglang_version(root)

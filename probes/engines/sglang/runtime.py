@@ -60,9 +60,11 @@ class PluginConfig:
         for key, value in env.items():
             if not key.startswith(ENV_PREFIX):
                 continue
-            short = key[len(ENV_PREFIX):]
+            short = key[len(ENV_PREFIX) :]
             if short not in known:
-                raise ProbeConfigError(f"unknown plugin variable {key}; known: {', '.join(ENV_PREFIX + k for k in sorted(known))}")
+                raise ProbeConfigError(
+                    f"unknown plugin variable {key}; known: {', '.join(ENV_PREFIX + k for k in sorted(known))}"
+                )
             items = tuple(v.strip() for v in value.split(",") if v.strip())
             if short in ("POINTS", "REQUIRED", "PP_KEYS"):
                 kw[short.lower()] = items
@@ -83,8 +85,9 @@ class PluginConfig:
         cfg = cls(**kw)
         for pat in (*cfg.points, *(r for r in cfg.required if r not in ("all", "selected"))):
             if pat not in ("all", "default") and not any(glob_match(pat, n) for n in point_names()):
-                raise ProbeConfigError(f"{ENV_PREFIX}POINTS/REQUIRED: {pat!r} matches no capture point; "
-                                       f"known: {', '.join(point_names())}")
+                raise ProbeConfigError(
+                    f"{ENV_PREFIX}POINTS/REQUIRED: {pat!r} matches no capture point; known: {', '.join(point_names())}"
+                )
         if cfg.close_file and os.path.exists(cfg.close_file):
             raise ProbeConfigError(f"{ENV_PREFIX}CLOSE_FILE {cfg.close_file} already exists: remove it before starting")
         if cfg.role and not all(c.isalnum() or c in "_-." for c in cfg.role):
@@ -146,22 +149,34 @@ def _sglang_coords() -> dict[str, int]:
     from sglang.srt.distributed import parallel_state as ps  # imported only inside a running SGLang
 
     tp, pp = ps.get_tp_group(), ps.get_pp_group()
-    out = {"tp_rank": int(tp.rank_in_group), "tp_size": int(tp.world_size),
-           "pp_stage": int(pp.rank_in_group), "pp_size": int(pp.world_size)}
+    out = {
+        "tp_rank": int(tp.rank_in_group),
+        "tp_size": int(tp.world_size),
+        "pp_stage": int(pp.rank_in_group),
+        "pp_size": int(pp.world_size),
+    }
     try:  # DP attention: sglang >= 0.5.2x keeps it in runtime_context.get_parallel(), older ones in dp_attention
         try:
             from sglang.srt.runtime_context import get_parallel
 
             par = get_parallel()
             if getattr(par, "attn_dp_enabled", False):
-                out.update(attn_tp_rank=int(par.attn_tp_rank), attn_tp_size=int(par.attn_tp_size),
-                           dp_rank=int(par.attn_dp_rank), dp_size=int(par.attn_dp_size))
+                out.update(
+                    attn_tp_rank=int(par.attn_tp_rank),
+                    attn_tp_size=int(par.attn_tp_size),
+                    dp_rank=int(par.attn_dp_rank),
+                    dp_size=int(par.attn_dp_size),
+                )
         except ImportError:
             from sglang.srt.layers import dp_attention as dpa
 
             if dpa.is_dp_attention_enabled():
-                out.update(attn_tp_rank=int(dpa.get_attention_tp_rank()), attn_tp_size=int(dpa.get_attention_tp_size()),
-                           dp_rank=int(dpa.get_attention_dp_rank()), dp_size=int(dpa.get_attention_dp_size()))
+                out.update(
+                    attn_tp_rank=int(dpa.get_attention_tp_rank()),
+                    attn_tp_size=int(dpa.get_attention_tp_size()),
+                    dp_rank=int(dpa.get_attention_dp_rank()),
+                    dp_size=int(dpa.get_attention_dp_size()),
+                )
     except Exception:  # a layout of these modules not known here: plain TP
         pass
     return out
@@ -233,8 +248,11 @@ class Plugin:
             "role": self.cfg.role,
             "capture_layers": list(self.capture_layers) if self.capture_layers else None,
             "points": {
-                n: {"selected": n in self.selected, "required": self.cfg.is_required(n),
-                    **(self.statuses[n].to_dict() if n in self.statuses else {})}
+                n: {
+                    "selected": n in self.selected,
+                    "required": self.cfg.is_required(n),
+                    **(self.statuses[n].to_dict() if n in self.statuses else {}),
+                }
                 for n in point_names()
             },
         }
@@ -251,8 +269,13 @@ class Plugin:
             labels = {"engine": "sglang", "sglang_version": self.version, **dict(cfg.labels)}
             if self.cfg.role:
                 labels.setdefault("role", self.cfg.role)
-            writer = BundleWriter(cfg.bundle, run_name=cfg.run_name, labels=labels,  # type: ignore[arg-type]
-                                  part=cfg.part, manifest={"sglang": self.manifest(), "probe": cfg.sampling()})
+            writer = BundleWriter(
+                cfg.bundle,
+                run_name=cfg.run_name,
+                labels=labels,  # type: ignore[arg-type]
+                part=cfg.part,
+                manifest={"sglang": self.manifest(), "probe": cfg.sampling()},
+            )
             s = _Session(cfg, writer=writer)
             s.plugin = self
             self.session = s
@@ -262,7 +285,9 @@ class Plugin:
     def wants(self, point: str) -> bool:
         return not self.closing and point in self.stats
 
-    def capture(self, point: str, name: str, tensor: torch.Tensor, *, shard: ShardSpec | None = None, **coords: Any) -> None:
+    def capture(
+        self, point: str, name: str, tensor: torch.Tensor, *, shard: ShardSpec | None = None, **coords: Any
+    ) -> None:
         st = self.stats[point]
         if tensor.is_cuda and torch.cuda.is_current_stream_capturing() and not self.config.graph_slots:
             st.skipped_in_graph += 1
@@ -282,8 +307,17 @@ class Plugin:
         s.capture(name, tensor, shard=shard, **coords)
         st.captured += s.stats["captured"] - before
 
-    def capture_rows(self, point: str, name: str, tensor: torch.Tensor, *, shard: ShardSpec | None = None,
-                     counts: Sequence[int] | None = None, starts: Sequence[int] | None = None, **coords: Any) -> None:
+    def capture_rows(
+        self,
+        point: str,
+        name: str,
+        tensor: torch.Tensor,
+        *,
+        shard: ShardSpec | None = None,
+        counts: Sequence[int] | None = None,
+        starts: Sequence[int] | None = None,
+        **coords: Any,
+    ) -> None:
         """Capture a tensor whose rows (dim 0) are the batch's requests in order, one piece per request."""
         b = self.batch
         n = int(tensor.shape[0]) if tensor.dim() else 0
@@ -301,8 +335,16 @@ class Plugin:
         for i, (rid, cnt) in enumerate(zip(b.reqs, counts)):
             tok = (int(starts[i]), int(starts[i]) + cnt) if starts is not None and i < len(starts) else None
             if cnt:
-                self.capture(point, name, tensor.narrow(0, off, cnt), shard=shard, step=b.steps[i], request=rid,
-                             tokens=tok, **coords)
+                self.capture(
+                    point,
+                    name,
+                    tensor.narrow(0, off, cnt),
+                    shard=shard,
+                    step=b.steps[i],
+                    request=rid,
+                    tokens=tok,
+                    **coords,
+                )
             off += cnt
 
     @contextmanager
@@ -319,8 +361,11 @@ class Plugin:
             st.errors += 1
         if self.first_error is None:
             self.first_error = f"{point}: {message}"
-            warnings.warn(f"validator SGLang probe {point}: {message} (counted in the bundle part; serving goes on)",
-                          ProbeWarning, stacklevel=3)
+            warnings.warn(
+                f"validator SGLang probe {point}: {message} (counted in the bundle part; serving goes on)",
+                ProbeWarning,
+                stacklevel=3,
+            )
 
     # -- step context ------------------------------------------------------------------------------
     def begin_batch(self, batch: Any) -> Batch | None:
@@ -418,8 +463,13 @@ class Plugin:
 
     # -- report and close --------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        silent = [n for n in self.selected if n != "batch" and self.stats[n].reached == 0
-                  and any(v == "wrapped" for v in self.wrapped.get(n, {}).values())]
+        silent = [
+            n
+            for n in self.selected
+            if n != "batch"
+            and self.stats[n].reached == 0
+            and any(v == "wrapped" for v in self.wrapped.get(n, {}).values())
+        ]
         return {
             **self.manifest(),
             "coords": self.coords() if self._coords is not None else None,
@@ -439,8 +489,12 @@ class Plugin:
             self.poll(block=True)
             rep = self.report()
             if rep["never_reached"]:
-                warnings.warn(f"validator SGLang probes: capture point(s) {rep['never_reached']} were wrapped but never "
-                              "reached in this process", ProbeWarning, stacklevel=2)
+                warnings.warn(
+                    f"validator SGLang probes: capture point(s) {rep['never_reached']} were wrapped but never "
+                    "reached in this process",
+                    ProbeWarning,
+                    stacklevel=2,
+                )
             if self.recorder:
                 self.recorder.close()
             if self.session is not None:

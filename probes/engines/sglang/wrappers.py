@@ -43,9 +43,13 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
     return bind
 
 
-def _wrap(plugin: Plugin, point: str, fn: Callable[..., Any],
-          before: Callable[[Args], Any] | None = None,
-          after: Callable[[Args, Any, Any], None] | None = None) -> Callable[..., Any]:
+def _wrap(
+    plugin: Plugin,
+    point: str,
+    fn: Callable[..., Any],
+    before: Callable[[Args], Any] | None = None,
+    after: Callable[[Args, Any, Any], None] | None = None,
+) -> Callable[..., Any]:
     bind = _binder(fn)
 
     @functools.wraps(fn)
@@ -159,6 +163,7 @@ def attach_target(plugin: Plugin, point: str, model: torch.nn.Module) -> None:
     for meth in ("set_dflash_layers_to_capture", "set_dspark_layers_to_capture", "set_eagle3_layers_to_capture"):
         orig = getattr(model, meth, None)
         if callable(orig):
+
             def setter(layer_ids: Any = None, *rest: Any, _orig: Callable[..., Any] = orig, **kw: Any) -> Any:
                 out = _orig(layer_ids, *rest, **kw)
                 with plugin.guard(point):
@@ -351,8 +356,11 @@ def _readback(plugin: Plugin, point: str, a: Args, pool: Any, layers: Any) -> No
     if isinstance(loc2d, torch.Tensor) and isinstance(commit, torch.Tensor):
         n_per = [int(c) for c in commit.tolist()]  # host copy: the committed rows of each request
         width = loc2d.shape[1]
-        rows = torch.cat([torch.arange(i * width, i * width + c, device=loc.device) for i, c in enumerate(n_per)]) \
-            if n_per else torch.empty(0, dtype=torch.long, device=loc.device)
+        rows = (
+            torch.cat([torch.arange(i * width, i * width + c, device=loc.device) for i, c in enumerate(n_per)])
+            if n_per
+            else torch.empty(0, dtype=torch.long, device=loc.device)
+        )
         loc = loc2d.reshape(-1)[rows]
         pos = pos.reshape(-1)[rows] if isinstance(pos, torch.Tensor) else None
         counts = n_per
@@ -434,7 +442,11 @@ def draft_logits(plugin: Plugin, point: str, fn: Callable[..., Any]) -> Callable
             return
         plugin.capture_rows(point, "draft.hidden", hs, starts=starts())
         w = getattr(head, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        if (
+            not isinstance(w, torch.Tensor)
+            or w.dim() != 2
+            or w.dtype not in (torch.float16, torch.bfloat16, torch.float32)
+        ):
             return
         with torch.no_grad():
             logits = hs.to(w.dtype) @ w.T

@@ -59,7 +59,9 @@ def np_checksum(t: torch.Tensor) -> int:
         flat = flat.view(torch.uint8)
     words = flat.view(torch.int8 if flat.element_size() == 1 else torch.int16).numpy().astype(np.int64)
     weights = np.arange(words.size, dtype=np.int64) % CHECKSUM_PERIOD + 1
-    return sum(int(x) for x in np.add.reduceat(words * weights, np.arange(0, words.size, 1 << 20))) % (1 << CHECKSUM_BITS)
+    return sum(int(x) for x in np.add.reduceat(words * weights, np.arange(0, words.size, 1 << 20))) % (
+        1 << CHECKSUM_BITS
+    )
 
 
 def np_summary(t: torch.Tensor) -> list[float]:
@@ -305,7 +307,12 @@ def test_config_from_env_and_dict() -> None:
         "OTHER": "x",
     }
     c = ProbeConfig.from_env(environ=env)
-    assert (c.bundle, c.mode, c.names, c.steps) == ("/data/run1", "summary", ("ctx.*", "layers.*.mlp"), ((0, 3), (10, 10)))
+    assert (c.bundle, c.mode, c.names, c.steps) == (
+        "/data/run1",
+        "summary",
+        ("ctx.*", "layers.*.mlp"),
+        ((0, 3), (10, 10)),
+    )
     assert (c.requests, c.tokens, c.budget_bytes, c.graph_slots) == (frozenset({"a", "b"}), (0, 64), 512 << 20, True)
     assert c.defer_summaries and not ProbeConfig().defer_summaries
     assert dict(c.labels) == {"model": "kimi-k3", "side": "P"} and c.active
@@ -315,7 +322,13 @@ def test_config_from_env_and_dict() -> None:
     assert ProbeConfig.from_dict({"budget_bytes": None}).budget_bytes is None
     with pytest.raises(ProbeConfigError, match="VALIDATOR_PROBE_MOED"):
         ProbeConfig.from_env(environ={"VALIDATOR_PROBE_MOED": "full"})
-    for bad in ({"mode": "fast"}, {"steps": "3-1"}, {"tokens": "5:5"}, {"budget_bytes": "12 parsecs"}, {"snapshot": "maybe"}):
+    for bad in (
+        {"mode": "fast"},
+        {"steps": "3-1"},
+        {"tokens": "5:5"},
+        {"budget_bytes": "12 parsecs"},
+        {"snapshot": "maybe"},
+    ):
         with pytest.raises(ProbeConfigError):
             ProbeConfig.from_dict(bad)
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes(10) == 10

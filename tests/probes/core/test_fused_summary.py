@@ -75,8 +75,16 @@ def _interpreter_main() -> None:
     summarize_many(list(all_cases.values()), out=rows, rows=list(range(len(all_cases), 0, -1)), backend="fused")
     for i, (name, t) in enumerate(all_cases.items()):
         alone = summarize(t, backend="fused")
-        print(json.dumps({"case": name, "summary": alone.tolist(), "bits": alone.view(torch.int64).tolist(),
-                          "many_bits": rows[len(all_cases) - i].view(torch.int64).tolist()}))
+        print(
+            json.dumps(
+                {
+                    "case": name,
+                    "summary": alone.tolist(),
+                    "bits": alone.view(torch.int64).tolist(),
+                    "many_bits": rows[len(all_cases) - i].view(torch.int64).tolist(),
+                }
+            )
+        )
 
 
 def test_fused_summary_in_interpreter_matches_numpy() -> None:
@@ -95,8 +103,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same float64 bits, a NaN matching any NaN (its sign and payload depend on which NaN an
     addition met first, which is not part of the summary's definition)."""
     nan = a.isnan()
-    return torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0).view(torch.int64),
-                                                       b.masked_fill(nan, 0).view(torch.int64))
+    return torch.equal(nan, b.isnan()) and torch.equal(
+        a.masked_fill(nan, 0).view(torch.int64), b.masked_fill(nan, 0).view(torch.int64)
+    )
 
 
 def check(got: torch.Tensor, t: torch.Tensor, name: str) -> None:
@@ -119,8 +128,9 @@ def test_torch_and_fused_agree_on_backend_choice() -> None:
 def test_fused_on_cuda() -> None:
     pytest.importorskip("triton")
     on_device = {name: t.cuda() for name, t in cases().items()}
-    rows = summarize_many(list(on_device.values()), out=torch.zeros(len(on_device), 5, dtype=torch.float64,
-                                                                      device="cuda"))
+    rows = summarize_many(
+        list(on_device.values()), out=torch.zeros(len(on_device), 5, dtype=torch.float64, device="cuda")
+    )
     for i, (name, t) in enumerate(on_device.items()):
         got = summarize(t)
         check(got.cpu(), t.cpu(), name)

@@ -44,10 +44,19 @@ def _one_thread() -> Any:
 
 def tiny(layers: int = 2, seed: int = 0, kind: str = "llama") -> Any:
     config_cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen3Config
-    cfg = config_cls(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=4, head_dim=8,
-                                   max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=63,
-                                   pad_token_id=63)
+    cfg = config_cls(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        eos_token_id=63,
+        pad_token_id=63,
+    )
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -112,8 +121,9 @@ def test_summary_mode_and_budget(tmp_path: Path) -> None:
     with ModelCapture(model, s) as cap:
         cap.begin_request("a")
         with torch.no_grad():
-            model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, eos_token_id=None,
-                           pad_token_id=63)
+            model.generate(
+                torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, eos_token_id=None, pad_token_id=63
+            )
     s.close()
     recs, _ = part(tmp_path / "s", "p")
     assert {r["name"] for r in recs} == {"target.hidden.summary"} and len(recs) == 2 * 3
@@ -157,8 +167,15 @@ def test_assisted_acceptance_records(tmp_path: Path) -> None:
     for x in (ct, cd, acc):
         x.begin_request("q")
     with torch.no_grad():
-        g = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, eos_token_id=EOS,
-                            pad_token_id=EOS, logits_processor=[acc.processor])
+        g = target.generate(
+            ids,
+            assistant_model=draft,
+            max_new_tokens=40,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            logits_processor=[acc.processor],
+        )
         plain = target.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
     acc.end_request()
     acc.remove()
@@ -176,7 +193,7 @@ def test_assisted_acceptance_records(tmp_path: Path) -> None:
         if r["accepted"] < len(r["proposed"]):
             assert r["proposed"][r["accepted"]] != r["target_tokens"][r["accepted"]]
         emitted += r["target_tokens"][: r["accepted"] + 1]
-    new = g[0, ids.shape[1]:].tolist()
+    new = g[0, ids.shape[1] :].tolist()
     assert emitted[: len(new)] == new
     # a trained pair: the draft is right often, not always
     rate = sum(r["accepted"] for r in lines) / sum(len(r["proposed"]) for r in lines)
@@ -208,8 +225,9 @@ def test_capture_kv_shards(tmp_path: Path) -> None:
     k = torch.randn(1, 8, 5, 4)
     s = ProbeSession(ProbeConfig(bundle=str(tmp_path / "k"), part="p"))
     for r in range(2):
-        capture_kv(s, [(k[:, 4 * r:4 * r + 4], k[:, 4 * r:4 * r + 4])], role="draft", step=0, request="x",
-                   tp=(r, 2))
+        capture_kv(
+            s, [(k[:, 4 * r : 4 * r + 4], k[:, 4 * r : 4 * r + 4])], role="draft", step=0, request="x", tp=(r, 2)
+        )
     s.close()
     recs, tensors = part(tmp_path / "k", "p")
     ks = sorted((r for r in recs if r["name"] == "draft.k"), key=lambda r: r["shard"]["index"])
@@ -265,6 +283,13 @@ def test_imports_and_captures_without_transformers() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

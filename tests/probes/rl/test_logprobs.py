@@ -14,7 +14,13 @@ from validator.runs.sources import open_path
 def test_recorder_round_trip(tmp_path: Path) -> None:
     root = tmp_path / "b"
     with LogprobRecorder(root, part="t0", run_name="rl", labels={"model": "m"}) as rec:
-        rec.record_sample(step=0, sample_id="a", rollout_logprobs=[-0.5, -1.0], train_logprobs=torch.tensor([-0.4, -1.1]), weight_version=3)
+        rec.record_sample(
+            step=0,
+            sample_id="a",
+            rollout_logprobs=[-0.5, -1.0],
+            train_logprobs=torch.tensor([-0.4, -1.1]),
+            weight_version=3,
+        )
         rec.record_sample(step=1, sample_id=7, rollout_logprobs=torch.tensor([-2.0]), train_logprobs=[-2.5])
         assert not (root / "parts" / "t0" / "logprobs.jsonl").exists()
     view = open_path(root)

@@ -34,7 +34,11 @@ def test_hash_is_sha256_of_little_endian_row_major_bytes() -> None:
     m = manifest_from_state_dict(sd, version=1)
     assert m["format"] == "validator.weight_manifest" and m["version"] == 1
     f32 = sd["w.f32"].numpy().astype("<f4")
-    assert m["tensors"]["w.f32"] == {"dtype": "float32", "shape": [4], "sha256": hashlib.sha256(f32.tobytes()).hexdigest()}
+    assert m["tensors"]["w.f32"] == {
+        "dtype": "float32",
+        "shape": [4],
+        "sha256": hashlib.sha256(f32.tobytes()).hexdigest(),
+    }
     t = np.ascontiguousarray(sd["w.t"].numpy()).astype("<f4")
     assert m["tensors"]["w.t"]["sha256"] == hashlib.sha256(t.tobytes()).hexdigest()
     assert m["tensors"]["lora_B"]["sha256"] == hashlib.sha256(bytes(2 * 8 * 2)).hexdigest()

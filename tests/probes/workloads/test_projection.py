@@ -315,11 +315,7 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
         assert man["run"]["name"] == f"t-{name}"
         labels = man["run"]["labels"]
         assert labels["topology"] == "pp4" and labels["dtype"] == "bf16" and labels["tokens"] == "48"
-        assert (
-            labels["seed"] == "3"
-            and labels["path"] == name
-            and labels["kernels"] == "rmsnorm=torch,rope=torch"
-        )
+        assert labels["seed"] == "3" and labels["path"] == name and labels["kernels"] == "rmsnorm=torch,rope=torch"
         assert man["run"]["kernels"] == {"rmsnorm": "torch", "rope": "torch"}
         # the single GEMM has no running sum: no accumulation label (never the string "None")
         assert labels.get("accum") == {"concat": None, "ref": "fp64"}.get(name, name.removeprefix("partial-"))
@@ -340,8 +336,7 @@ def test_bundles_are_readable(tmp_path: Path) -> None:
             partials = [r for r in recs if r["name"] == "ctx.partial"]
             assert [r["coords"]["pp_stage"] for r in partials] == [1, 3]
             assert all(
-                r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4}
-                for r in partials
+                r["shard"] == {"kind": "partial", "index": r["coords"]["pp_stage"], "count": 4} for r in partials
             )
             running = [r for r in recs if r["name"] == "ctx.running"]
             assert len(running) == 4
@@ -363,9 +358,7 @@ def test_hidden_states_from_a_bundle(tmp_path: Path) -> None:
     loaded = load_hidden_states(tmp_path / "cap", SMALL.capture_layers)
     assert all(torch.equal(loaded[c], hs[c]) for c in hs)
     a = run_probe(SMALL, device="cpu", paths=["concat"])
-    b = run_probe(
-        dataclasses.replace(SMALL, tokens=1, hidden=8), device="cpu", paths=["concat"], hidden=loaded
-    )
+    b = run_probe(dataclasses.replace(SMALL, tokens=1, hidden=8), device="cpu", paths=["concat"], hidden=loaded)
     assert b.config.tokens == SMALL.tokens and b.config.hidden == SMALL.hidden
     assert torch.equal(a.paths["concat"].k[1], b.paths["concat"].k[1])
     with pytest.raises(ProjectionConfigError, match=r"capture layer\(s\) \[23\]"):

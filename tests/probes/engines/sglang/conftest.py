@@ -34,7 +34,11 @@ def sglang_059() -> Path:
 
 
 def _purge() -> dict[str, object]:
-    gone = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "sglang" or k.startswith("sglang.") or k == "fake_server"}
+    gone = {
+        k: sys.modules.pop(k)
+        for k in list(sys.modules)
+        if k == "sglang" or k.startswith("sglang.") or k == "fake_server"
+    }
     return gone
 
 

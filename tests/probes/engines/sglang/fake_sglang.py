@@ -30,7 +30,7 @@ FILES: dict[str, str] = {
     "sglang/srt/layers/__init__.py": "",
     "sglang/srt/layers/dp_attention.py": "def is_dp_attention_enabled():\n    return False\n",
     "sglang/srt/distributed/__init__.py": "",
-    "sglang/srt/distributed/parallel_state.py": '''
+    "sglang/srt/distributed/parallel_state.py": """
         import os
 
 
@@ -65,8 +65,8 @@ FILES: dict[str, str] = {
 
         def get_pp_group():
             return _PP
-    ''',
-    "sglang/srt/mem_cache/memory_pool.py": '''
+    """,
+    "sglang/srt/mem_cache/memory_pool.py": """
         import torch
 
 
@@ -84,8 +84,8 @@ FILES: dict[str, str] = {
             def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None):
                 self.k_buffer[layer.layer_id][loc] = cache_k
                 self.v_buffer[layer.layer_id][loc] = cache_v
-    ''',
-    "sglang/srt/model_executor/model_runner.py": '''
+    """,
+    "sglang/srt/model_executor/model_runner.py": """
         class ModelRunner:
             def __init__(self, build, is_draft_worker=False, token_to_kv_pool=None):
                 self.build = build
@@ -95,8 +95,8 @@ FILES: dict[str, str] = {
 
             def load_model(self):
                 self.model = self.build()
-    ''',
-    "sglang/srt/models/dflash.py": '''
+    """,
+    "sglang/srt/models/dflash.py": """
         import torch
         from torch import nn
 
@@ -201,8 +201,8 @@ FILES: dict[str, str] = {
                     k = attn.apply_k_rope(positions, attn.apply_k_norm(k))
                     pool.set_kv_buffer(attn.attn, cache_loc, k.view(-1, attn.num_kv_heads, attn.head_dim),
                                        v.view(-1, attn.num_kv_heads, attn.head_dim))
-    ''',
-    "sglang/srt/models/dspark.py": '''
+    """,
+    "sglang/srt/models/dspark.py": """
         from sglang.srt.models.dflash import DFlashDraftModel
 
 
@@ -220,17 +220,17 @@ FILES: dict[str, str] = {
 
         class DSparkDraftModel(DSparkDraftMixin, DFlashDraftModel):
             pass
-    ''',
-    "sglang/srt/speculative/dspark_components/dspark_worker_v2.py": '''
+    """,
+    "sglang/srt/speculative/dspark_components/dspark_worker_v2.py": """
         class DSparkWorkerV2:
             def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
                 raise NotImplementedError
-    ''',
-    "sglang/srt/speculative/dspark_components/dspark_verify.py": '''
+    """,
+    "sglang/srt/speculative/dspark_components/dspark_verify.py": """
         class DsparkVerifyEpilogue:
             def _accept(self, *, candidates, logits, draft_tokens, seq_lens, cutoff_verify_lens=None):
                 raise NotImplementedError
-    ''',
+    """,
     "sglang/srt/speculative/dflash_worker_v2.py": '''
         import torch
 
@@ -337,8 +337,9 @@ FILES: dict[str, str] = {
 }
 
 # The target model and the "server" loop live outside the fake sglang package (they are the test's).
-SERVER = textwrap.dedent(
-    '''
+SERVER = (
+    textwrap.dedent(
+        '''
     """Drive the fake DFlash worker like a scheduler: one prefill of all requests, then decode steps."""
     import os
     from types import SimpleNamespace
@@ -431,7 +432,11 @@ SERVER = textwrap.dedent(
     if __name__ == "__main__":
         main()
     '''
-).replace("{consts}", repr((HIDDEN, N_LAYERS, CAPTURE, DRAFT_LAYERS, KV_HEADS, HEAD_DIM, VOCAB, BLOCK))).replace("{{", "{").replace("}}", "}")
+    )
+    .replace("{consts}", repr((HIDDEN, N_LAYERS, CAPTURE, DRAFT_LAYERS, KV_HEADS, HEAD_DIM, VOCAB, BLOCK)))
+    .replace("{{", "{")
+    .replace("}}", "}")
+)
 
 
 def write_fake_sglang(root: Path) -> Path:

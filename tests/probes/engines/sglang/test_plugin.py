@@ -37,12 +37,26 @@ def part(bundle: Path, name: str) -> dict[str, Any]:
 def test_launcher_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     bundle = tmp_path / "run"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VALIDATOR_", "PYTHONPATH", "FAKE_"))}
-    env = environment({**base, "PYTHONPATH": f"{fake_sglang}{os.pathsep}{ROOT}",
-                       "VALIDATOR_PROBE_BUNDLE": str(bundle), "VALIDATOR_PROBE_RUN_NAME": "donly",
-                       "VALIDATOR_PROBE_LABELS": "topology=D:TP1", "VALIDATOR_SGLANG_ROLE": "decode",
-                       "VALIDATOR_SGLANG_POINTS": PP1_POINTS, "VALIDATOR_SGLANG_REQUIRED": "selected"})
-    r = subprocess.run([sys.executable, "-m", "probes.engines.sglang.launch", "--module", "fake_server"], env=env,
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    env = environment(
+        {
+            **base,
+            "PYTHONPATH": f"{fake_sglang}{os.pathsep}{ROOT}",
+            "VALIDATOR_PROBE_BUNDLE": str(bundle),
+            "VALIDATOR_PROBE_RUN_NAME": "donly",
+            "VALIDATOR_PROBE_LABELS": "topology=D:TP1",
+            "VALIDATOR_SGLANG_ROLE": "decode",
+            "VALIDATOR_SGLANG_POINTS": PP1_POINTS,
+            "VALIDATOR_SGLANG_REQUIRED": "selected",
+        }
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "probes.engines.sglang.launch", "--module", "fake_server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = json.loads((bundle / "manifest.json").read_text())["run"]
     assert manifest["name"] == "donly" and manifest["labels"]["topology"] == "D:TP1"
@@ -52,11 +66,22 @@ def test_launcher_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert not pts["pp.send"]["selected"] and not pts["draft.kv_steps"]["selected"]
     doc = part(bundle, "decode-pp0-tp0")
     rep = doc["extra"]["probe"]["sglang"]
-    assert rep["wrapped"]["ctx.project"] == {"sglang.srt.models.dflash.DFlashDraftModel.project_target_hidden": "wrapped"}
+    assert rep["wrapped"]["ctx.project"] == {
+        "sglang.srt.models.dflash.DFlashDraftModel.project_target_hidden": "wrapped"
+    }
     assert rep["never_reached"] == [] and rep["first_error"] is None and rep["forwards"] == 3
     names = Counter(t["name"] for t in doc["tensors"])
-    assert names == {"target.hidden": 18, "target.features": 18, "ctx.pre_norm": 6, "ctx.normed": 6, "draft.k": 12,
-                     "draft.v": 12, "draft.hidden": 4, "draft.logits": 4, "draft.tokens": 4}
+    assert names == {
+        "target.hidden": 18,
+        "target.features": 18,
+        "ctx.pre_norm": 6,
+        "ctx.normed": 6,
+        "draft.k": 12,
+        "draft.v": 12,
+        "draft.hidden": 4,
+        "draft.logits": 4,
+        "draft.tokens": 4,
+    }
     k = [t for t in doc["tensors"] if t["name"] == "draft.k"]
     prefill = {(t["coords"]["request"], t["coords"]["layer"]): t for t in k if t["coords"]["step"] == 0}
     assert prefill[("req-a", 0)]["coords"]["tokens"] == [0, 5] and prefill[("req-bb", 1)]["coords"]["tokens"] == [0, 3]
@@ -65,7 +90,11 @@ def test_launcher_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert feats == set(CAPTURE)
     acc = [json.loads(x) for x in (bundle / "parts" / "decode-pp0-tp0" / "acceptance.jsonl").read_text().splitlines()]
     assert [(a["request_id"], a["step"], len(a["proposed"])) for a in acc] == [
-        ("req-a", 1, 3), ("req-bb", 1, 3), ("req-a", 2, 3), ("req-bb", 2, 3)]
+        ("req-a", 1, 3),
+        ("req-bb", 1, 3),
+        ("req-a", 2, 3),
+        ("req-bb", 2, 3),
+    ]
     # decode step 1: prefix 5 and 3, fixed accept pattern (5 + i) % 4 -> 1, 2; committed rows = accepted + 1
     step1 = {t["coords"]["request"]: t for t in k if t["coords"]["step"] == 1 and t["coords"]["layer"] == 0}
     assert [a["accepted"] for a in acc[:2]] == [1, 2]
@@ -74,13 +103,27 @@ def test_launcher_end_to_end(fake_sglang: Path, tmp_path: Path) -> None:
     assert view.has_acceptance and len(group_logical(view.tensors)) == len(doc["tensors"])
 
 
-def run_ranks(fake: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch, *, tp: int, role: str, points: str = PP1_POINTS,
-              pp: int = 1, driver: Any = None) -> None:
+def run_ranks(
+    fake: Path,
+    bundle: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    tp: int,
+    role: str,
+    points: str = PP1_POINTS,
+    pp: int = 1,
+    driver: Any = None,
+) -> None:
     """Play every rank of a run in this process, one after the other (each its own part)."""
     import fake_server
 
-    env = {"VALIDATOR_PROBE_BUNDLE": str(bundle), "VALIDATOR_PROBE_RUN_NAME": bundle.name, "VALIDATOR_SGLANG_ROLE": role,
-           "VALIDATOR_SGLANG_POINTS": points, "VALIDATOR_PROBE_DRAIN": "inline"}
+    env = {
+        "VALIDATOR_PROBE_BUNDLE": str(bundle),
+        "VALIDATOR_PROBE_RUN_NAME": bundle.name,
+        "VALIDATOR_SGLANG_ROLE": role,
+        "VALIDATOR_SGLANG_POINTS": points,
+        "VALIDATOR_PROBE_DRAIN": "inline",
+    }
     monkeypatch.setenv("FAKE_TP_SIZE", str(tp))
     monkeypatch.setenv("FAKE_PP_SIZE", str(pp))
     for stage in range(pp):
@@ -92,8 +135,9 @@ def run_ranks(fake: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch, *, tp: 
             deactivate()
 
 
-def test_draft_kv_heads_line_up_across_tp_layouts(fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_draft_kv_heads_line_up_across_tp_layouts(
+    fake_sglang: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("FAKE_DECODE_STEPS", "1")
     a, b = tmp_path / "pd-tp2", tmp_path / "donly-tp8"
     run_ranks(fake_sglang, a, monkeypatch, tp=2, role="prefill")
@@ -147,9 +191,13 @@ def pp_driver(buggy: bool) -> Any:
         embed = torch.randn(32, 16, generator=g)
         worker = DFlashWorkerV2(tgt, draft, embed, SimpleNamespace(weight=torch.randn(32, 16, generator=g)), 4)
         lens = [5, 3]
-        batch = SimpleNamespace(reqs=[SimpleNamespace(rid="req-a"), SimpleNamespace(rid="req-bb")], extend_lens=lens,
-                                prefix_lens=[0, 0], input_ids=[torch.arange(k) % 32 for k in lens],
-                                forward_mode=SimpleNamespace(is_extend=lambda: True))
+        batch = SimpleNamespace(
+            reqs=[SimpleNamespace(rid="req-a"), SimpleNamespace(rid="req-bb")],
+            extend_lens=lens,
+            prefix_lens=[0, 0],
+            input_ids=[torch.arange(k) % 32 for k in lens],
+            forward_mode=SimpleNamespace(is_extend=lambda: True),
+        )
         proxy = STATE.get("proxy")
         out = worker.forward_batch_generation(batch, pp_proxy_tensors=proxy)
         STATE["proxy"] = out if stage < n - 1 else None
@@ -179,10 +227,12 @@ def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeyp
 
     s0, s1 = part(good, "prefill-pp0-tp0"), part(good, "prefill-pp1-tp0")
     assert {(t["name"], t["coords"].get("layer")) for t in s0["tensors"] if t["name"] == "target.features"} == {
-        ("target.features", 1)}
+        ("target.features", 1)
+    }
     partial = [t for t in s1["tensors"] if t["name"] == "ctx.partial"]
     assert {json.dumps(t["shard"], sort_keys=True) for t in partial} == {
-        json.dumps({"kind": "partial", "index": 1, "count": 2}, sort_keys=True)}
+        json.dumps({"kind": "partial", "index": 1, "count": 2}, sort_keys=True)
+    }
     assert {t["name"] for t in s0["tensors"]} >= {"pp.send.dspark_ctx_acc", "ctx.partial", "target.hidden"}
 
     cov = check_coverage(read_reports(good))
@@ -207,7 +257,9 @@ def test_pp_partial_sums_and_coverage(fake_sglang: Path, tmp_path: Path, monkeyp
     summed = logical(good, "ctx.partial")
     for label, lt in summed.items():
         assert lt.kind == "partial" and len(lt.shards) == 2
-        assert lt.materialize().allclose(ref[label.replace("ctx.partial", "ctx.pre_norm")].materialize().double(), atol=1e-5)
+        assert lt.materialize().allclose(
+            ref[label.replace("ctx.partial", "ctx.pre_norm")].materialize().double(), atol=1e-5
+        )
     kref, kgot = logical(pp1, "draft.k"), logical(good, "draft.k")
     assert kref.keys() == kgot.keys()
     for label in kref:
@@ -230,8 +282,11 @@ def test_close_file_closes_idle_ranks(fake_sglang: Path, tmp_path: Path, monkeyp
 
     monkeypatch.setenv("FAKE_DECODE_STEPS", "1")
     flag, bundle = tmp_path / "close-now", tmp_path / "run"
-    env = {"VALIDATOR_PROBE_BUNDLE": str(bundle), "VALIDATOR_SGLANG_POINTS": "ctx.project,accept",
-           "VALIDATOR_SGLANG_CLOSE_FILE": str(flag)}
+    env = {
+        "VALIDATOR_PROBE_BUNDLE": str(bundle),
+        "VALIDATOR_SGLANG_POINTS": "ctx.project,accept",
+        "VALIDATOR_SGLANG_CLOSE_FILE": str(flag),
+    }
     plugin = activate(env, search_path=[str(fake_sglang)], register_atexit=False)
     assert plugin is not None
     fake_server.main()

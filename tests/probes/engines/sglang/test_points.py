@@ -38,10 +38,17 @@ def test_points_resolve_on_sglang_0523(sglang_0523: Path) -> None:
     for s in statuses.values():
         for r in s.resolutions:
             assert r.found == (not r.target.pp_branch), (r.target.path, r.where)
-    params = {r.target.path.rsplit(".", 2)[-2] + "." + r.target.qualname.rsplit(".", 1)[-1]: r.params
-              for s in statuses.values() for r in s.resolutions}
+    params = {
+        r.target.path.rsplit(".", 2)[-2] + "." + r.target.qualname.rsplit(".", 1)[-1]: r.params
+        for s in statuses.values()
+        for r in s.resolutions
+    }
     assert params["DFlashDraftModel.project_target_hidden"] == ("self", "target_hidden")
-    assert params["DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc"][1:4] == ("target_hidden", "cache_loc", "positions")
+    assert params["DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc"][1:4] == (
+        "target_hidden",
+        "cache_loc",
+        "positions",
+    )
     assert "candidates" in params["DFlashWorkerV2._accept_block"]
     msg = statuses["ctx.partial"].message()
     assert "sglang 0.5.23" in msg and "project_target_hidden_partial" in msg and "PR #33863" in msg
@@ -64,7 +71,9 @@ def test_fake_matches_real_signatures(sglang_0523: Path, fake_sglang: Path) -> N
             if real.found:
                 assert fake.found and fake.params == real.params, (t.path, fake.params, real.params)
     # the PR #33863 methods are modelled on DFlashDraftModel (from the PR's description)
-    partial = next(t for p in POINTS for t in p.targets if t.qualname == "DFlashDraftModel.project_target_hidden_partial")
+    partial = next(
+        t for p in POINTS for t in p.targets if t.qualname == "DFlashDraftModel.project_target_hidden_partial"
+    )
     assert resolve_static(partial, fake_root).params == ("self", "x_local", "feature_indices")
 
 
@@ -74,8 +83,11 @@ def env(tmp_path: Path, **kw: str) -> dict[str, str]:
 
 def test_required_point_missing_stops_startup(sglang_0523: Path, tmp_path: Path) -> None:
     with pytest.raises(PluginStartupError) as ei:
-        activate(env(tmp_path, VALIDATOR_SGLANG_REQUIRED="ctx.partial"), search_path=[str(sglang_0523.parent)],
-                 register_atexit=False)
+        activate(
+            env(tmp_path, VALIDATOR_SGLANG_REQUIRED="ctx.partial"),
+            search_path=[str(sglang_0523.parent)],
+            register_atexit=False,
+        )
     text = str(ei.value)
     assert "DFlashDraftModel.project_target_hidden_partial" in text and "sglang 0.5.23" in text
     assert current() is None and not (tmp_path / "b").exists()
@@ -101,8 +113,14 @@ def test_missing_points_warn_and_disabled_is_a_noop(sglang_059: Path, tmp_path: 
 
 
 def test_plugin_config_from_env() -> None:
-    cfg = PluginConfig.from_env({"VALIDATOR_SGLANG_POINTS": "ctx.*,accept", "VALIDATOR_SGLANG_CAPTURE_LAYERS": "19,37",
-                                 "VALIDATOR_SGLANG_REQUIRED": "selected", "VALIDATOR_SGLANG_ROLE": "prefill"})
+    cfg = PluginConfig.from_env(
+        {
+            "VALIDATOR_SGLANG_POINTS": "ctx.*,accept",
+            "VALIDATOR_SGLANG_CAPTURE_LAYERS": "19,37",
+            "VALIDATOR_SGLANG_REQUIRED": "selected",
+            "VALIDATOR_SGLANG_ROLE": "prefill",
+        }
+    )
     assert cfg.selected() == ["batch", "ctx.project", "ctx.partial", "ctx.write", "accept"]
     assert cfg.capture_layers == (19, 37) and cfg.is_required("accept") and cfg.role == "prefill"
     assert "draft.kv_steps" not in PluginConfig().selected() and "draft.kv" in PluginConfig().selected()
@@ -119,8 +137,11 @@ def _run_site(cmd: list[str], extra_env: dict[str, str], pythonpath: list[str]) 
 
 
 def test_sitecustomize_fails_startup_for_a_required_missing_point(sglang_0523: Path, tmp_path: Path) -> None:
-    r = _run_site([sys.executable, "-c", "print('served')"],
-                  env(tmp_path, VALIDATOR_SGLANG_REQUIRED="ctx.write"), [str(sglang_0523.parent)])
+    r = _run_site(
+        [sys.executable, "-c", "print('served')"],
+        env(tmp_path, VALIDATOR_SGLANG_REQUIRED="ctx.write"),
+        [str(sglang_0523.parent)],
+    )
     assert r.returncode == 2, r.stderr
     assert "served" not in r.stdout
     assert "write_projected_context_kv" in r.stderr and "sglang 0.5.23" in r.stderr
@@ -152,6 +173,12 @@ def test_probes_sglang_imports_with_torch_only() -> None:
         import probes.engines.sglang, probes.engines.sglang.wrappers, probes.engines.sglang.launch, probes.engines.sglang.__main__
         print("ok")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error"},
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

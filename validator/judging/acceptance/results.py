@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from validator.judging.text import acceptance_parting_line
+from validator.numerics.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     from validator.judging.acceptance.first_parting import AcceptanceFrontier
@@ -32,8 +33,7 @@ def _json(v: Any) -> Any:
     if isinstance(v, (int, np.integer)):
         return int(v)
     if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return f if math.isfinite(f) else None
+        return json_safe(float(v), nonfinite_as_null=True)
     return v
 
 

@@ -14,7 +14,14 @@ A batch may also come as ``b s`` (``input_ids`` of shape ``[B, S]``, ``positions
 dumped, one per batch row): batch row ``i`` is request ``i``, its tokens the columns that are not padding, at
 consecutive positions. Padding is what an ``attention_mask`` of shape ``[B, S]`` marks 0, or a negative
 position; a row whose remaining positions skip (or do not end at its ``seq_lens``) is reported and left out.
-Rows count batch-major (``b * S + s``), as SGLang's comparator collapses ``b s``.
+Rows count batch-major (``b * S + s``), as SGLang's comparator collapses ``b s``. Without positions each
+row starts at position 0.
+
+Megatron's fields are read too: ``position_ids`` stands for ``positions``; a batch with ``cu_seqlens_q`` (and no
+``seq_lens``) is packed, sequence i holding rows ``cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1`` of the flattened
+``input_ids`` (a ``[1, T]`` one included), at the positions ``position_ids`` give or else from 0; rows after
+``cu_seqlens_q[-1]`` are padding. ``position_ids`` without ``cu_seqlens_q`` make one sequence of the batch.
+Megatron dumps no request ids, so its sequences are told apart by step and index.
 
 With DP attention each DP rank runs a batch of its own: tensors that carry a coordinate ``dp=<rank>`` (aux
 fields included) are that DP rank's, its ``rids`` are the manifest's ``dp_rids[step][rank]``, and each DP
@@ -59,8 +66,20 @@ from validator.runs.view import RunView, TensorRef
 
 __all__ = ["Sequence", "align_views", "match_sequences", "merge_runs", "open_for_alignment", "token_sequences"]
 
-AUX_NAMES = frozenset({"input_ids", "positions", "seq_lens", "req_pool_indices", "attention_mask"})
-_FLAT = ("input_ids", "positions", "seq_lens")  # what a flat (``t``) batch needs; a ``b s`` one: the first two
+# SGLang's forward-batch fields, an attention_mask for b s padding, and Megatron's (position_ids, cu_seqlens_*)
+AUX_NAMES = frozenset(
+    {
+        "input_ids",
+        "positions",
+        "seq_lens",
+        "req_pool_indices",
+        "attention_mask",
+        "position_ids",
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
+    }
+)
+_FLAT = ("input_ids", "positions", "seq_lens")  # what a flat SGLang batch needs; a b s or Megatron one: input_ids
 
 Batch = tuple[int, "int | None"]  # (step, DP rank): one batch of one step; the DP rank None without DP attention
 
@@ -116,12 +135,17 @@ def _aux(view: RunView) -> tuple[dict[Batch, _Aux], dict[tuple[Any, ...], dict[B
                 x = lt.materialize()
                 aux.fields[lt.name] = [int(v) for v in x.reshape(-1).tolist()]
                 aux.shapes[lt.name] = tuple(x.shape)
-                if lt.name == "input_ids" and x.dim() == 2:
-                    aux.grid = (int(x.shape[0]), int(x.shape[1]))
             elif any(k == "rank" for k, _ in extra):
                 aux.per_rank.add(lt.name)
             continue
         others[(lt.name, c.request, c.tokens, c.layer, extra)][(c.step, dp)] = lt
+    for aux in per_batch.values():
+        f = aux.fields
+        if "positions" not in f and "position_ids" in f:  # Megatron's name for them
+            f["positions"], aux.shapes["positions"] = f["position_ids"], aux.shapes["position_ids"]
+        shape = aux.shapes.get("input_ids", ())
+        if len(shape) == 2 and "cu_seqlens_q" not in f:  # [B, S]; with cu_seqlens_q a packed [1, T]
+            aux.grid = (shape[0], shape[1])
     return per_batch, others
 
 
@@ -144,11 +168,53 @@ def _rids(view: RunView, b: Batch) -> list[str] | None:
     return list(got) if isinstance(got, (list, tuple)) else None
 
 
+def _megatron(aux: _Aux) -> bool:
+    """A flat batch described Megatron's way: ``cu_seqlens_q`` (packed sequences), or ``position_ids`` alone
+    (one sequence), rather than SGLang's ``seq_lens``."""
+    return (
+        aux.grid is None and "seq_lens" not in aux.fields and bool({"cu_seqlens_q", "position_ids"} & aux.fields.keys())
+    )
+
+
+def _requests(aux: _Aux) -> int:
+    """How many requests the batch holds (what its rids must count)."""
+    f = aux.fields
+    if aux.grid is not None:
+        return aux.grid[0]
+    if _megatron(aux):
+        return max(len(f["cu_seqlens_q"]) - 1, 0) if "cu_seqlens_q" in f else 1
+    return len(f.get("seq_lens", []))
+
+
 def _spans(aux: _Aux, where: str, problems: list[str]) -> list[tuple[int, list[int]]] | None:
     """The batch's requests in batch order: (first position, the rows holding its tokens), or None when the
     fields disagree (the problem is added)."""
     f = aux.fields
     ids, lens = f["input_ids"], f.get("seq_lens")
+    if _megatron(aux):  # sequence i holds rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1, from position 0 unless
+        cu, pos = f.get("cu_seqlens_q", [0, len(ids)]), f.get("positions")  # position_ids say otherwise
+        if (
+            (pos is not None and len(pos) != len(ids))
+            or not cu
+            or cu[0] != 0
+            or cu[-1] > len(ids)
+            or any(x > y for x, y in zip(cu, cu[1:]))
+        ):
+            problems.append(
+                f"{where}: cu_seqlens_q {cu[:8]} and {len(ids)} input_ids"
+                + (f", {len(pos)} position_ids" if pos is not None else "")
+                + " disagree"
+            )
+            return None
+        out = []
+        for i, (x, y) in enumerate(zip(cu, cu[1:])):  # rows after cu_seqlens_q[-1]: the packed batch's padding
+            p = pos[x:y] if pos is not None else list(range(y - x))
+            rows = list(range(x, y))
+            if p and p != list(range(p[0], p[0] + len(p))):
+                problems.append(f"{where}: sequence {i}: its position_ids are not consecutive; it is not aligned")
+                rows = []
+            out.append((p[0] if p else 0, rows))
+        return out
     if aux.grid is None:  # flat: request i holds positions seq_lens[i] - n .. seq_lens[i] - 1
         pos = f["positions"]
         assert lens is not None
@@ -170,7 +236,7 @@ def _spans(aux: _Aux, where: str, problems: list[str]) -> list[tuple[int, list[i
     # b s: batch row i is request i; its tokens are the columns not marked as padding (attention_mask 0, or
     # a negative position), at consecutive positions that end at seq_lens[i] where seq_lens is dumped
     nb, ns = aux.grid
-    pos = f["positions"]
+    pos = f.get("positions") or [j for _ in range(nb) for j in range(ns)]  # without positions: each row from 0
     mask = f["attention_mask"] if aux.shapes.get("attention_mask") == aux.grid else None  # not a [b, 1, s, s] one
     if len(pos) != nb * ns or (lens is not None and len(lens) != nb):
         problems.append(
@@ -205,7 +271,7 @@ def token_sequences(view: RunView) -> tuple[dict[str, Sequence], list[str]]:
         step, dp = b
         where = f"step {step}" + (f" DP rank {dp}" if dp is not None else "")
         aux = per_batch[b]
-        need = _FLAT[:2] if aux.grid is not None else _FLAT
+        need = _FLAT[:1] if aux.grid is not None or _megatron(aux) else _FLAT
         if aux.per_rank:  # ranks that dumped different batches and no DP rank that tells them apart
             problems.append(
                 f"{where}: {', '.join(sorted(aux.per_rank))} differ between ranks and were kept per rank "
@@ -219,11 +285,8 @@ def token_sequences(view: RunView) -> tuple[dict[str, Sequence], list[str]]:
         spans = _spans(aux, where, problems)
         if spans is None:
             continue
-        if names is not None and len(names) != (aux.grid[0] if aux.grid else len(aux.fields["seq_lens"])):
-            problems.append(
-                f"{where}: {len(names)} rids for a batch of "
-                f"{aux.grid[0] if aux.grid else len(aux.fields['seq_lens'])} requests"
-            )
+        if names is not None and len(names) != _requests(aux):
+            problems.append(f"{where}: {len(names)} rids for a batch of {_requests(aux)} requests")
             continue
         ids = aux.fields["input_ids"]
         for i, (start, rows) in enumerate(spans):

@@ -16,7 +16,12 @@ a padding row taken for a token fails the comparison. Experiments (folders under
   attention-side ``hidden`` (``t h # tp:replicated dp:=attn_dp``) and ``attn_q`` (``t (nh*hd)[tp] #
   dp:=attn_dp``), and ``mlp_out`` after DP attention's gather, every DP rank's rows in DP-rank order
   (``t h # tp:replicated attn_dp:replicated``);
-- ``dp-ref``: the same three tensors on one rank, batched as ``align-a``.
+- ``dp-ref``: the same three tensors on one rank, batched as ``align-a``;
+- ``mg-thd``: Megatron's packed layout, one step: ``input_ids`` and ``position_ids`` ``[1, 16]`` holding p0's 8
+  tokens, p1's 6 and 2 rows of padding, ``cu_seqlens_q`` (and ``cu_seqlens_kv``) ``[0, 8, 14, 14]``, ``hidden``
+  sequence-first (``s b h``, ``[16, 1, h]``), no ``rids``;
+- ``mg-bshd``: Megatron's ``[B, S]`` layout: p1's 6 tokens and p0's first 6 as two rows of ``input_ids``
+  ``[2, 6]``, no ``position_ids`` (each row from position 0), ``hidden`` ``s b h``.
 """
 
 from __future__ import annotations
@@ -109,6 +114,28 @@ def dp_run(dumper: Any, exp: str) -> None:
             dumper.step()
 
 
+def megatron_run(dumper: Any, exp: str) -> None:
+    _play(dumper, exp, 0, 1, tp=(0, 1))
+    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    seqs = [PROMPTS[r] + DECODED[r] for r in ("p0", "p1")] if exp == "mg-thd" else [
+        (PROMPTS["p1"] + DECODED["p1"]), PROMPTS["p0"]]  # fmt: skip
+    rows = [(t, p) for seq in seqs for p, t in enumerate(seq)]
+    hidden = torch.stack([emb[t] * (1 + p / 10) for t, p in rows])
+    if exp == "mg-thd":
+        pad = 2
+        ids = torch.tensor([t for t, _ in rows] + [0] * pad)[None]
+        dumper.dump("input_ids", ids)
+        dumper.dump("position_ids", torch.tensor([p for _, p in rows] + [0] * pad)[None])
+        cu = torch.tensor([0, len(seqs[0]), len(rows), len(rows)], dtype=torch.int32)
+        dumper.dump("cu_seqlens_q", cu)
+        dumper.dump("cu_seqlens_kv", cu.clone())
+        dumper.dump("hidden", torch.cat([hidden, torch.full((pad, H), PAD)])[:, None], dims="s b h", layer_id=0)
+    else:
+        dumper.dump("input_ids", torch.tensor([t for t, _ in rows]).reshape(2, 6))
+        dumper.dump("hidden", hidden.reshape(2, 6, H).transpose(0, 1).contiguous(), dims="s b h", layer_id=0)
+    dumper.step()
+
+
 def main(out: str) -> None:
     os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=out, DUMPER_ENABLE_OUTPUT_CONSOLE="0")
     dumper = load_dumper()
@@ -116,6 +143,8 @@ def main(out: str) -> None:
         bs_run(dumper, exp)
     for exp in ("dp-a", "dp-ref"):
         dp_run(dumper, exp)
+    for exp in ("mg-thd", "mg-bshd"):
+        megatron_run(dumper, exp)
 
 
 if __name__ == "__main__":

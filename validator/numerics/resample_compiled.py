@@ -59,7 +59,7 @@ def resampled_rel_l2_many(counts, d2, a2):
     """:func:`resampled_rel_l2` of each pair's blocks (rows of d2 and a2): ``[pairs, resamples]``."""
     out = np.empty((d2.shape[0], counts.shape[1]))
     for p in range(d2.shape[0]):
-        out[p] = resampled_rel_l2(counts, d2[p], a2[p])
+        _put_row(out, p, resampled_rel_l2(counts, d2[p], a2[p]))
     return out
 
 
@@ -71,5 +71,13 @@ def ratios_many(counts, d2, a2, fcounts, fd2, fa2):
     for p in range(d2.shape[0]):
         fd, fa = resample_sums(fcounts, fd2[p], fa2[p])
         sd, sa = resample_sums(counts, d2[p], a2[p])
-        out[p] = ratios(sd, sa, fd, fa)
+        _put_row(out, p, ratios(sd, sa, fd, fa))
     return out
+
+
+@njit(cache=True)
+def _put_row(out, p, row):
+    """out[p] = row, element by element: a row assignment compiles numba's shape-error messages (seconds of
+    compiling at first use, for nothing)."""
+    for k in range(row.size):
+        out[p, k] = row[k]

@@ -91,10 +91,10 @@ class ProbeSession:
                 writer
                 if writer is not None
                 else BundleWriter(
-                    cfg.bundle,
+                    cfg.bundle,  # type: ignore[arg-type]
                     run_name=cfg.run_name,
                     labels=dict(cfg.labels),
-                    part=cfg.part,  # type: ignore[arg-type]
+                    part=cfg.part,
                     manifest={"probe": cfg.sampling()},
                 )
             )

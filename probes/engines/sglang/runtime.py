@@ -270,9 +270,9 @@ class Plugin:
             if self.cfg.role:
                 labels.setdefault("role", self.cfg.role)
             writer = BundleWriter(
-                cfg.bundle,
+                cfg.bundle,  # type: ignore[arg-type]
                 run_name=cfg.run_name,
-                labels=labels,  # type: ignore[arg-type]
+                labels=labels,
                 part=cfg.part,
                 manifest={"sglang": self.manifest(), "probe": cfg.sampling()},
             )

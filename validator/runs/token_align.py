@@ -472,11 +472,12 @@ def _aligned_refs(
     for (name, _request, _tokens, layer, extra), batches in sorted(others.items(), key=lambda kv: repr(kv[0])):
         spec = _token_dims(view, name)
         lt0 = next(iter(batches.values()))
-        label = lt0.label.replace(f"step={lt0.coords.step} ", "").replace(f"dp={_dp_of(lt0.coords.extra)[0]} ", "")
+        where_c = replace(lt0.coords, step=None, extra=_dp_of(lt0.coords.extra)[1]).label()
+        label = f"{name} [{where_c}]" if where_c else name
         places: dict[Batch, Place] = {}
         for b, lt in batches.items():  # a batch of one DP rank, or (DP rank None) every row of the step
-            aux = per_batch.get(b)
-            rows, grid = (aux.rows, aux.grid) if aux is not None else (totals.get(b[0], -1), None)
+            own = per_batch.get(b)
+            rows, grid = (own.rows, own.grid) if own is not None else (totals.get(b[0], -1), None)
             where = _place(spec, lt.shape(), rows, grid)
             if where is not None:
                 places[b] = where

@@ -87,7 +87,7 @@ def _int(v: Any) -> int | None:
 
 
 def _ratio(v: Any) -> float | None:
-    """A floor ratio from a document ('inf' as written by ``_json_safe``) or a pair (a float)."""
+    """A floor ratio from a document ('inf' as written by ``numerics.jsonsafe.json_safe``) or a pair (a float)."""
     if v == "inf":
         return math.inf
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):

@@ -28,7 +28,7 @@ import numpy as np
 
 from validator.judging.text import fmt_interval, fmt_judged
 from validator.numerics.floors import LEVEL, BlockSums, judged_intervals_at
-from validator.numerics.metrics import _json_safe
+from validator.numerics.jsonsafe import json_safe
 
 __all__ = ["POOL_BY", "SETTLE_LEVEL", "Member", "PooledUnit", "plan_units", "judge_units", "settled"]
 
@@ -99,11 +99,11 @@ class PooledUnit:
             "elements": self.elements,
             "status": self.status,
             "judged": self.judged,
-            "value": _json_safe(self.value),
-            "interval": [_json_safe(x) for x in self.interval],
-            "fail_bound": _json_safe(self.fail_bound),
-            "lean_bound": _json_safe(self.lean_bound),
-            "limit": _json_safe(self.limit),
+            "value": json_safe(self.value),
+            "interval": [json_safe(x) for x in self.interval],
+            "fail_bound": json_safe(self.fail_bound),
+            "lean_bound": json_safe(self.lean_bound),
+            "limit": json_safe(self.limit),
             "floor_kind": self.floor_kind,
             "reason": f"{self.label}: {self.describe()}",
         }

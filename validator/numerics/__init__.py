@@ -11,6 +11,15 @@ __getattr__, __all__ = public(
     {
         "metrics": ["TensorMetrics", "MetricInputError", "compare_tensors", "measure", "metrics_from_totals"],
         "host": ["HostArray"],
-        "floors": ["BlockSums", "block_edges", "block_sums", "measure_blocks", "rounding_sums", "more_precise", "bootstrap_interval"],
+        "floors": [
+            "BlockSums",
+            "block_edges",
+            "block_sums",
+            "measure_blocks",
+            "rounding_sums",
+            "more_precise",
+            "bootstrap_interval",
+        ],
+        "jsonsafe": ["json_safe"],
     },
 )

@@ -74,7 +74,6 @@ class TensorMetrics:
         return cls(**kwargs)
 
 
-_json_safe = json_safe  # judging.pooling imports it by this name
 _FIELD_NAMES = tuple(f.name for f in fields(TensorMetrics))
 _FLOAT_NAMES = tuple(f.name for f in fields(TensorMetrics) if f.type == "float")
 

@@ -205,9 +205,9 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
             return client.compare(a, b, floor=floor, policy=policy), {}
         finally:
             client.close()
-    from validator.comparing import compare_refs
     from validator.judging.policy import Policy
     from validator.judging.report import comparison_doc
+    from validator.service.comparing import compare_refs
     from validator.service.cycle_collector import cycle_collector_paused
 
     pol = Policy.from_dict(policy, source=args.policy) if policy is not None else None
@@ -215,8 +215,8 @@ def _comparison(args: argparse.Namespace, a: str, b: str) -> tuple[dict[str, Any
     # would cost more than the measuring of small pairs (benchmarks/many_pairs_bench.md)
     with cycle_collector_paused(), _progress("compare", not args.json) as prog:  # plain files: no store opened
         if getattr(args, "align_tokens", False):  # SGLang dumps batched differently (validator/runs/token_align.py)
-            from validator.comparing import compare_resolved
             from validator.runs.token_align import align_views, open_for_alignment
+            from validator.service.comparing import compare_resolved
 
             def resolve(r: str) -> Any:
                 return open_for_alignment(r) if os.path.exists(r) else _service(args).resolve(r)

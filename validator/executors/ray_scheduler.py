@@ -48,10 +48,9 @@ from validator.executors.ray_cluster import (
     leave,
     lost,
 )
-from validator.executors.setting import ExecutorSpec
 from validator.executors.tasks import RangeResult, checked, measure_batch, measure_range, merge_measured
 from validator.runs.reassembly import LogicalTensor
-from validator.settings import RANGE_BYTES, ExecutorSettings
+from validator.settings import RANGE_BYTES, ExecutorSettings, ExecutorSpec
 
 if TYPE_CHECKING:
     from validator.judging.compare import Measured, Pair

@@ -19,7 +19,8 @@ from validator.judging.policy import Decision, Floor, Policy, fail_level
 from validator.judging.pooling import Member, PooledUnit, judge_units, plan_units, settled
 from validator.judging.text import fmt_interval, fmt_judged, frontier_note
 from validator.numerics.floors import BlockSums, measure_blocks_many, more_precise, rounding_sums
-from validator.numerics.metrics import MetricInputError, TensorMetrics, _json_safe
+from validator.numerics.jsonsafe import json_safe
+from validator.numerics.metrics import MetricInputError, TensorMetrics
 from validator.runs.reassembly import LogicalKey, LogicalTensor, group_logical, materialize_many
 from validator.runs.view import RunView
 
@@ -82,22 +83,22 @@ class PairResult:
             "rel_l2": m["rel_l2"] if m else None,
             "cosine": m["cosine"] if m else None,
             "max_abs": m["max_abs"] if m else None,
-            "threshold": _json_safe(d.threshold) if d else None,
-            "floor_rel_l2": _json_safe(d.floor_rel_l2) if d else None,
-            "floor_ratio": _json_safe(self.floor_ratio),
-            "limit_ratio": _json_safe(self.ratio),
+            "threshold": json_safe(d.threshold) if d else None,
+            "floor_rel_l2": json_safe(d.floor_rel_l2) if d else None,
+            "floor_ratio": json_safe(self.floor_ratio),
+            "limit_ratio": json_safe(self.ratio),
             "floor_kind": d.floor_kind if d else None,
             "judged": d.judged if d else None,
-            "value": _json_safe(d.value) if d else None,
-            "interval": [_json_safe(x) for x in d.interval] if d and d.interval else None,
-            "limit": _json_safe(d.limit) if d else None,
+            "value": json_safe(d.value) if d else None,
+            "interval": [json_safe(x) for x in d.interval] if d and d.interval else None,
+            "limit": json_safe(d.limit) if d else None,
             "borderline": d.borderline if d else False,
             "reasons": list(d.reasons) if d else [],
             "notes": [*self.notes, *d.notes] if d else list(self.notes),
             "shape_a": list(self.shape_a),
             "shape_b": list(self.shape_b),
             "capture_index": self.capture_index,
-            "fail_bound": _json_safe(d.fail_bound) if d and d.fail_bound is not None else None,
+            "fail_bound": json_safe(d.fail_bound) if d and d.fail_bound is not None else None,
             "pooled_pass": self.pooled_pass,
             "metrics": m,
         }
@@ -409,7 +410,7 @@ def compare_runs(
         reasons.append(f"acceptance records only in {'A' if a.has_acceptance else 'B'}: not compared")
     if a.engine_metrics_file is not None and b.engine_metrics_file is not None:
         from validator.judging.engine_metrics import compare_engine_metrics
-        from validator.workloads.scrape import load_metrics_doc
+        from validator.runs.workload_files import load_metrics_doc
 
         opts = {k: v for k, v in policy.extra.get("acceptance", {}).items() if k in ("margin", "alpha")}
         eng = compare_engine_metrics(load_metrics_doc(a.engine_metrics_file), load_metrics_doc(b.engine_metrics_file), **opts)
@@ -474,7 +475,8 @@ GSM8K_ALPHA = 0.05
 
 def _gsm8k_section(a: RunView, b: RunView) -> dict[str, Any]:
     """Accuracy on the questions both runs answered; fails when B loses significantly (exact McNemar)."""
-    from validator.workloads.gsm8k import compare_gsm8k, load_gsm8k_rows
+    from validator.judging.gsm8k_scoring import compare_gsm8k
+    from validator.runs.workload_files import load_gsm8k_rows
 
     assert a.gsm8k_file is not None and b.gsm8k_file is not None
     doc = compare_gsm8k(load_gsm8k_rows(a.gsm8k_file), load_gsm8k_rows(b.gsm8k_file), names=(a.name, b.name))

@@ -22,7 +22,6 @@ __getattr__, __all__ = public(
             "write_acceptance_jsonl",
             "write_acceptance_parquet",
             "records_to_frame",
-            "summarize_acceptance",
         ],
     },
 )

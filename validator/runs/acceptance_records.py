@@ -1,4 +1,4 @@
-"""Acceptance records: the canonical per-verify-step schema, JSONL loading, Parquet storage, run summaries.
+"""Acceptance records: the canonical per-verify-step schema, JSONL loading, Parquet storage, validation.
 
 One record = one verify step of one request (the schema is documented in docs/metrics.md, "Acceptance metrics").
 The probe ``probes.acceptance.AcceptanceRecorder`` writes the same schema as JSON lines into a run bundle
@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from validator.errors import InputError
-from validator.judging.acceptance import AcceptanceSummary, StepArrays, summarize_run
 from validator.runs.jsonlines import DuplicateKeyError, check_unique
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "read_acceptance_jsonl",
     "read_acceptance_parquet",
     "records_to_frame",
-    "summarize_acceptance",
     "write_acceptance_jsonl",
     "write_acceptance_parquet",
 ]
@@ -491,11 +489,3 @@ def read_acceptance_parquet(path: str | os.PathLike[str]) -> pd.DataFrame:
     df = _frame({c: table.column(c).to_pylist() for c in COLUMNS})
     check_frame(df, source=str(path))
     return df
-
-
-# -- summaries ----------------------------------------------------------------------------------------
-
-
-def summarize_acceptance(df: pd.DataFrame) -> AcceptanceSummary:
-    """Per-run summary (counts, rates per position, histogram, SGLang/vLLM-style metrics)."""
-    return summarize_run(StepArrays.from_frame(df))

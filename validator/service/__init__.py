@@ -2,7 +2,9 @@
 persistence only). :class:`Service` (ingest, list, show, compare, cached comparisons, expiry and gc) in
 :mod:`.core`, on :class:`~.access.StoreAccess`; pushed runs (pending run, uploads, finalize) in :mod:`.uploads`;
 the expiry of abandoned pending runs and the blob collection in :mod:`.expiry`; the cycle collector's pause
-for large runs in :mod:`.cycle_collector`. Names are imported on first use: the pause loads no database."""
+for large runs in :mod:`.cycle_collector`; a local caller's comparison in :mod:`.comparing` (plain paths are
+read without the store's imports). Names are imported on first use: neither the pause nor a comparison of
+plain paths loads the database."""
 
 from typing import TYPE_CHECKING
 
@@ -21,5 +23,6 @@ __getattr__, __all__ = public(
         "uploads": ["create_pending", "upload_file", "upload_status", "finalize"],
         "expiry": ["Collected", "collect"],
         "cycle_collector": ["cycle_collector_paused"],
+        "comparing": ["compare_refs", "compare_resolved"],
     },
 )

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import IntegrityError
 
 from probes.core.shards import Coords, ShardSpec
-from validator.comparing import Progress, compare_resolved
 from validator.errors import ConflictError, InputError, NotFoundError, StorageError
 from validator.runs.reassembly import group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import check_dtype, file_byte_chunks, torch_dtype
 from validator.runs.view import RunView, TensorRef
 from validator.service.access import StoreAccess
+from validator.service.comparing import Progress, compare_resolved
 from validator.service.cycle_collector import cycle_collector_paused
 from validator.service.expiry import Collected, collect
 from validator.settings import Settings, parse_executor
@@ -266,12 +266,12 @@ class Service(StoreAccess):
             put_bytes(functools.partial(file_byte_chunks, path, 0, path.stat().st_size), kind)
 
         if view.gsm8k_file is not None:
-            from validator.workloads.gsm8k import load_gsm8k_rows
+            from validator.runs.workload_files import load_gsm8k_rows
 
             load_gsm8k_rows(view.gsm8k_file)  # validate before storing
             put_file(view.gsm8k_file, "gsm8k")
         if view.engine_metrics_file is not None:
-            from validator.workloads.scrape import load_metrics_doc
+            from validator.runs.workload_files import load_metrics_doc
 
             load_metrics_doc(view.engine_metrics_file)
             put_file(view.engine_metrics_file, "engine-metrics")
@@ -350,9 +350,9 @@ class Service(StoreAccess):
         view = self.stored_view(self.get_run(ref))
         if not view.has_acceptance:
             return None
-        from validator.runs.acceptance_records import summarize_acceptance
+        from validator.judging.acceptance import StepArrays, summarize_run
 
-        s = summarize_acceptance(view.load_acceptance())
+        s = summarize_run(StepArrays.from_frame(view.load_acceptance()))
         return {**s.to_dict(), "engine_metrics": s.engine_metrics()}
 
     def stored_view(self, run: Run) -> RunView:

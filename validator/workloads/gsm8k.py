@@ -4,7 +4,7 @@
 
 Sends the first ``--limit`` (64) GSM8K test questions, 5-shot, greedy, 512 output tokens, no input
 truncation, and records per request the output, the answers extracted by three rules
-(:mod:`validator.workloads.gsm8k_scoring`), finish reason, tokens, latency and every ``spec_*`` field the server
+(:mod:`validator.judging.gsm8k_scoring`), finish reason, tokens, latency and every ``spec_*`` field the server
 returned; per run, the summary of docs/gsm8k.md. Each run is written as a run bundle::
 
     BUNDLE/manifest.json                 run name, labels (workload, concurrency, url, prompt_style, ...)
@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
-from validator.settings import parse_labels
-from validator.workloads._jsonl import json_lines
-from validator.workloads.gsm8k_client import APIS, ClientConfig, send_all
-from validator.workloads.gsm8k_scoring import (
+from validator.judging.gsm8k_scoring import (
     compare_gsm8k,
     format_summary,
     question_hash,
@@ -42,6 +39,10 @@ from validator.workloads.gsm8k_scoring import (
     score_output,
     summarize_rows,
 )
+from validator.runs.workload_files import PART, ROWS_FILE, load_gsm8k_rows
+from validator.settings import parse_labels
+from validator.workloads._jsonl import json_lines
+from validator.workloads.gsm8k_client import APIS, ClientConfig, send_all
 
 __all__ = [
     "PROMPT_STYLES",
@@ -59,8 +60,6 @@ __all__ = [
 
 PROMPT_STYLES = ("sglang", "lm-eval")
 STOPS = {"sglang": ("Question", "Assistant:", "<|separator|>"), "lm-eval": ("Question:", "</s>", "<|im_end|>")}
-PART = "gsm8k"
-ROWS_FILE = "gsm8k.jsonl"
 
 
 # -- data and prompts -----------------------------------------------------------------------------------
@@ -191,27 +190,6 @@ def write_gsm8k_bundle(out: str | os.PathLike[str], run: GSM8KRun, *, run_name: 
         raise
     write_json_atomic(part / "part.json", {"part": PART, "tensors": [], "extra": {"gsm8k_summary": run.summary}})
     return root
-
-
-def load_gsm8k_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Per-request rows of one run: from a bundle directory, its ``parts/gsm8k`` folder, or the JSONL file."""
-    p = Path(path)
-    if p.is_dir():
-        candidates = [p / ROWS_FILE, p / "parts" / PART / ROWS_FILE, *sorted(p.glob(f"parts/*/{ROWS_FILE}"))]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            raise InputError(f"{p}: no {ROWS_FILE} in this directory or under parts/")
-        p = found
-    rows = []
-    try:
-        with open(p, encoding="utf-8") as f:
-            for n, obj in json_lines(p, f):
-                if not isinstance(obj, dict) or not all(k in obj for k in ("question", "correct", "answers")):
-                    raise InputError(f"{p} line {n}: not a GSM8K probe row (needs question, answers, correct)")
-                rows.append(obj)
-    except OSError as exc:
-        raise InputError(f"{p}: {exc.strerror or exc}") from None
-    return rows
 
 
 # -- command line -------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import Any
 
 from validator.errors import InputError
 from validator.numerics.jsonsafe import json_safe
+from validator.runs.workload_files import METRICS_FILE, METRICS_FORMAT
 
 __all__ = [
     "METRICS_FILE",
@@ -53,8 +54,6 @@ __all__ = [
     "write_metrics_bundle",
 ]
 
-METRICS_FILE = "metrics.json"
-METRICS_FORMAT = "validator-metrics"
 MAX_BODY = 64 << 20
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -372,23 +371,3 @@ def run_from_args(args: argparse.Namespace, *, ingest: Callable[[Path], Any] | N
               f"unconditional {f(p['unconditional_rate'])}, conditional {f(p['conditional_rate'])}")
     print(f"wrote {out}" + (f"; stored as run {getattr(stored, 'name', stored)!r}" if stored is not None else ""))
     return 0
-
-
-def load_metrics_doc(path: str | Path) -> dict[str, Any]:
-    """A ``metrics.json`` written by :func:`write_metrics_bundle`, checked for the fields compare reads."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{p}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != METRICS_FORMAT:
-        raise InputError(f"{p}: not a validator metrics document (format must be {METRICS_FORMAT!r})")
-    acc = doc.get("acceptance")
-    if not isinstance(acc, dict) or not isinstance(acc.get("per_position", []), list):
-        raise InputError(f"{p}: 'acceptance' must be an object with a 'per_position' list")
-    for i, pos in enumerate(acc.get("per_position", [])):
-        if not isinstance(pos, dict) or not isinstance(pos.get("position"), int):
-            raise InputError(f"{p}: acceptance.per_position[{i}] needs an integer 'position'")
-    return doc

@@ -30,11 +30,12 @@ from tests.factories import tensors, write_tp_bundle
 from tests.ray_cluster import RayCluster
 from tests.servers import VALIDATOR, free_port
 from validator.errors import InputError
-from validator.executors import ExecutorSpec, RayExecutor, pair_memory, parse_executor, plan_batches, plan_ranges
+from validator.executors import RayExecutor, pair_memory, plan_batches, plan_ranges
 from validator.judging.compare import compare_runs
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import ITEMSIZES
+from validator.settings import ExecutorSpec, parse_executor
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 S3 = os.environ.get("VALIDATOR_TEST_S3_ENDPOINT")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from probes.core.acceptance import ACCEPTANCE_FILE, AcceptanceRecorder, AcceptanceRecordError
+from validator.judging.acceptance import StepArrays, summarize_run
 from validator.runs.acceptance_records import (
     COLUMNS,
     AcceptanceInputError,
@@ -22,7 +23,6 @@ from validator.runs.acceptance_records import (
     read_acceptance_jsonl,
     read_acceptance_parquet,
     records_to_frame,
-    summarize_acceptance,
     write_acceptance_jsonl,
     write_acceptance_parquet,
 )
@@ -265,7 +265,7 @@ def test_summary_counts_by_hand() -> None:
             step("b", 0, [1, 2, 3], 2),
         ]
     )
-    s = summarize_acceptance(df)
+    s = summarize_run(StepArrays.from_frame(df))
     assert (s.requests, s.steps, s.proposed_drafts, s.accepted_drafts, s.bonus_tokens) == (2, 4, 11, 6, 3)
     assert s.histogram == (1, 1, 1, 1)
     assert s.reached == (4, 3, 2) and s.accepted_at == (3, 2, 1)

@@ -12,6 +12,14 @@ import pytest
 from tests.paths import DATA as TEST_DATA
 from tests.servers import free_port, start_process
 from validator.errors import InputError
+from validator.judging.gsm8k_scoring import (
+    INVALID,
+    flexible_answer,
+    score_output,
+    sglang_answer,
+    strict_answer,
+    summarize_rows,
+)
 from validator.workloads.gsm8k import (
     add_arguments,
     build_prompt,
@@ -23,14 +31,6 @@ from validator.workloads.gsm8k import (
     select_shots,
 )
 from validator.workloads.gsm8k_client import ClientConfig, MalformedResponse, parse_response
-from validator.workloads.gsm8k_scoring import (
-    INVALID,
-    flexible_answer,
-    score_output,
-    sglang_answer,
-    strict_answer,
-    summarize_rows,
-)
 
 DATA = TEST_DATA / "gsm8k" / "test.jsonl"
 TRAIN = TEST_DATA / "gsm8k" / "train.jsonl"

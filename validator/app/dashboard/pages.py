@@ -56,13 +56,13 @@ def _gsm8k_rows(svc: Service, run: Run) -> list[dict[str, Any]] | None:
     art = next((a for a in run.artifacts if a.kind == "gsm8k"), None)
     if art is None:
         return None
-    from validator.workloads.gsm8k import load_gsm8k_rows
+    from validator.runs.workload_files import load_gsm8k_rows
 
     return load_gsm8k_rows(svc.blobs.path(art.sha256))
 
 
 def _gsm8k_summary(run: Run, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    from validator.workloads.gsm8k_scoring import summarize_rows
+    from validator.judging.gsm8k_scoring import summarize_rows
 
     conc = run.label_dict().get("concurrency", "")
     s = summarize_rows(rows, total_time_s=0.0, concurrency=int(conc) if conc.isdigit() else 0)
@@ -318,7 +318,7 @@ def _gsm8k_comparison(svc: Service, doc: dict[str, Any]) -> dict[str, Any] | Non
         return {"error": str(exc)}
     if ra is None or rb is None:
         return None
-    from validator.workloads.gsm8k import compare_gsm8k
+    from validator.judging.gsm8k_scoring import compare_gsm8k
 
     out = compare_gsm8k(ra, rb, names=(doc["a"], doc["b"]), max_listed=0)
     out.pop("table", None)

@@ -21,11 +21,11 @@ from probes import BundleWriter, ShardSpec
 from probes.core.bundle import write_json_atomic
 from tests.paths import DATA
 from tests.validator.judging.acceptance_factories import make_records
+from validator.judging.gsm8k_scoring import question_hash, reference_number, score_output
 from validator.runs.acceptance_records import write_acceptance_jsonl
 from validator.service import Service
 from validator.settings import Settings
 from validator.workloads.gsm8k import load_questions
-from validator.workloads.gsm8k_scoring import question_hash, reference_number, score_output
 
 LAYERS = 6
 TOKENS, HIDDEN, HEADS, HEAD_DIM = 48, 64, 8, 16

@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]  # (pairs done, pairs in all)
 
 class ComparesRuns(Protocol):
     """What :func:`compare_refs` asks of the store it opens: :meth:`validator.service.Service.compare` (named
-    here, not imported: the service measures through this module)."""
+    here, not imported: :mod:`.core` imports SQLAlchemy, and measures through this module)."""
 
     def compare(
         self, a: str, b: str, *, policy: Policy | None = ..., floor: tuple[str, str] | None = ...,
@@ -66,7 +66,8 @@ def compare_resolved(
 ) -> Comparison:
     """The comparison of the runs ``resolve`` gives for ``a`` and ``b`` (and the noise floor's two), measured
     where ``executor`` says (``validator.executors``; ``blob_url``: where its workers read stored runs)."""
-    from validator.executors import make_executor, parse_executor
+    from validator.executors import make_executor
+    from validator.settings import parse_executor
 
     ex = make_executor(parse_executor(executor), blob_url=blob_url)  # first: a bad --executor or no cluster fails fast
     from validator.judging.compare import compare_runs

@@ -11,7 +11,7 @@ Pair classes (``CLASSES``; a = reference, b = candidate, the sizes below per ten
   b only, scattered;
 - ``bf16 vs fp32``: a float32, b = bf16(a * (1 + 2e-2 N)): the dtypes and drift (rel_l2 ~2e-2) of the
   transformers engine's bf16 capture against its float32 one;
-- ``projection``: the projection probe's own capture (``probes.projection.run_probe`` at hidden 7168, 6
+- ``projection``: the projection probe's own capture (``probes.workloads.projection.run_probe`` at hidden 7168, 6
   capture layers, PP8): ``pre_norm`` of ``partial-bf16`` (bf16) against ``ref`` (float64), its rows repeated
   up to the size (rel_l2 3e-3).
 

@@ -7,7 +7,7 @@ step's update, the rollout engine - the same architecture in bfloat16 - receives
 (cast to bf16: the "weight sync"), samples ``--samples`` responses of up to ``--tokens`` tokens to GSM8K
 test questions at temperature 1 (no top-k, no top-p), and returns each sampled token's logprob; the
 trainer recomputes the same tokens' logprobs in float32 with its current weights. The records
-(``probes.logprobs.LogprobRecorder``) then go to ``validator rl kl``.
+(``probes.rl.logprobs.LogprobRecorder``) then go to ``validator rl kl``.
 
 Three series share one trainer trajectory and one sampling seed per step:
 
@@ -15,7 +15,7 @@ Three series share one trainer trajectory and one sampling seed per step:
 - ``stale-3``: the sync silently fails at steps 12-14 (the engine serves version 11 there), then recovers.
 - ``stale-from-10``: the sync stops at step 10 for good (the engine serves version 9 from then on).
 
-At step 13 the script also writes the weight manifests (``probes.weights``) of the trainer's export and of
+At step 13 the script also writes the weight manifests (``probes.rl.weights``) of the trainer's export and of
 what the engine holds, for the healthy and the stale series, and diffs them with ``validator manifest diff``.
 
 Usage: python benchmarks/rl_h200.py --out OUT_DIR [--device cuda]

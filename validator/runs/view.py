@@ -42,7 +42,7 @@ class TensorRef:
     read_into: Callable[[memoryview], None] | None = field(default=None, repr=False, compare=False)
 
     def byte_chunks(self) -> Iterator[bytes | memoryview]:
-        """The tensor's raw bytes (as ``probes.bundle.tensor_bytes(self.load())``), streamed in bounded
+        """The tensor's raw bytes (as ``probes.core.bundle.tensor_bytes(self.load())``), streamed in bounded
         pieces when the bytes lie contiguous in a file."""
         if self.location is not None:
             yield from file_byte_chunks(self.location[0], self.location[1], self.nbytes)

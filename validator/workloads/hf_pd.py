@@ -7,11 +7,11 @@ Modes (greedy, one request at a time, ``generate(assistant_model=draft)`` for th
   (TP ``--tp-prefill``, the KV heads split by rank): the target's KV cache, the draft's KV cache (its
   context state) and the first output token. A second *decode* process (D) reads it as TP
   ``--tp-decode`` ranks would (each D rank takes its KV heads from the P rank that holds them,
-  :mod:`probes.sglang.heads`), rebuilds both caches and decodes.
+  :mod:`probes.engines.sglang.heads`), rebuilds both caches and decodes.
 - ``pd-broken``: as ``pd``, but D misplaces part of the hand-off (``--break head``: two D ranks swap
   their head slices of target layer 1; ``--break layer``: target layer 1 gets layer 2's cache).
 
-Captured into the bundle ``--out`` (:mod:`probes.transformers`): per step the target's and draft's layer,
+Captured into the bundle ``--out`` (:mod:`probes.engines.transformers`): per step the target's and draft's layer,
 attention, MLP, final-norm and logits tensors; the KV caches at step 0 as D holds them (``target.k``,
 ``target.v``, ``draft.k``, ``draft.v``; in PD as ``split(dim=1)`` shards of the D ranks); acceptance
 (``acceptance.jsonl``) per verify step. Parts: ``donly``; or ``prefill`` and ``decode``.

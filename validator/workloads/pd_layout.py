@@ -6,7 +6,7 @@ token-major (``NHD``: ``[token][head][head_dim]``, SGLang's MHA pool) or head-ma
 P TP4 and D TP32 over 8 heads, a P page of one layer's K is 64x2x128x2 = 32768 bytes, a D page 16384.
 
 :func:`transfer_plan` computes, for one decode rank, the byte runs it must receive: which prefill rank,
-head, source address, destination address and length, per layer and page (:mod:`probes.sglang.heads`
+head, source address, destination address and length, per layer and page (:mod:`probes.engines.sglang.heads`
 decides which ranks hold which heads, the same rule the probes use to record draft K/V shards).
 :func:`check_plan` checks a given plan (entries ``{layer, page, src_addr, dst_addr, length}``) against it
 and reports every wrong entry, every missing byte range and every byte written twice. Layouts that cannot

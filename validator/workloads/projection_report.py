@@ -255,8 +255,8 @@ def run_projection_report(
     """Run the probe (bundles under ``out_dir/<path>/`` unless ``write_bundles`` is False) and compare.
 
     With ``from_bundle`` the hidden states come from a captured bundle (see
-    :func:`probes.projection.load_hidden_states`); tokens and hidden size are taken from it.
-    Raises :class:`probes.projection.ProjectionConfigError` for an impossible layout, before any arithmetic.
+    :func:`probes.workloads.projection.load_hidden_states`); tokens and hidden size are taken from it.
+    Raises :class:`probes.workloads.projection.ProjectionConfigError` for an impossible layout, before any arithmetic.
     """
     hidden = None
     source = None

@@ -365,6 +365,9 @@ def compare_runs(
                 members.append(None)
             else:
                 d = next(decisions)
+                disagree = tuple(n for n in g.notes if "declared replicas disagree" in n)  # reassembly.replica_note
+                if disagree:  # copies the layout declares replicated differ: the pair fails, naming their ranks
+                    d = replace(d, status="fail", reasons=(*d.reasons, *disagree), borderline=False)
                 status = d.status
                 members.append(_member(d, g, next(floors)))
             pairs.append(

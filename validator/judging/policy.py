@@ -59,11 +59,11 @@ __all__ = [
 ]
 
 # Bumped whenever a default or a judging rule changes, so that cached comparisons are judged again.
-JUDGING_VERSION = 6  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
+JUDGING_VERSION = 7  # 3: row blocks from the measuring pass (aligned boundaries), bootstrap by count matrix; 4: the
 # divergence frontier (first_divergence, problem_nodes, downstream) in the document and the headline; 5: a pair with
 # no finite element is inconclusive unless nonfinite = "match" (then noted), intervals printed rounded outward; 6:
 # intervals that hold at every size (bootstrap, log-scale t and F envelope), FAILs at the run's Bonferroni level,
-# pooled units
+# pooled units; 7: a pair whose declared replicated copies differ fails
 
 # Chosen by benchmarks/calibration.py (docs/policy.md, "Calibration").
 FLOOR_MULTIPLE = 1.5

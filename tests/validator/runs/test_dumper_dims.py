@@ -85,6 +85,11 @@ def test_undeclared_axis_and_differing_copies_are_reported(d23: Path, tmp_path: 
     doc = json.loads(capsys.readouterr().out)
     notes = [n for p in doc["pairs"] for n in p.get("notes", []) if "replicas disagree" in n]
     assert len(notes) == 2 and all("rank=1" in n and "rank=0" in n for n in notes)  # the two ranks named
+    differing = [p for p in doc["pairs"] if any("replicas disagree" in n for n in p.get("notes", []))]
+    assert {p["name"] for p in differing} == {"hidden"}  # '# tp:replicated': declared, so a differing copy fails
+    assert [p["status"] for p in differing] == ["fail", "fail"]
+    assert all(any("declared replicas disagree" in r and "rank=1" in r and "rank=0" in r for r in p["reasons"])
+               for p in differing)
     assert len(doc["only_b"]) == 8 and all("mlp_gate" in str(t) for t in doc["only_b"])  # kept per rank, unpaired
     assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d23 / "tp2-bad"), "--name", "bad"]) == 0
     assert capsys.readouterr().err.count("validator: warning: mlp_gate") == 4  # ingest says why
@@ -134,6 +139,30 @@ def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
     assert lt.kind == "split" and torch.equal(lt.materialize(), full)
     problems = view.manifest["sglang_dumper"]["unassembled"]
     assert "different dims" in problems[0] and "zigzag order on dimension 't'" in problems[1]
+
+
+@pytest.mark.parametrize("dims", ["t h # tp:replicated", None])
+def test_differing_copies_fail_only_where_declared(tmp_path: Path, dims: str | None,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 2, rank 1's copy off by 1e-3: declared replicated by the dims, or dumped without dims (as 0.5.9 dumps
+    # are: read as copies, a guess, since such a tensor may really be split)
+    d = tmp_path / "copies"
+    d.mkdir()
+    x = torch.arange(6, dtype=torch.float32).view(2, 3)
+    for rank in (0, 1):
+        _write(d, rank, "x", x + 1e-3 * rank, dims, {"tp_rank": rank, "tp_size": 2}, key="sglang_parallel_info")
+    (lt,) = group_logical(read_dumper_dir(d).tensors).values()
+    assert lt.kind == "replicated" and [r.replication for r in lt.shards] == ["declared" if dims else "assumed"] * 2  # type: ignore[attr-defined]
+    assert main(["--home", str(tmp_path / "home"), "compare", str(d), str(d), "--json"]) == (1 if dims else 0)
+    (pair,) = json.loads(capsys.readouterr().out)["pairs"]
+    notes = [n for n in pair["notes"] if "replicas disagree" in n]  # A's and B's: the same files
+    what = "declared replicas disagree" if dims else "replicas disagree"
+    assert [n[:3] for n in notes] == ["A: ", "B: "] and all(n[3:].startswith(what) for n in notes)
+    assert all("rank=1" in n and "rank=0" in n for n in notes)
+    if dims:
+        assert pair["status"] == "fail" and all(n in pair["reasons"] for n in notes)
+    else:  # assumed copies: a note, the pair judged on rank 0's copy
+        assert pair["status"] == "pass" and not any("replicas disagree" in r for r in pair["reasons"])
 
 
 def test_layout_problems_name_what_is_wrong(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from validator.errors import InputError
+from validator.judging.exit_codes import VERDICT_EXIT
 from validator.judging.frontier import Frontier, Node, divergence_frontier
 from validator.judging.policy import Decision, Floor, Policy, fail_level
 from validator.judging.pooling import Member, PooledUnit, judge_units, plan_units, settled
@@ -29,10 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_pair", "measure_tensors", "floor_from", "merge_verdicts",
-    "VERDICT_EXIT", "pair_frontier", "tensor_verdict",
+    "pair_frontier", "tensor_verdict",
 ]
 
-VERDICT_EXIT = {"pass": 0, "fail": 1, "inconclusive": 3}
 _STATUS_ORDER = {"error": 0, "fail": 1, "inconclusive": 2, "pass": 3}
 
 

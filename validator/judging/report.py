@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from validator.judging.compare import Comparison
-from validator.judging.exit_codes import VERDICT_EXIT
 from validator.judging.text import (
     counts_line,
     floor_cell,
@@ -39,10 +38,8 @@ __all__ = [
     "headline",
     "counts_line",
     "judged_cell",
-    "EXIT_CODES",
 ]
 
-EXIT_CODES = VERDICT_EXIT  # the one map (judging.exit_codes), by the name tests/validator/executors import
 
 
 def comparison_doc(c: Comparison) -> dict[str, Any]:

@@ -39,9 +39,9 @@ from validator.judging.gsm8k_scoring import (
     score_output,
     summarize_rows,
 )
+from validator.runs.jsonlines import json_lines
 from validator.runs.workload_files import PART, ROWS_FILE, load_gsm8k_rows
 from validator.settings import parse_labels
-from validator.workloads._jsonl import json_lines
 from validator.workloads.gsm8k_client import APIS, ClientConfig, send_all
 
 __all__ = [

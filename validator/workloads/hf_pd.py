@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from validator.errors import InputError
-from validator.workloads._jsonl import json_lines
+from validator.runs.jsonlines import json_lines
 from validator.workloads.hf_models import EOS, ByteTokenizer, check_size, load_model, read_config
 
 __all__ = ["MODES", "PDConfig", "add_arguments", "load_prompts", "run", "run_from_args"]

@@ -332,12 +332,13 @@ def test_stored_runs_bitwise_equal(
         c = svc.compare("ra", "rb", floor=("rfa", "rfb"), allow_paths=False)  # in this process
     finally:
         svc.close()
-    from validator.judging.report import EXIT_CODES, comparison_doc, dumps
+    from validator.judging.exit_codes import VERDICT_EXIT
+    from validator.judging.report import comparison_doc, dumps
 
     local = dumps(comparison_doc(c), indent=True) + "\n"  # as `validator compare --json` prints it
     names = {k: f"r{k}" for k in runs}
     got = _cli([*_compare_args(names), "--executor", f"ray={cluster.address}"], env)
-    assert got.returncode == EXIT_CODES[c.verdict], got.stderr
+    assert got.returncode == VERDICT_EXIT[c.verdict], got.stderr
     assert got.stdout == local
 
 

@@ -284,6 +284,7 @@ def pair_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "limit": p.get("limit"),
                 "limit_unit": "x" if p.get("judged") == "x floor" else "",
                 "borderline": bool(p.get("borderline")),
+                "pooled_pass": bool(p.get("pooled_pass")),  # inconclusive alone, settled by its pooled unit
                 "floor_ratio": _num(p.get("floor_ratio")),
                 "limit_ratio": _num(p.get("limit_ratio")),
                 "sqnr_db": _num(m.get("sqnr_db")),

@@ -181,3 +181,29 @@ async def test_pages_follow_protect_reads(dash_service: Service, sample: Sample)
             assert (await c.get(url, headers={"Authorization": "Bearer tok"})).status_code != 401, url
         assert (await c.get("/static/dashboard.css")).status_code == 200  # no data in static files
         assert (await c.post("/runs")).status_code == 405  # pages are GET only
+
+
+async def test_comparison_page_lists_pooled_units(dash_client: httpx.AsyncClient, sample: Sample) -> None:
+    """Each pooled unit (the pairs of one capture point judged together) with its verdict, its judged value and a
+    link to its pairs, failing units first; a pair settled by pooling says so in the pairs table."""
+    cid = await _compare(dash_client, sample.names, floor=False)
+    doc = (await dash_client.get(f"/api/v1/comparisons/{cid}")).json()["result"]
+    units = doc["pooled"]
+    assert len(units) >= 2, "the sample's capture points span layers: they have pooled units"
+    html = (await dash_client.get(f"/comparisons/{cid}")).text
+    start = html.index('id="pooled"')
+    section = html[start : html.index("</section>", start)]
+    counts = doc["pooled_counts"]
+    text = " ".join(section.split())
+    assert f"{len(units)} units, {counts.get('fail', 0)} fail, {counts.get('inconclusive', 0)} inconclusive" in text
+    rank = {"fail": 0, "inconclusive": 1, "pass": 2}
+    at = [section.index(f">{u['label']}</a>") for u in units]  # every unit listed once
+    shown = [u for _, u in sorted(zip(at, units), key=lambda x: x[0])]
+    assert [rank[u["status"]] for u in shown] == sorted(rank[u["status"]] for u in units)  # failing first
+    for u in units:
+        judged = u["reason"].removeprefix(u["label"] + ": ")
+        assert judged != u["reason"] and judged.replace(">", "&gt;").replace("<", "&lt;") in section
+        assert f"name={u['name']}" in section  # the link filters the pairs table to the unit's capture point
+    settled = sum(bool(p.get("pooled_pass")) for p in doc["pairs"])
+    assert settled == counts["settled_pairs"]
+    assert html.count("(settled by pooling)") == min(settled, 50)  # the table's first page: up to 50 rows

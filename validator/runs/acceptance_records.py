@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from validator.errors import InputError
-from validator.runs.jsonlines import DuplicateKeyError, check_unique
+from validator.runs.jsonlines import json_lines
 
 __all__ = [
     "ACCEPTANCE_FILE",
@@ -350,23 +350,8 @@ def _read_jsonl(path: Path, col: _Collector, strict: bool) -> None:
     except OSError as exc:
         raise AcceptanceInputError(f"{path}: cannot open: {exc.strerror or exc}") from None
     with f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+        for lineno, obj in json_lines(path, f, error=AcceptanceInputError):
             where = f"{path} line {lineno}"
-            try:
-                obj = json.loads(line)
-                check_unique(line, obj)
-            except DuplicateKeyError as exc:
-                raise AcceptanceInputError(f"{where}: {exc}") from None
-            except json.JSONDecodeError as exc:
-                raise AcceptanceInputError(
-                    f"{where}: not valid JSON: {exc.msg} (column {exc.colno})"
-                ) from None
-            except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting too deep
-                raise AcceptanceInputError(f"{where}: not valid JSON: {str(exc)[:100]}") from None
-            except UnicodeDecodeError:  # pragma: no cover - open() decodes first
-                raise AcceptanceInputError(f"{where}: not UTF-8") from None
             col.add(normalize_record(obj, where=where, strict=strict), where)
 
 

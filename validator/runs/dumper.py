@@ -49,13 +49,31 @@ from validator.runs.reassembly import ReplicaRef
 from validator.runs.tensorfile import DTYPES, dtype_name
 from validator.runs.view import RunView, TensorRef
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "DumpFile", "dump_folders", "find_dump_dir", "is_dumper_dir", "parse_dump_name", "read_dumper_dir"]
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "DumpFile",
+    "dump_folders",
+    "find_dump_dir",
+    "is_dumper_dir",
+    "parse_dump_name",
+    "read_dumper_dir",
+]
 
 DEFAULT_MAX_FILE_BYTES = 4 << 30
 _STEP_KEYS = ("forward_pass_id", "step")
 # placement and bookkeeping tags: not part of a tensor's identity (recompute_status: training recompute)
-_PLACEMENT_TAGS = {"rank", "dump_index", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "ep_rank", "etp_rank",
-                   "recompute_status"}
+_PLACEMENT_TAGS = {
+    "rank",
+    "dump_index",
+    "tp_rank",
+    "tp_size",
+    "pp_rank",
+    "pp_size",
+    "cp_rank",
+    "ep_rank",
+    "etp_rank",
+    "recompute_status",
+}
 _SUPPORTED = set(DTYPES.values())
 _COORD_NAMES = {"step", "tokens", "layer", "pp_stage", "tp_rank", "tp_size", "call", "pp"}
 
@@ -113,8 +131,10 @@ def find_dump_dir(path: str | os.PathLike[str]) -> Path:
         return subs[0]
     if subs:
         names = ", ".join(s.name for s in subs[:10])
-        raise InputError(f"{p}: holds {len(subs)} SGLang dump folders ({names}); name one of them, or compare with "
-                         "--align-tokens, which reads them as one run (a prefill and a decode server's)")
+        raise InputError(
+            f"{p}: holds {len(subs)} SGLang dump folders ({names}); name one of them, or compare with "
+            "--align-tokens, which reads them as one run (a prefill and a decode server's)"
+        )
     raise InputError(
         f"{p}: no SGLang dumper files (forward_pass_id=...___name=....pt or step=...___name=....pt) here "
         "or in a sub-folder"
@@ -216,7 +236,9 @@ def read_dumper_dir(
         value = obj["value"]
         items = value.items() if isinstance(value, dict) else [(None, value)]
         if tags["name"] == "rids" and isinstance(value, (list, tuple)) and all(isinstance(r, str) for r in value):
-            rids.setdefault(tags.get("forward_pass_id") or tags.get("step", ""), [str(r) for r in value])  # token alignment
+            rids.setdefault(
+                tags.get("forward_pass_id") or tags.get("step", ""), [str(r) for r in value]
+            )  # token alignment
             continue
         for key, v in items:
             label = f"{f.name}" + (f"[{key}]" if key is not None else "")
@@ -227,7 +249,9 @@ def read_dumper_dir(
                 skipped.append(f"{label}: dtype {dtype_name(v.dtype)} is not supported")
                 continue
             tname = tags["name"] + (f".{key}" if key is not None else "")
-            pieces.append(DumpFile(f, None if key is None else str(key), _safe_name(tname), tags, meta, v.dtype, tuple(v.shape)))
+            pieces.append(
+                DumpFile(f, None if key is None else str(key), _safe_name(tname), tags, meta, v.dtype, tuple(v.shape))
+            )
         del obj
     unassembled: list[str] = []
     refs = _refs(pieces, dict(split or {}), max_file_bytes, unassembled)
@@ -237,19 +261,34 @@ def read_dumper_dir(
         source="sglang-dumper",
         location=str(root),
         labels={"engine": "sglang", "dumper_naming": gen_key},
-        manifest={"sglang_dumper": {"folder": str(root), "naming": gen_key, "files": len(files),
-                                    "tensors": len(refs), "skipped": skipped, "dims": dict(sorted(dims.items())),
-                                    "unassembled": unassembled, "rids": rids}},
+        manifest={
+            "sglang_dumper": {
+                "folder": str(root),
+                "naming": gen_key,
+                "files": len(files),
+                "tensors": len(refs),
+                "skipped": skipped,
+                "dims": dict(sorted(dims.items())),
+                "unassembled": unassembled,
+                "rids": rids,
+            }
+        },
         tensors=refs,
     )
 
 
-def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int,
-          unassembled: list[str] | None = None) -> list[TensorRef]:
+def _refs(
+    pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int, unassembled: list[str] | None = None
+) -> list[TensorRef]:
     # identity: name, step, layer and every other non-placement tag
     def ident(p: DumpFile) -> tuple[Any, ...]:
-        extra = tuple(sorted((k, v) for k, v in p.tags.items()
-                             if k not in _PLACEMENT_TAGS and k not in _STEP_KEYS and k not in ("name", "layer_id")))
+        extra = tuple(
+            sorted(
+                (k, v)
+                for k, v in p.tags.items()
+                if k not in _PLACEMENT_TAGS and k not in _STEP_KEYS and k not in ("name", "layer_id")
+            )
+        )
         return (p.name, p.tags.get("forward_pass_id", p.tags.get("step")), p.tags.get("layer_id"), extra)
 
     # a name dumped more than once by one rank with the same identity: number the calls in dump order (the
@@ -300,7 +339,9 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int,
             if unassembled is None:
                 raise InputError(f"{ps[0].path.parent}: tensor {where}: {problem}")
             unassembled.append(f"{where}: {problem}; kept per rank")
-            refs.extend(_ref([p], ShardSpec.full(), {**extra, "rank": str(p.rank())}, max_file_bytes, placed=True) for p in ps)
+            refs.extend(
+                _ref([p], ShardSpec.full(), {**extra, "rank": str(p.rank())}, max_file_bytes, placed=True) for p in ps
+            )
             continue
         for i, p in enumerate(ps):
             if len(ps) == 1:
@@ -309,14 +350,30 @@ def _refs(pieces: list[DumpFile], split: dict[str, int], max_file_bytes: int,
                 shard = ShardSpec.split(dim, i, len(ps))
             else:  # copies, as nothing says otherwise: assumed, not declared
                 shard = ShardSpec.replicated(i, len(ps))
-            refs.append(_ref([p], shard, extra, max_file_bytes, placed=True,
-                             replication="assumed" if shard.kind == "replicated" else None))
+            refs.append(
+                _ref(
+                    [p],
+                    shard,
+                    extra,
+                    max_file_bytes,
+                    placed=True,
+                    replication="assumed" if shard.kind == "replicated" else None,
+                )
+            )
     return refs
 
 
-def _ref(ps: list[DumpFile], shard: ShardSpec, extra: Mapping[str, str], max_file_bytes: int, *, placed: bool,
-         ops: tuple[Op, ...] = (), coords: tuple[Mapping[str, int], ...] = (),
-         replication: Literal["declared", "assumed"] | None = None) -> TensorRef:
+def _ref(
+    ps: list[DumpFile],
+    shard: ShardSpec,
+    extra: Mapping[str, str],
+    max_file_bytes: int,
+    *,
+    placed: bool,
+    ops: tuple[Op, ...] = (),
+    coords: tuple[Mapping[str, int], ...] = (),
+    replication: Literal["declared", "assumed"] | None = None,
+) -> TensorRef:
     """A record of one dump file (``placed``: with its rank's placement), or of several ranks' files that
     ``ops`` combine on load; ``replication``: one copy of several, its replication declared or assumed."""
     p = ps[0]
@@ -338,25 +395,50 @@ def _ref(ps: list[DumpFile], shard: ShardSpec, extra: Mapping[str, str], max_fil
         loader: Any = functools.partial(_value, p.path, p.key, max_file_bytes)
     else:
         shape = _combined_shape([q.shape for q in ps], ops, coords)
-        ranks = ", ".join(f"{q.rank()} ({', '.join(f'{a}={r}' for a, r in sorted(cs.items()))})" for q, cs in zip(ps, coords))
+        ranks = ", ".join(
+            f"{q.rank()} ({', '.join(f'{a}={r}' for a, r in sorted(cs.items()))})" for q, cs in zip(ps, coords)
+        )
         origin = f"{p.path.parent}/{p.name}" + (f"[{p.key}]" if p.key else "") + f" of ranks {ranks}"
         loader = functools.partial(_combined, tuple((q.path, q.key) for q in ps), ops, coords, p.dtype, max_file_bytes)
     nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=p.dtype).element_size()
     if replication is not None:
-        return ReplicaRef(name=p.name, coords=c, shard=shard, dtype=dtype_name(p.dtype), shape=shape, sha256=None,
-                          nbytes=nbytes, origin=origin, loader=loader, replication=replication)
-    return TensorRef(name=p.name, coords=c, shard=shard, dtype=dtype_name(p.dtype), shape=shape, sha256=None,
-                     nbytes=nbytes, origin=origin, loader=loader)
+        return ReplicaRef(
+            name=p.name,
+            coords=c,
+            shard=shard,
+            dtype=dtype_name(p.dtype),
+            shape=shape,
+            sha256=None,
+            nbytes=nbytes,
+            origin=origin,
+            loader=loader,
+            replication=replication,
+        )
+    return TensorRef(
+        name=p.name,
+        coords=c,
+        shard=shard,
+        dtype=dtype_name(p.dtype),
+        shape=shape,
+        sha256=None,
+        nbytes=nbytes,
+        origin=origin,
+        loader=loader,
+    )
 
 
-def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str], max_file_bytes: int) -> list[TensorRef]:
+def _dims_refs(
+    ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str], max_file_bytes: int
+) -> list[TensorRef]:
     """The records of one tensor whose dumps carry ``dims`` (validator/runs/dims.py)."""
     if len(dims_text) > 1 or not all(isinstance(t, str) for t in dims_text):
         raise LayoutError(f"its ranks dumped it with different dims {sorted(map(repr, dims_text))}")
     dims = parse_dims(str(next(iter(dims_text))))
     for p in ps[1:]:
         if p.dtype != ps[0].dtype:
-            raise LayoutError(f"rank {p.rank()} dumped it as {dtype_name(p.dtype)}, rank {ps[0].rank()} as {dtype_name(ps[0].dtype)}")
+            raise LayoutError(
+                f"rank {p.rank()} dumped it as {dtype_name(p.dtype)}, rank {ps[0].rank()} as {dtype_name(ps[0].dtype)}"
+            )
     lay = plan_layout(dims, [axes_of(p.meta) for p in ps], [p.shape for p in ps], [p.rank() for p in ps])
     kept = [ps[i] for i in lay.kept]
     coords = [lay.coords[i] for i in lay.kept]
@@ -375,8 +457,10 @@ def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str]
 
     if lay.primary is None and not lay.replicated and len(lay.ops) == 1 and lay.ops[0].partial:
         ax = lay.ops[0].axis  # one axis of addends: reassembly sums them in float64
-        return [_ref([p], ShardSpec.partial(c[ax], lay.sizes[ax]), extra, max_file_bytes, placed=False)
-                for p, c in zip(kept, coords)]
+        return [
+            _ref([p], ShardSpec.partial(c[ax], lay.sizes[ax]), extra, max_file_bytes, placed=False)
+            for p, c in zip(kept, coords)
+        ]
     groups: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, c in enumerate(coords):
         groups[(c[lay.primary.axis] if lay.primary else 0, rep_index(c))].append(i)
@@ -388,8 +472,18 @@ def _dims_refs(ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str]
             shard = ShardSpec.replicated(rep, replicas)
         else:
             shard = ShardSpec.full()
-        out.append(_ref([kept[i] for i in members], shard, extra, max_file_bytes, placed=False, ops=lay.ops,
-                        coords=tuple(coords[i] for i in members), replication=replication if replicas > 1 else None))
+        out.append(
+            _ref(
+                [kept[i] for i in members],
+                shard,
+                extra,
+                max_file_bytes,
+                placed=False,
+                ops=lay.ops,
+                coords=tuple(coords[i] for i in members),
+                replication=replication if replicas > 1 else None,
+            )
+        )
     return out
 
 
@@ -409,15 +503,22 @@ def _apply_ops(items: list[tuple[Mapping[str, int], Any]], ops: tuple[Op, ...], 
     return items[0][1]
 
 
-def _combined_shape(shapes: list[tuple[int, ...]], ops: tuple[Op, ...], coords: tuple[Mapping[str, int], ...]) -> tuple[int, ...]:
+def _combined_shape(
+    shapes: list[tuple[int, ...]], ops: tuple[Op, ...], coords: tuple[Mapping[str, int], ...]
+) -> tuple[int, ...]:
     def cat(vals: list[tuple[int, ...]], op: Op) -> tuple[int, ...]:
         return tuple(sum(v[op.dim] for v in vals) if j == op.dim else n for j, n in enumerate(vals[0]))
 
     return tuple(_apply_ops(list(zip(coords, shapes)), ops, cat, lambda vals: vals[0]))
 
 
-def _combined(files: tuple[tuple[Path, str | None], ...], ops: tuple[Op, ...], coords: tuple[Mapping[str, int], ...],
-              dtype: torch.dtype, max_file_bytes: int) -> torch.Tensor:
+def _combined(
+    files: tuple[tuple[Path, str | None], ...],
+    ops: tuple[Op, ...],
+    coords: tuple[Mapping[str, int], ...],
+    dtype: torch.dtype,
+    max_file_bytes: int,
+) -> torch.Tensor:
     """Several ranks' dumps of one tensor combined by ``ops``: concatenated in rank order (zigzag halves put
     back in sequence order), addends summed in float64 and rounded once to the dumped dtype."""
 
@@ -426,7 +527,9 @@ def _combined(files: tuple[tuple[Path, str | None], ...], ops: tuple[Op, ...], c
             return torch.cat(vals, dim=op.dim)
         n = len(vals)
         halves = [h for v in vals for h in v.chunk(2, dim=op.dim)]  # rank r holds chunks r and 2n-1-r
-        return torch.cat([halves[2 * c] if c < n else halves[2 * (2 * n - 1 - c) + 1] for c in range(2 * n)], dim=op.dim)
+        return torch.cat(
+            [halves[2 * c] if c < n else halves[2 * (2 * n - 1 - c) + 1] for c in range(2 * n)], dim=op.dim
+        )
 
     def add(vals: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([v.to(torch.float64) for v in vals]).sum(dim=0)

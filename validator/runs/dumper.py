@@ -16,14 +16,18 @@ function, for instance) is refused with its path. Mapping to coordinates: ``forw
 
 How the ranks' dumps of one tensor form it: a ``split`` rule (``{"attn_*": 1}``: TP slices along dim 1, in
 rank order) first; else the meta's ``dims`` (0.5.23; validator/runs/dims.py: concatenation, partial sums,
-replicated copies, DP filtering); else, without dims, ``replicated`` copies. Each copy's record says whether
+replicated copies, DP filtering); else, without dims, ``replicated`` copies. With DP attention (an active
+``attn_dp``, else ``dp``, axis) each DP rank runs a batch of its own: a batch field dumped without dims
+(``input_ids``, ``positions``...), and a tensor whose dims name its DP group (``# dp:=attn_dp``) when several
+DP ranks hold rows of it, is a tensor per DP rank (coordinate ``dp``), and the ``rids`` per DP rank are kept
+in the manifest's ``dp_rids``. Each copy's record says whether
 its replication was declared (dims that name an active axis ``replicated``) or assumed (no dims): copies that
 differ fail their pair in the first case, and are a note in the second. A tensor whose layout does not
 fit (an active axis its dims do not declare, a missing rank, copies of different shapes without dims) is
 kept per rank (coordinate ``rank``) and the reason listed in the manifest (``unassembled``). A name dumped
 twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order). Values that are
 not tensors are skipped and listed in the run manifest; the ``rids`` lists are kept there for token alignment
-(validator/runs/token_align.py).
+(validator/runs/token_align.py). A user tag named like a coordinate the reader sets becomes ``tag_<name>``.
 """
 
 from __future__ import annotations
@@ -76,6 +80,19 @@ _PLACEMENT_TAGS = {
 }
 _SUPPORTED = set(DTYPES.values())
 _COORD_NAMES = {"step", "tokens", "layer", "pp_stage", "tp_rank", "tp_size", "call", "pp"}
+# a forward batch's own fields (SGLang's and Megatron's dumpers): with DP attention each DP rank's are its own
+_BATCH_FIELDS = frozenset(
+    {
+        "input_ids",
+        "positions",
+        "seq_lens",
+        "req_pool_indices",
+        "attention_mask",
+        "position_ids",
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
+    }
+)
 
 
 def parse_dump_name(filename: str) -> dict[str, str] | None:
@@ -224,6 +241,7 @@ def read_dumper_dir(
     pieces: list[DumpFile] = []
     skipped: list[str] = []
     rids: dict[str, list[str]] = {}  # per step: the batch's request ids, in batch order
+    dp_rids: dict[str, dict[str, list[str]]] = {}  # with DP attention: per step and DP rank
     for f in files:
         tags = parse_dump_name(f.name)
         assert tags is not None
@@ -236,9 +254,11 @@ def read_dumper_dir(
         value = obj["value"]
         items = value.items() if isinstance(value, dict) else [(None, value)]
         if tags["name"] == "rids" and isinstance(value, (list, tuple)) and all(isinstance(r, str) for r in value):
-            rids.setdefault(
-                tags.get("forward_pass_id") or tags.get("step", ""), [str(r) for r in value]
-            )  # token alignment
+            step_key, dp = tags.get("forward_pass_id") or tags.get("step", ""), _batch_dp(meta)  # token alignment
+            if dp is None:
+                rids.setdefault(step_key, [str(r) for r in value])
+            else:
+                dp_rids.setdefault(step_key, {}).setdefault(str(dp), [str(r) for r in value])
             continue
         for key, v in items:
             label = f"{f.name}" + (f"[{key}]" if key is not None else "")
@@ -271,10 +291,47 @@ def read_dumper_dir(
                 "dims": dict(sorted(dims.items())),
                 "unassembled": unassembled,
                 "rids": rids,
+                **({"dp_rids": dp_rids} if dp_rids else {}),
             }
         },
         tensors=refs,
     )
+
+
+def _batch_dp(meta: Mapping[str, Any], axis: str | None = None) -> int | None:
+    """The DP rank whose batch a dump holds: on ``axis``, else attention DP (SGLang) or DP (Megatron), when
+    that axis is active; None without one."""
+    axes = axes_of(meta)
+    return next((axes[a][0] for a in ((axis,) if axis else ("attn_dp", "dp")) if a in axes), None)
+
+
+def _own_batches(ps: list[DumpFile]) -> dict[int, list[DumpFile]] | None:
+    """With DP attention each DP rank runs a batch of its own: a forward batch's fields (no dims) are split by
+    DP rank, and so is a tensor whose dims name its DP group (``# dp:=attn_dp``) when more than one DP rank
+    holds data (with one, that rank's is the tensor, as :func:`plan_layout` keeps it). None: no split."""
+    texts = {p.meta.get("dims") for p in ps}
+    if texts == {None} and ps[0].name in _BATCH_FIELDS:
+        axis, always = None, True
+    elif len(texts) == 1 and isinstance(text := next(iter(texts)), str):
+        try:
+            alias = parse_dims(text).dp_alias
+        except LayoutError:
+            return None
+        if alias is None:
+            return None
+        axis, always = alias, False
+    else:
+        return None
+    groups: dict[int, list[DumpFile]] = defaultdict(list)
+    for p in ps:
+        dp = _batch_dp(p.meta, axis)
+        if dp is None:
+            return None
+        groups[dp].append(p)
+    if always:
+        return dict(sorted(groups.items()))
+    full = sorted(r for r, g in groups.items() if any(math.prod(p.shape) > 0 for p in g))
+    return {r: groups[r] for r in full} if len(full) > 1 else None
 
 
 def _refs(
@@ -314,15 +371,23 @@ def _refs(
                 final[(idn, k, st)] = [p for p in ps if p.parallel("pp_rank") == st]
         else:
             final[(idn, k, None)] = ps
+    by_dp: dict[tuple[Any, ...], list[DumpFile]] = {}
+    for key, ps in final.items():  # DP attention: each DP rank's own batch is a tensor of its own (coordinate dp=)
+        own = _own_batches(ps)
+        by_dp.update({(*key, None): ps} if own is None else {(*key, dp): g for dp, g in own.items()})
+    # a user tag named like a coordinate the reader sets is renamed tag_<name> (``dp`` only where DP batches are)
+    taken = _COORD_NAMES | {"dp"} if any(key[-1] is not None for key in by_dp) else _COORD_NAMES
     refs: list[TensorRef] = []
-    for (idn, k, stage), ps in final.items():
+    for (idn, k, stage, dp), ps in by_dp.items():
         ps.sort(key=lambda p: (p.parallel("tp_rank") if p.parallel("tp_rank") is not None else p.rank(), p.rank()))
         dim = next((d for pat, d in split.items() if glob_match(pat, ps[0].name)), None)
-        extra = {(f"tag_{kk}" if kk in _COORD_NAMES else kk): vv for kk, vv in idn[3]}
+        extra = {(f"tag_{kk}" if kk in taken else kk): vv for kk, vv in idn[3]}
         if k is not None:
             extra["call"] = str(k)
         if stage is not None:
             extra["pp"] = str(stage)
+        if dp is not None:
+            extra["dp"] = str(dp)
         dims_text = {p.meta.get("dims") for p in ps}
         if dim is None and dims_text != {None}:  # the dumper's dims say the layout (--split overrides)
             try:
@@ -335,7 +400,12 @@ def _refs(
         else:
             problem = None
         if problem is not None:  # not guessed: each rank's dump stays a tensor of its own (coordinate rank=)
-            where = f"{ps[0].name} (step {idn[1]}" + (f", layer {idn[2]}" if idn[2] is not None else "") + ")"
+            where = (
+                f"{ps[0].name} (step {idn[1]}"
+                + (f", layer {idn[2]}" if idn[2] is not None else "")
+                + (f", DP rank {dp}" if dp is not None else "")
+                + ")"
+            )
             if unassembled is None:
                 raise InputError(f"{ps[0].path.parent}: tensor {where}: {problem}")
             unassembled.append(f"{where}: {problem}; kept per rank")

@@ -10,6 +10,12 @@ A probe on one rank sees only its piece of a logical tensor. The shard spec says
 - ``partial(stage, of)``: an additive partial (PP stage contributions); the logical tensor is the sum of
   the stages' pieces, added in stage order. A stage with no contribution may record nothing.
 
+Copies (``replicated``, or ``split`` with ``replicas > 1``) may say how they came to be copies:
+``replication="declared"`` where the run's layout declares them replicated (SGLang's dumper ``dims``,
+``# tp:replicated``: copies that differ fail their pair), ``"assumed"`` where a reader only guessed it (a
+tensor dumped without dims on several ranks: a note when they differ); unset, they are a note too. The dict
+form carries it only when set, so records without it read and write as before; the text form leaves it out.
+
 This module is pure Python (no torch) so that records can be parsed anywhere.
 """
 
@@ -19,10 +25,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["ShardSpec", "Coords", "ShardSpecError"]
+__all__ = ["Coords", "Replication", "ShardSpec", "ShardSpecError"]
 
 ShardKind = Literal["full", "split", "replicated", "partial"]
 _KINDS = ("full", "split", "replicated", "partial")
+Replication = Literal["declared", "assumed"]
+_REPLICATIONS = ("declared", "assumed")
 
 
 class ShardSpecError(ValueError):
@@ -37,6 +45,7 @@ class ShardSpec:
     dim: int | None = None  # split only
     replica: int = 0  # split only: which copy of this slice
     replicas: int = 1  # split only: how many ranks hold this slice
+    replication: Replication | None = None  # copies only: declared by the run's layout, or assumed by a reader
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -51,6 +60,16 @@ class ShardSpec:
             raise ShardSpecError(f"{self.kind} shard takes no dim or replicas")
         if self.kind == "full" and self.count != 1:
             raise ShardSpecError("full shard has count 1")
+        if self.replication is not None:
+            if self.replication not in _REPLICATIONS:
+                raise ShardSpecError(
+                    f"unknown replication {self.replication!r}; expected one of {', '.join(_REPLICATIONS)}"
+                )
+            if self.kind != "replicated" and not (self.kind == "split" and self.replicas > 1):
+                raise ShardSpecError(
+                    f"replication {self.replication!r} is for copies only: a replicated shard, or a split one "
+                    "with replicas > 1"
+                )
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -58,12 +77,23 @@ class ShardSpec:
         return cls("full")
 
     @classmethod
-    def split(cls, dim: int, rank: int, size: int, *, replica: int = 0, replicas: int = 1) -> ShardSpec:
-        return cls("split", index=rank, count=size, dim=dim, replica=replica, replicas=replicas)
+    def split(
+        cls,
+        dim: int,
+        rank: int,
+        size: int,
+        *,
+        replica: int = 0,
+        replicas: int = 1,
+        replication: Replication | None = None,
+    ) -> ShardSpec:
+        return cls(
+            "split", index=rank, count=size, dim=dim, replica=replica, replicas=replicas, replication=replication
+        )
 
     @classmethod
-    def replicated(cls, rank: int, size: int) -> ShardSpec:
-        return cls("replicated", index=rank, count=size)
+    def replicated(cls, rank: int, size: int, *, replication: Replication | None = None) -> ShardSpec:
+        return cls("replicated", index=rank, count=size, replication=replication)
 
     @classmethod
     def partial(cls, stage: int, of: int) -> ShardSpec:
@@ -89,6 +119,8 @@ class ShardSpec:
             d["dim"] = self.dim
             if self.replicas > 1:
                 d.update(replica=self.replica, replicas=self.replicas)
+        if self.replication is not None:
+            d["replication"] = self.replication
         return d
 
     @classmethod
@@ -107,6 +139,7 @@ class ShardSpec:
                 dim=None if d.get("dim") is None else _as_int(d["dim"], "dim"),
                 replica=_as_int(d.get("replica", 0), "replica"),
                 replicas=_as_int(d.get("replicas", 1), "replicas"),
+                replication=_replication(d.get("replication")),
             )
         except TypeError as exc:  # unexpected value types
             raise ShardSpecError(f"bad shard spec {d!r}: {exc}") from None
@@ -117,7 +150,7 @@ class ShardSpec:
         if not m:
             raise ShardSpecError(f"cannot parse shard spec {text!r}; expected e.g. 'split(dim=0, rank=1, size=4)'")
         kind, body = m.group(1), m.group(2).strip()
-        kw: dict[str, int] = {}
+        kw: dict[str, Any] = {}  # integers: the text form carries no replication
         if body:
             for item in body.split(","):
                 k, sep, v = item.partition("=")
@@ -136,6 +169,16 @@ class ShardSpec:
         except TypeError as exc:
             raise ShardSpecError(f"bad arguments in shard spec {text!r}: {exc}") from None
         raise ShardSpecError(f"unknown shard kind {kind!r} in {text!r}")
+
+
+def _replication(v: Any) -> Replication | None:
+    if v is None:
+        return None
+    if v == "declared":
+        return "declared"
+    if v == "assumed":
+        return "assumed"
+    raise ShardSpecError(f"replication must be one of {', '.join(map(repr, _REPLICATIONS))}, got {v!r}")
 
 
 def _as_int(v: Any, what: str) -> int:

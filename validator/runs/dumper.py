@@ -20,9 +20,9 @@ replicated copies, DP filtering); else, without dims, ``replicated`` copies. Wit
 ``attn_dp``, else ``dp``, axis) each DP rank runs a batch of its own: a batch field dumped without dims
 (``input_ids``, ``positions``...), and a tensor whose dims name its DP group (``# dp:=attn_dp``) when several
 DP ranks hold rows of it, is a tensor per DP rank (coordinate ``dp``), and the ``rids`` per DP rank are kept
-in the manifest's ``dp_rids``. Each copy's record says whether
-its replication was declared (dims that name an active axis ``replicated``) or assumed (no dims): copies that
-differ fail their pair in the first case, and are a note in the second. A tensor whose layout does not
+in the manifest's ``dp_rids``. Each copy's shard spec says whether its replication was declared (dims that
+name an active axis ``replicated``) or assumed (no dims): copies that differ fail their pair in the first
+case, and are a note in the second (a stored run keeps the flag). A tensor whose layout does not
 fit (an active axis its dims do not declare, a missing rank, copies of different shapes without dims) is
 kept per rank (coordinate ``rank``) and the reason listed in the manifest (``unassembled``). A name dumped
 twice by one rank in one step gets an extra ``call`` coordinate (0, 1, ... in dump order). Values that are
@@ -40,16 +40,15 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from probes.core.bundle import BundleError, check_tensor_name
 from probes.core.config import glob_match
-from probes.core.shards import Coords, ShardSpec
+from probes.core.shards import Coords, Replication, ShardSpec
 from validator.errors import InputError
 from validator.runs.dims import LayoutError, Op, axes_of, parse_dims, plan_layout
-from validator.runs.reassembly import ReplicaRef
 from validator.runs.tensorfile import DTYPES, dtype_name
 from validator.runs.view import RunView, TensorRef
 
@@ -419,17 +418,8 @@ def _refs(
             elif dim is not None:
                 shard = ShardSpec.split(dim, i, len(ps))
             else:  # copies, as nothing says otherwise: assumed, not declared
-                shard = ShardSpec.replicated(i, len(ps))
-            refs.append(
-                _ref(
-                    [p],
-                    shard,
-                    extra,
-                    max_file_bytes,
-                    placed=True,
-                    replication="assumed" if shard.kind == "replicated" else None,
-                )
-            )
+                shard = ShardSpec.replicated(i, len(ps), replication="assumed")
+            refs.append(_ref([p], shard, extra, max_file_bytes, placed=True))
     return refs
 
 
@@ -442,10 +432,9 @@ def _ref(
     placed: bool,
     ops: tuple[Op, ...] = (),
     coords: tuple[Mapping[str, int], ...] = (),
-    replication: Literal["declared", "assumed"] | None = None,
 ) -> TensorRef:
     """A record of one dump file (``placed``: with its rank's placement), or of several ranks' files that
-    ``ops`` combine on load; ``replication``: one copy of several, its replication declared or assumed."""
+    ``ops`` combine on load."""
     p = ps[0]
     try:
         check_tensor_name(p.name)
@@ -471,19 +460,6 @@ def _ref(
         origin = f"{p.path.parent}/{p.name}" + (f"[{p.key}]" if p.key else "") + f" of ranks {ranks}"
         loader = functools.partial(_combined, tuple((q.path, q.key) for q in ps), ops, coords, p.dtype, max_file_bytes)
     nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=p.dtype).element_size()
-    if replication is not None:
-        return ReplicaRef(
-            name=p.name,
-            coords=c,
-            shard=shard,
-            dtype=dtype_name(p.dtype),
-            shape=shape,
-            sha256=None,
-            nbytes=nbytes,
-            origin=origin,
-            loader=loader,
-            replication=replication,
-        )
     return TensorRef(
         name=p.name,
         coords=c,
@@ -517,7 +493,7 @@ def _dims_refs(
     rep_sizes = [lay.sizes[a] for a in lay.replicated]
     replicas = math.prod(rep_sizes)
     # the dims name an active axis replicated (a recompute's copy alone, the dumper's own axis, is assumed)
-    replication: Literal["declared", "assumed"] = "declared" if dims.replicated & set(lay.replicated) else "assumed"
+    replication: Replication = "declared" if dims.replicated & set(lay.replicated) else "assumed"
 
     def rep_index(c: Mapping[str, int]) -> int:
         i = 0
@@ -537,9 +513,16 @@ def _dims_refs(
     out = []
     for (slot, rep), members in sorted(groups.items()):
         if lay.primary is not None:
-            shard = ShardSpec.split(lay.primary.dim, slot, lay.sizes[lay.primary.axis], replica=rep, replicas=replicas)
+            shard = ShardSpec.split(
+                lay.primary.dim,
+                slot,
+                lay.sizes[lay.primary.axis],
+                replica=rep,
+                replicas=replicas,
+                replication=replication if replicas > 1 else None,
+            )
         elif replicas > 1:
-            shard = ShardSpec.replicated(rep, replicas)
+            shard = ShardSpec.replicated(rep, replicas, replication=replication)
         else:
             shard = ShardSpec.full()
         out.append(
@@ -551,7 +534,6 @@ def _dims_refs(
                 placed=False,
                 ops=lay.ops,
                 coords=tuple(coords[i] for i in members),
-                replication=replication if replicas > 1 else None,
             )
         )
     return out

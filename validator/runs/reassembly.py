@@ -8,9 +8,10 @@ compare tensor for tensor.
 - ``full``: exactly one record.
 
 A copy that differs leaves a note (:func:`replica_note`). Where the run's layout declared the copies
-replicated (a :class:`ReplicaRef` with ``replication="declared"``: SGLang's dumper ``dims``, ``# tp:replicated``)
-the note says so, and the comparison fails the pair on it; copies the reader only assumed to be replicated
-(a tensor dumped without dims on several ranks) and records that say nothing about it leave a note only.
+replicated (a shard spec with ``replication="declared"``: SGLang's dumper ``dims``, ``# tp:replicated``) the
+note says so, and the comparison fails the pair on it; copies the reader only assumed to be replicated (a
+tensor dumped without dims on several ranks) and records that say nothing about it leave a note only. The
+flag is part of the shard spec, so a stored run keeps it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from probes.core.shards import Coords
 from validator.errors import InputError
@@ -31,8 +32,7 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-__all__ = ["DECLARED_DISAGREE", "LogicalTensor", "ReplicaRef", "group_logical", "logical_key", "materialize_many",
-           "replica_note"]
+__all__ = ["DECLARED_DISAGREE", "LogicalTensor", "group_logical", "logical_key", "materialize_many", "replica_note"]
 
 LogicalKey = tuple[str, tuple[Any, ...]]
 
@@ -40,22 +40,11 @@ LogicalKey = tuple[str, tuple[Any, ...]]
 DECLARED_DISAGREE = "declared replicas disagree"
 
 
-@dataclass(frozen=True)
-class ReplicaRef(TensorRef):
-    """A stored copy of a tensor (or of a slice of one) that several ranks hold, and how the copies came to be
-    replicated: ``declared`` by the run's layout (SGLang's dumper ``dims``, ``# tp:replicated``) or ``assumed``
-    by the reader (a tensor dumped without dims on several ranks: it may really be split). Read from the run's
-    own files only: the store keeps a record's shard spec, not this, so a stored run's copies are plain records."""
-
-    replication: Literal["declared", "assumed"] = "assumed"
-
-
 def replica_note(first: TensorRef, other: TensorRef, worst: float) -> str:
     """The note a copy ``other`` that differs from the copy used, ``first``, leaves (``worst``: the largest
     finite |difference|, NaN when none is finite); it begins with :data:`DECLARED_DISAGREE` when ``other`` is a
-    copy its layout declared replicated."""
-    declared = isinstance(other, ReplicaRef) and other.replication == "declared"
-    what = DECLARED_DISAGREE if declared else "replicas disagree"
+    copy its layout declared replicated (its shard spec's ``replication``)."""
+    what = DECLARED_DISAGREE if other.shard.replication == "declared" else "replicas disagree"
     return f"{what}: {other.origin} ({other.shard}) differs from {first.origin} ({first.shard}), max |diff| {worst:.3g}"
 
 
@@ -222,7 +211,9 @@ def _validate(name: str, coords: Coords, refs: list[TensorRef]) -> list[str]:
         raise InputError(f"{where}: shards disagree on their count {sorted(counts)} ({refs[0].origin})")
     count = counts.pop()
     if kind == "full" and len(refs) > 1:
-        raise InputError(f"{where}: {len(refs)} full copies recorded; mark them replicated(rank, size) ({refs[0].origin})")
+        raise InputError(
+            f"{where}: {len(refs)} full copies recorded; mark them replicated(rank, size) ({refs[0].origin})"
+        )
     slots = [(r.shard.index, r.shard.replica) for r in refs]
     if len(set(slots)) != len(slots):
         dup = next(r for r in refs if slots.count((r.shard.index, r.shard.replica)) > 1)

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from probes import BundleWriter, ShardSpec
+from probes.core.shards import Replication
 from validator.executors.assembly import portable
 from validator.executors.planning import plan_ranges, rounding_dtype
 from validator.executors.tasks import measure_range, merge_measured
 from validator.judging.compare import measure_pair
-from validator.runs.reassembly import LogicalTensor, ReplicaRef, group_logical
+from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
 
 
@@ -31,18 +32,15 @@ def _bundle(tmp_path: Path, name: str, off: float) -> Path:
     return path
 
 
-def _declared(t: LogicalTensor, replication: str) -> LogicalTensor:
+def _declared(t: LogicalTensor, replication: Replication) -> LogicalTensor:
     """``t`` with its copies recorded as a layout with ``replication`` would record them (SGLang's dumper does
     this from its dims; its own files are not readable by Ray workers, a bundle's are)."""
-    shards = [
-        ReplicaRef(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}, replication=replication)
-        for r in t.shards
-    ]
+    shards = [dataclasses.replace(r, shard=dataclasses.replace(r.shard, replication=replication)) for r in t.shards]
     return LogicalTensor(t.name, t.coords, shards, list(t.notes))
 
 
 @pytest.mark.parametrize("replication", ["declared", "assumed", None])
-def test_ranges_note_differing_copies_as_the_whole_pair_does(tmp_path: Path, replication: str | None) -> None:
+def test_ranges_note_differing_copies_as_the_whole_pair_does(tmp_path: Path, replication: Replication | None) -> None:
     (la,) = group_logical(open_path(_bundle(tmp_path, "a", 0.0)).tensors).values()
     (lb,) = group_logical(open_path(_bundle(tmp_path, "b", 0.25)).tensors).values()
     if replication is not None:

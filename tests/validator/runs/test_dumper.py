@@ -88,18 +88,33 @@ def _dump(tmp: Path, generation: str, world: int = 2) -> tuple[Path, list[subpro
         if importlib.util.find_spec("sglang") is None or _sglang_version(None) != "0.5.9":
             pytest.skip("sglang 0.5.9 is not installed in the venv (scripts/setup installs it)")
         env.pop("PYTHONPATH", None)
-        env.update(SGLANG_DUMPER_ENABLE="1", SGLANG_DUMPER_DIR=str(out), SGLANG_DUMPER_PARTIAL_NAME="1795938480.42",
-                   SGLANG_DUMPER_ENABLE_HTTP_SERVER="0", SGLANG_DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+        env.update(
+            SGLANG_DUMPER_ENABLE="1",
+            SGLANG_DUMPER_DIR=str(out),
+            SGLANG_DUMPER_PARTIAL_NAME="1795938480.42",
+            SGLANG_DUMPER_ENABLE_HTTP_SERVER="0",
+            SGLANG_DUMPER_ENABLE_OUTPUT_CONSOLE="0",
+        )
     else:
         side = SIDE / generation
         if _sglang_version(side) != generation:
             pytest.skip(f"sglang {generation} is not installed in {side} (scripts/setup installs it)")
         env["PYTHONPATH"] = str(side)
-        env.update(DUMPER_ENABLE="1", DUMPER_DIR=str(out), DUMPER_EXP_NAME="dump_20261129_074000_123456",
-                   DUMPER_ENABLE_OUTPUT_CONSOLE="0")
+        env.update(
+            DUMPER_ENABLE="1",
+            DUMPER_DIR=str(out),
+            DUMPER_EXP_NAME="dump_20261129_074000_123456",
+            DUMPER_ENABLE_OUTPUT_CONSOLE="0",
+        )
     with open(tmp / f"log-{generation}", "w") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(world)], env=env, cwd=tmp, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(world)],
+            env=env,
+            cwd=tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     return out, [proc]
 
 
@@ -135,7 +150,9 @@ def test_both_naming_generations(dumps: dict[str, Path]) -> None:
         assert sum("num_tokens" in s for s in view.manifest["sglang_dumper"]["skipped"]) == 4
 
 
-def test_generations_compare_equal_and_a_change_fails(dumps: dict[str, Path], service: object, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generations_compare_equal_and_a_change_fails(
+    dumps: dict[str, Path], service: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     # step numbers differ between generations (forward_pass_id starts at 1, step at 0): compare one generation
     # with itself through the CLI (auto-detected folder), and against a dump whose attn_heads moved
     home = str(Path(dumps["0.5.9"]).parent / "home")
@@ -151,13 +168,28 @@ def test_generations_compare_equal_and_a_change_fails(dumps: dict[str, Path], se
     assert "attn_heads" in capsys.readouterr().out
 
 
-def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ingest_through_the_cli_and_the_service(
+    dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     home = str(tmp_path / "home")
     new = dumps["0.5.10"] / "dump_20261129_074000_123456"
     with pytest.raises(InputError, match="holds 2 SGLang dump folders"):
         find_dump_dir(dumps["0.5.10"])
-    rc = main(["--home", home, "ingest", "--format", "sglang-dumper", str(new), "--name", "dumped",
-               "--split", "attn_*=1", "--json"])
+    rc = main(
+        [
+            "--home",
+            home,
+            "ingest",
+            "--format",
+            "sglang-dumper",
+            str(new),
+            "--name",
+            "dumped",
+            "--split",
+            "attn_*=1",
+            "--json",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     capsys.readouterr()
     assert main(["--home", home, "show", "dumped", "--json"]) == 0
@@ -166,8 +198,23 @@ def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path
     shown = json.loads(capsys.readouterr().out)
     assert shown["source"] == "sglang-dumper" and shown["labels"]["dumper_naming"] == "step"
     assert {t["kind"] for t in shown["tensors"] if t["name"] == "attn_heads"} == {"split"}
-    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(new.with_name(new.name + "b")),
-                 "--name", "dumped-b", "--split", "attn_*=1"]) == 0
+    assert (
+        main(
+            [
+                "--home",
+                home,
+                "ingest",
+                "--format",
+                "sglang-dumper",
+                str(new.with_name(new.name + "b")),
+                "--name",
+                "dumped-b",
+                "--split",
+                "attn_*=1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["--home", home, "compare", "dumped", "dumped", "--json"]) == 0
     assert main(["--home", home, "compare", "dumped", "dumped-b", "--json"]) == 1
@@ -175,6 +222,22 @@ def test_ingest_through_the_cli_and_the_service(dumps: dict[str, Path], tmp_path
     # the folder itself reads attn_heads as copies (no --split): the layouts disagree, and the report says so
     assert main(["--home", home, "compare", "dumped", str(new), "--json"]) == 1
     assert "shape mismatch" in capsys.readouterr().out
+
+
+def test_a_stored_0_5_9_dump_compares_with_its_folder(
+    dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no dims: attn_heads's differing copies are assumed, in the stored run as in the folder: a note, a pass
+    home = str(tmp_path / "home")
+    assert (
+        main(["--home", home, "ingest", "--format", "sglang-dumper", str(dumps["0.5.9-folder"]), "--name", "old"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["--home", home, "compare", str(dumps["0.5.9-folder"]), "old", "--json"]) == 0
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    assert pairs and all(p["status"] == "pass" for p in pairs)
+    heads = [p for p in pairs if p["name"] == "attn_heads"]
+    assert heads and all(any(n.startswith("B: replicas disagree") and "rank=1" in n for n in p["notes"]) for p in heads)
 
 
 def test_open_path_recognises_the_folder_and_its_parent(dumps: dict[str, Path]) -> None:
@@ -200,7 +263,9 @@ def test_a_malicious_pickle_is_refused(tmp_path: Path) -> None:
     torch.save({"value": torch.ones(2), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=1___name=ok.pt")
     with open(d / "forward_pass_id=1___rank=0___dump_index=2___name=evil.pt", "wb") as f:
         pickle.dump({"value": _Evil(str(marker)), "meta": {}}, f)  # a legacy-format .pt whose unpickling runs a command
-    torch.save({"value": _Evil(str(marker)), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=3___name=evil2.pt")
+    torch.save(
+        {"value": _Evil(str(marker)), "meta": {}}, d / "forward_pass_id=1___rank=0___dump_index=3___name=evil2.pt"
+    )
     for bad in ("evil", "evil2"):
         ok = [p for p in d.iterdir() if "name=ok" in p.name or f"name={bad}." in p.name]
         dd = tmp_path / bad / "sglang_dump_1"
@@ -223,5 +288,10 @@ def test_size_cap_and_mixed_generations(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="mixes file-naming generations"):
         read_dumper_dir(d)
     assert parse_dump_name("step=0___rank=0___dump_index=1___name=a___layer_id=2.pt") == {
-        "step": "0", "rank": "0", "dump_index": "1", "name": "a", "layer_id": "2"}
+        "step": "0",
+        "rank": "0",
+        "dump_index": "1",
+        "name": "a",
+        "layer_id": "2",
+    }
     assert parse_dump_name("notes.pt") is None and parse_dump_name("name=a___rank=0___step=1.pt") is None

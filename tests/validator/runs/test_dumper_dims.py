@@ -42,7 +42,9 @@ def _logical(path: Path, **kw: object) -> dict[str, torch.Tensor]:
 def test_the_0523_file_names_and_metadata(d23: Path) -> None:
     names = sorted(p.name for p in (d23 / "tp2").iterdir())
     tags = parse_dump_name(names[0])
-    assert tags is not None and list(tags)[:3] == ["step", "rank", "dump_index"] and tags["recompute_status"] == "disabled"
+    assert (
+        tags is not None and list(tags)[:3] == ["step", "rank", "dump_index"] and tags["recompute_status"] == "disabled"
+    )
     view = read_dumper_dir(d23 / "tp2")
     assert {r.coords.step for r in view.tensors} == {0, 1}  # step= counts from 0
     assert {r.coords.layer for r in view.tensors} == {0, 1, None}
@@ -56,8 +58,14 @@ def test_the_0523_file_names_and_metadata(d23: Path) -> None:
 def test_tp2_unshards_to_the_tp1_tensors(d23: Path, tp2: str) -> None:
     one, two = _logical(d23 / "tp1"), _logical(d23 / tp2)
     kinds = {lt.name: lt.kind for lt in group_logical(read_dumper_dir(d23 / tp2).tensors).values()}
-    assert kinds == {"hidden": "replicated", "attn_q": "split", "mlp_up": "split", "mlp_down": "partial",
-                     "mlp_out": "replicated", "logits": "replicated"}
+    assert kinds == {
+        "hidden": "replicated",
+        "attn_q": "split",
+        "mlp_up": "split",
+        "mlp_down": "partial",
+        "mlp_out": "replicated",
+        "logits": "replicated",
+    }
     assert one.keys() == two.keys() and len(one) == 22
     for k, a in one.items():
         b = two[k]
@@ -73,8 +81,9 @@ def test_split_overrides_the_dims(d23: Path) -> None:
     assert two["mlp_up [step=0 layer=0]"].shape == (10, 4)  # as told: rank slices stacked along dim 0
 
 
-def test_undeclared_axis_and_differing_copies_are_reported(d23: Path, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_undeclared_axis_and_differing_copies_are_reported(
+    d23: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     view = read_dumper_dir(d23 / "tp2-bad")
     problems = view.manifest["sglang_dumper"]["unassembled"]
     assert len(problems) == 4 and all("mlp_gate" in p and "tp (size 2)" in p and "kept per rank" in p for p in problems)
@@ -88,11 +97,36 @@ def test_undeclared_axis_and_differing_copies_are_reported(d23: Path, tmp_path: 
     differing = [p for p in doc["pairs"] if any("replicas disagree" in n for n in p.get("notes", []))]
     assert {p["name"] for p in differing} == {"hidden"}  # '# tp:replicated': declared, so a differing copy fails
     assert [p["status"] for p in differing] == ["fail", "fail"]
-    assert all(any("declared replicas disagree" in r and "rank=1" in r and "rank=0" in r for r in p["reasons"])
-               for p in differing)
+    assert all(
+        any("declared replicas disagree" in r and "rank=1" in r and "rank=0" in r for r in p["reasons"])
+        for p in differing
+    )
     assert len(doc["only_b"]) == 8 and all("mlp_gate" in str(t) for t in doc["only_b"])  # kept per rank, unpaired
     assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d23 / "tp2-bad"), "--name", "bad"]) == 0
     assert capsys.readouterr().err.count("validator: warning: mlp_gate") == 4  # ingest says why
+
+
+def test_a_stored_run_fails_declared_copies_as_the_folder_does(
+    d23: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(tmp_path / "home")
+    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d23 / "tp2-bad"), "--name", "bad"]) == 0
+    capsys.readouterr()
+    got = {}
+    for b in (str(d23 / "tp2-bad"), "bad"):  # the folder itself, and the run stored from it
+        assert main(["--home", home, "compare", str(d23 / "tp1"), b, "--json"]) == 1
+        got[b] = json.loads(capsys.readouterr().out)["pairs"]
+    direct, stored = got[str(d23 / "tp2-bad")], got["bad"]
+    assert {p["label"]: p["status"] for p in stored} == {p["label"]: p["status"] for p in direct}
+    failed = [p for p in stored if p["status"] == "fail"]
+    assert {p["name"] for p in failed} == {"hidden"} and len(failed) == 2
+    for p in failed:  # the copies named by their ranks (the stored record keeps no file name)
+        (reason,) = [r for r in p["reasons"] if "replicas disagree" in r]
+        assert reason.startswith("B: declared replicas disagree: run 'bad' ") and reason in p["notes"]
+        assert "(replicated(rank=1, size=2)) differs from" in reason and reason.count("rank=0, size=2") == 1
+    assert main(["--home", home, "show", "bad", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {t["kind"] for t in shown["tensors"] if t["name"] == "hidden"} == {"replicated"}
 
 
 def test_ingest_reads_the_dims(d23: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,12 +147,22 @@ def test_data_parallel_ranks_without_data_are_dropped(d23: Path) -> None:
     assert len(probs) == 2 and all(p.startswith("logits") and "different shapes" in p for p in probs)  # no dims
 
 
-def _write(d: Path, rank: int, name: str, value: torch.Tensor, dims: str | None, info: dict[str, int],
-           key: str = "megatron_parallel_info") -> None:
+def _write(
+    d: Path,
+    rank: int,
+    name: str,
+    value: torch.Tensor,
+    dims: str | None,
+    info: dict[str, int],
+    key: str = "megatron_parallel_info",
+) -> None:
     meta: dict[str, object] = {"step": 0, "rank": rank, "name": name, key: info}
     if dims is not None:
         meta["dims"] = dims
-    torch.save({"value": value, "meta": meta}, d / f"step=0___rank={rank}___dump_index=1___name={name}___recompute_status=disabled.pt")
+    torch.save(
+        {"value": value, "meta": meta},
+        d / f"step=0___rank={rank}___dump_index=1___name={name}___recompute_status=disabled.pt",
+    )
 
 
 def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
@@ -142,8 +186,9 @@ def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dims", ["t h # tp:replicated", None])
-def test_differing_copies_fail_only_where_declared(tmp_path: Path, dims: str | None,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_differing_copies_fail_only_where_declared(
+    tmp_path: Path, dims: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
     # TP 2, rank 1's copy off by 1e-3: declared replicated by the dims, or dumped without dims (as 0.5.9 dumps
     # are: read as copies, a guess, since such a tensor may really be split)
     d = tmp_path / "copies"
@@ -152,7 +197,9 @@ def test_differing_copies_fail_only_where_declared(tmp_path: Path, dims: str | N
     for rank in (0, 1):
         _write(d, rank, "x", x + 1e-3 * rank, dims, {"tp_rank": rank, "tp_size": 2}, key="sglang_parallel_info")
     (lt,) = group_logical(read_dumper_dir(d).tensors).values()
-    assert lt.kind == "replicated" and [r.replication for r in lt.shards] == ["declared" if dims else "assumed"] * 2  # type: ignore[attr-defined]
+    assert (
+        lt.kind == "replicated" and [r.shard.replication for r in lt.shards] == ["declared" if dims else "assumed"] * 2
+    )
     assert main(["--home", str(tmp_path / "home"), "compare", str(d), str(d), "--json"]) == (1 if dims else 0)
     (pair,) = json.loads(capsys.readouterr().out)["pairs"]
     notes = [n for n in pair["notes"] if "replicas disagree" in n]  # A's and B's: the same files
@@ -165,12 +212,36 @@ def test_differing_copies_fail_only_where_declared(tmp_path: Path, dims: str | N
         assert pair["status"] == "pass" and not any("replicas disagree" in r for r in pair["reasons"])
 
 
+@pytest.mark.parametrize("dims", ["t h # tp:replicated", None])
+def test_stored_copies_keep_how_they_were_replicated(
+    tmp_path: Path, dims: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "copies"
+    d.mkdir()
+    x = torch.arange(6, dtype=torch.float32).view(2, 3)
+    for rank in (0, 1):
+        _write(d, rank, "x", x + 1e-3 * rank, dims, {"tp_rank": rank, "tp_size": 2}, key="sglang_parallel_info")
+    home = str(tmp_path / "home")
+    assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d), "--name", "copies"]) == 0
+    capsys.readouterr()
+    assert main(["--home", home, "compare", str(d), "copies", "--json"]) == (1 if dims else 0)
+    (pair,) = json.loads(capsys.readouterr().out)["pairs"]
+    notes = [n for n in pair["notes"] if "replicas disagree" in n]
+    what = "declared replicas disagree" if dims else "replicas disagree"
+    assert [n[:3] for n in notes] == ["A: ", "B: "] and all(n[3:].startswith(what) for n in notes)
+    assert pair["status"] == ("fail" if dims else "pass")
+    assert (notes[1] in pair["reasons"]) == bool(dims)
+
+
 def test_layout_problems_name_what_is_wrong(tmp_path: Path) -> None:
     d = tmp_path / "gap"
     d.mkdir()
     for rank in (0, 2):  # TP 3, rank 1's dump missing
         _write(d, rank, "x", torch.ones(2, 2), "t h[tp]", {"tp_rank": rank, "tp_size": 3}, key="sglang_parallel_info")
-    assert "incomplete: 2 of the 3 ranks over tp dumped it (tp ranks missing)" in read_dumper_dir(d).manifest["sglang_dumper"]["unassembled"][0]
+    assert (
+        "incomplete: 2 of the 3 ranks over tp dumped it (tp ranks missing)"
+        in read_dumper_dir(d).manifest["sglang_dumper"]["unassembled"][0]
+    )
     d = tmp_path / "twins"
     d.mkdir()
     for rank in (0, 1):  # two ranks, nothing in their metadata tells them apart
@@ -182,9 +253,15 @@ def test_layout_problems_name_what_is_wrong(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [("t h[xp]", "unknown parallel axis 'xp'"), ("t h[tp] # tp:replicated", "both sharded and replicated"),
-     ("t h[tp:sum]", "unknown qualifier"), ("t t", "used twice"), ("t # tp", "cannot read 'tp' after '#'"),
-     ("", "names no dimension"), ("t (a)[tp]", "bad fused dimension")],
+    [
+        ("t h[xp]", "unknown parallel axis 'xp'"),
+        ("t h[tp] # tp:replicated", "both sharded and replicated"),
+        ("t h[tp:sum]", "unknown qualifier"),
+        ("t t", "used twice"),
+        ("t # tp", "cannot read 'tp' after '#'"),
+        ("", "names no dimension"),
+        ("t (a)[tp]", "bad fused dimension"),
+    ],
 )
 def test_dims_grammar_errors(text: str, problem: str) -> None:
     with pytest.raises(LayoutError, match=problem.replace("[", "\\[").replace("(", "\\(")):
@@ -203,8 +280,10 @@ def test_a_recomputed_forward_is_a_copy_of_the_original(tmp_path: Path) -> None:
     d.mkdir()
     for i, status in enumerate(("original", "recompute")):
         meta = {"step": 0, "rank": 0, "dims": "t h", "recompute_pseudo_rank": i, "recompute_pseudo_size": 2}
-        torch.save({"value": torch.ones(2, 3) * (1 + i / 100), "meta": meta},
-                   d / f"step=0___rank=0___dump_index={i + 1}___name=x___recompute_status={status}.pt")
+        torch.save(
+            {"value": torch.ones(2, 3) * (1 + i / 100), "meta": meta},
+            d / f"step=0___rank=0___dump_index={i + 1}___name=x___recompute_status={status}.pt",
+        )
     (lt,) = group_logical(read_dumper_dir(d).tensors).values()
     assert lt.kind == "replicated" and lt.coords.extra == ()  # no call= numbering: the same call, twice
     assert torch.equal(lt.materialize(), torch.ones(2, 3)) and "replicas disagree" in lt.notes[0]
@@ -218,13 +297,24 @@ def test_splits_and_sums_with_replicated_groups(tmp_path: Path) -> None:
     for rank in range(4):
         tp, ep = rank % 2, rank // 2
         info = {"tp_rank": tp, "tp_size": 2, "moe_ep_rank": ep, "moe_ep_size": 2}
-        _write(d, rank, "f", full[:, 2 * tp : 2 * tp + 2] + (rank == 3), "t f[tp] # moe_ep:replicated", info,
-               key="sglang_parallel_info")
+        _write(
+            d,
+            rank,
+            "f",
+            full[:, 2 * tp : 2 * tp + 2] + (rank == 3),
+            "t f[tp] # moe_ep:replicated",
+            info,
+            key="sglang_parallel_info",
+        )
         _write(d, rank, "o", parts[tp].clone(), "t h[tp:partial] # moe_ep:replicated", info, key="sglang_parallel_info")
     lts = {lt.name: lt for lt in group_logical(read_dumper_dir(d).tensors).values()}
     f, o = lts["f"], lts["o"]
     assert f.kind == "split" and {(r.shard.index, r.shard.replica, r.shard.replicas) for r in f.shards} == {
-        (0, 0, 2), (1, 0, 2), (0, 1, 2), (1, 1, 2)}
+        (0, 0, 2),
+        (1, 0, 2),
+        (0, 1, 2),
+        (1, 1, 2),
+    }
     assert torch.equal(f.materialize(), full) and len(f.notes) == 1 and "rank=3" in f.notes[0]
     assert o.kind == "replicated" and len(o.shards) == 2  # per EP copy, the TP addends summed on load
     assert torch.allclose(o.materialize().double(), parts.sum(0)) and o.notes == []

@@ -176,12 +176,12 @@ def main() -> int:
             svc.close()
         # what a task's arguments and results weigh when pickled (what crosses the network besides blobs)
         from validator.executors import portable
-        from validator.judging.compare import measure_pair
+        from validator.judging.compare import PairToMeasure, measure_pair
         from validator.runs.reassembly import group_logical
 
         ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
         key = sorted(ga)[0]
-        arg = pickle.dumps([(portable(ga[key], None), portable(gb[key], None), False)])
+        arg = pickle.dumps([PairToMeasure(portable(ga[key], None), portable(gb[key], None), rounding_floor=False)])
         res = pickle.dumps([measure_pair(ga[key], gb[key], False)])
         results["pickled_args_per_pair"] = len(arg)
         results["pickled_result_per_pair"] = len(res)

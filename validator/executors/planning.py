@@ -13,7 +13,7 @@ from validator.runs.tensorfile import ITEMSIZES
 from validator.settings import RANGE_BYTES
 
 if TYPE_CHECKING:
-    from validator.judging.compare import Pair
+    from validator.judging.compare import PairToMeasure
 
 __all__ = [
     "BATCH_BYTES", "BATCH_PAIRS", "RANGE_BYTES", "Job", "itemsize", "outer_row", "pair_memory", "plan_batches", "plan_jobs", "plan_ranges",
@@ -52,14 +52,14 @@ def pair_memory(la: LogicalTensor, lb: LogicalTensor, rounding: bool) -> int:
     return tensor_memory(la) + tensor_memory(lb) + extra + (16 << 20)
 
 
-def plan_batches(pairs: list[Pair], *, batch_bytes: int = BATCH_BYTES, batch_pairs: int = BATCH_PAIRS) -> list[list[int]]:
+def plan_batches(pairs: list[PairToMeasure], *, batch_bytes: int = BATCH_BYTES, batch_pairs: int = BATCH_PAIRS) -> list[list[int]]:
     """Indices of ``pairs`` grouped into tasks, in order: consecutive pairs until ``batch_bytes`` of
     tensor bytes or ``batch_pairs`` pairs; a pair larger than ``batch_bytes`` is a task of its own."""
     out: list[list[int]] = []
     cur: list[int] = []
     cur_bytes = 0
-    for i, (la, lb, _) in enumerate(pairs):
-        size = sum(r.nbytes for r in la.shards) + sum(r.nbytes for r in lb.shards)
+    for i, p in enumerate(pairs):
+        size = sum(r.nbytes for r in p.a.shards) + sum(r.nbytes for r in p.b.shards)
         if cur and (cur_bytes + size > batch_bytes or len(cur) >= batch_pairs):
             out.append(cur)
             cur, cur_bytes = [], 0
@@ -161,7 +161,7 @@ def rounding_dtype(la: LogicalTensor, lb: LogicalTensor, rounding: bool) -> str 
 
 
 def plan_jobs(
-    pairs: list[Pair], *, batch_bytes: int, batch_pairs: int = BATCH_PAIRS, range_bytes: int | None = RANGE_BYTES
+    pairs: list[PairToMeasure], *, batch_bytes: int, batch_pairs: int = BATCH_PAIRS, range_bytes: int | None = RANGE_BYTES
 ) -> list[Job]:
     """The tasks, in the pairs' order: batches of consecutive pairs (:func:`plan_batches`), and for each pair
     above ``range_bytes`` that can be split, its ranges (:func:`plan_ranges`), a task each."""
@@ -174,7 +174,8 @@ def plan_jobs(
             jobs.append(Job(idx, None, False, max(pair_memory(*pairs[i]) for i in idx)))
         run.clear()
 
-    for i, (la, lb, r) in enumerate(pairs):
+    for i, p in enumerate(pairs):
+        la, lb = p.a, p.b
         spans: list[tuple[int, int]] = []
         size = sum(x.nbytes for x in la.shards) + sum(x.nbytes for x in lb.shards)
         if range_bytes is not None and size > range_bytes and splittable(la, lb):
@@ -184,6 +185,6 @@ def plan_jobs(
             continue
         flush()
         for k, (lo, hi) in enumerate(spans):
-            jobs.append(Job([i], (lo, hi), k == len(spans) - 1, range_memory(la, lb, r, lo, hi)))
+            jobs.append(Job([i], (lo, hi), k == len(spans) - 1, range_memory(la, lb, p.rounding_floor, lo, hi)))
     flush()
     return jobs

@@ -53,7 +53,7 @@ from validator.runs.reassembly import LogicalTensor
 from validator.settings import RANGE_BYTES, ExecutorSettings, ExecutorSpec
 
 if TYPE_CHECKING:
-    from validator.judging.compare import Measured, Pair
+    from validator.judging.compare import Measured, PairToMeasure
 
 __all__ = ["HEAD_CHECK_S", "LOST_AFTER_S", "MAX_RETRIES", "RayExecutor", "make_executor"]
 
@@ -105,14 +105,14 @@ class RayExecutor:
         self.range_tasks = 0  # tasks that measured a range of a split pair
         self._lost_head = False
 
-    def __call__(self, measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[Pair]) -> Iterator[Measured]:
+    def __call__(self, measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[PairToMeasure]) -> Iterator[Measured]:
         if not pairs:
             return iter(())
-        shipped = [(portable(la, self.blob_url), portable(lb, self.blob_url), r) for la, lb, r in pairs]  # before connecting: bad input first
+        shipped = [p._replace(a=portable(p.a, self.blob_url), b=portable(p.b, self.blob_url)) for p in pairs]  # before connecting: bad input first
         ray = connect(self.address)
         return self._run(ray, measure, shipped)
 
-    def _run(self, ray: Any, measure: Callable[..., Measured], pairs: list[Pair]) -> Iterator[Measured]:
+    def _run(self, ray: Any, measure: Callable[..., Measured], pairs: list[PairToMeasure]) -> Iterator[Measured]:
         from ray import exceptions as rex
 
         try:
@@ -124,13 +124,13 @@ class RayExecutor:
         if cpus < self.cpus_per_task:
             raise RayUnavailable(f"the Ray cluster at {connected()} has no node with {self.cpus_per_task:g} CPU(s) to run a task")
         # at least four tasks per task slot when the pairs allow it, so that every worker has work to the end
-        total = sum(r.nbytes for la, lb, _ in pairs for r in (*la.shards, *lb.shards))
+        total = sum(r.nbytes for p in pairs for r in (*p.a.shards, *p.b.shards))
         slots = max(1, int(cpus / self.cpus_per_task))
         batch_bytes = max(1, min(self.batch_bytes, total // (4 * slots)))
         jobs = plan_jobs(pairs, batch_bytes=batch_bytes, batch_pairs=self.batch_pairs, range_bytes=self.range_bytes)
         worst = max(range(len(jobs)), key=lambda j: jobs[j].memory)
         if node_mem and jobs[worst].memory > node_mem:
-            la = pairs[jobs[worst].pairs[0]][0]
+            la = pairs[jobs[worst].pairs[0]].a
             raise InputError(
                 f"tensor {la.label!r} needs about {jobs[worst].memory / 2**30:.1f} GiB to compare, more than any Ray node "
                 f"offers ({node_mem / 2**30:.1f} GiB of its memory resource)"
@@ -161,8 +161,8 @@ class RayExecutor:
                     if job.span is None:
                         ref = batch_task.options(**opts).remote(measure_ref, [pairs[i] for i in job.pairs])
                     else:
-                        la, lb, r = pairs[job.pairs[0]]
-                        ref = range_task.options(**opts).remote(la, lb, rounding_dtype(la, lb, r), *job.span, self.blob_url)
+                        p = pairs[job.pairs[0]]
+                        ref = range_task.options(**opts).remote(p.a, p.b, rounding_dtype(p.a, p.b, p.rounding_floor), *job.span, self.blob_url)
                         self.range_tasks += 1
                     pending[ref] = submitted
                     submitted += 1

@@ -14,7 +14,7 @@ from validator.executors.assembly import Check, assemble_range, replica_notes
 from validator.runs.reassembly import LogicalTensor
 
 if TYPE_CHECKING:
-    from validator.judging.compare import Measured, Pair
+    from validator.judging.compare import Measured, PairToMeasure
 
 __all__ = ["Failed", "RangeResult", "checked", "measure_batch", "measure_range", "merge_measured"]
 
@@ -46,7 +46,7 @@ def measure_range(la: LogicalTensor, lb: LogicalTensor, rounding_dtype: str | No
     return [RangeResult(part, rounding, checks_a, checks_b)]
 
 
-def merge_measured(pair: Pair, results: list[RangeResult]) -> Measured:
+def merge_measured(pair: PairToMeasure, results: list[RangeResult]) -> Measured:
     """A split pair's ``Measured`` from its ranges' results in order: the bits ``compare.measure_pair`` gives
     for the whole pair (``numerics.ranges.merge``), the replica notes rebuilt from the ranges' checks."""
     from validator.judging.compare import Measured
@@ -67,13 +67,13 @@ class Failed:
     error: BaseException
 
 
-def measure_batch(measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[Pair]) -> list[Any]:
+def measure_batch(measure: Callable[[LogicalTensor, LogicalTensor, bool], Measured], pairs: list[PairToMeasure]) -> list[Any]:
     """The body of a task: ``measure`` each pair in order, on the CPUs Ray assigned to the task."""
     use_assigned_cpus()
     out: list[Any] = []
-    for la, lb, rounding in pairs:
+    for p in pairs:
         try:
-            out.append(measure(la, lb, rounding))
+            out.append(measure(p.a, p.b, p.rounding_floor))
         except (ValidatorError, OSError) as exc:
             return [Failed(exc)]
     return out

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from validator.errors import InputError
 from validator.judging.exit_codes import VERDICT_EXIT
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from validator.numerics.host import Array
 
 __all__ = [
-    "PairResult", "Comparison", "Measured", "PairExecutor", "compare_runs", "measure_pair", "measure_tensors", "floor_from", "merge_verdicts",
+    "PairResult", "Comparison", "Measured", "PairExecutor", "PairToMeasure", "compare_runs", "measure_pair", "measure_tensors", "floor_from", "merge_verdicts",
     "pair_frontier", "tensor_verdict",
 ]
 
@@ -227,36 +227,45 @@ def floor_from(floor_pair: Measured | None, pair: Measured, *, have_floor: bool)
 
 
 def _measure(la: LogicalTensor, lb: LogicalTensor, rounding: bool = False) -> Measured:
-    return _measure_loaded([(la, lb, rounding)], [la.materialize()], [lb.materialize()])[0]
+    return _measure_loaded([PairToMeasure(la, lb, rounding)], [la.materialize()], [lb.materialize()])[0]
 
 
 # the measurement of one pair that compare_runs maps over the pairs: the public name an executor documents
 measure_pair = _measure
 
 
-def _measure_batch(pairs: list[Pair]) -> list[Measured]:
+def _measure_batch(pairs: list[PairToMeasure]) -> list[Measured]:
     """``_measure`` of each pair, the pairs' tensors read side by side (``materialize_many``: small pairs) and
     measured in one pass of the engine."""
-    return _measure_loaded(pairs, materialize_many([la for la, _, _ in pairs]), materialize_many([lb for _, lb, _ in pairs]))
+    return _measure_loaded(pairs, materialize_many([p.a for p in pairs]), materialize_many([p.b for p in pairs]))
 
 
-def _measure_loaded(pairs: list[Pair], ta: Sequence[Array], tb: Sequence[Array]) -> list[Measured]:
+def _measure_loaded(pairs: list[PairToMeasure], ta: Sequence[Array], tb: Sequence[Array]) -> list[Measured]:
     """``_measure`` of each pair, its tensors loaded already (``ta``, ``tb``)."""
-    loaded = [(a, b, lb.dtype if r and more_precise(la.dtype, lb.dtype) else None) for a, b, (la, lb, r) in zip(ta, tb, pairs)]
+    loaded = [(a, b, p.b.dtype if p.rounding_floor and more_precise(p.a.dtype, p.b.dtype) else None) for a, b, p in zip(ta, tb, pairs)]
     got = measure_tensors_many(loaded)
-    for m, (la, lb, _) in zip(got, pairs):
-        if la.notes or lb.notes:
-            m.notes = [f"A: {n}" for n in la.notes] + [f"B: {n}" for n in lb.notes]
+    for m, p in zip(got, pairs):
+        if p.a.notes or p.b.notes:
+            m.notes = [f"A: {n}" for n in p.a.notes] + [f"B: {n}" for n in p.b.notes]
     return got
 
 
-Pair = tuple[LogicalTensor, LogicalTensor, bool]  # (A's tensor, B's tensor, whether to measure A's rounding floor)
+class PairToMeasure(NamedTuple):
+    """One pair a comparison measures: run A's tensor, run B's, and whether to measure A's rounding floor too
+    (A rounded to B's dtype, when A is the more precise: the floor a pair with no measured floor is judged
+    against)."""
+
+    a: LogicalTensor
+    b: LogicalTensor
+    rounding_floor: bool
+
+
 # Maps a measurement over pairs and yields the results in the pairs' order: the seam where a comparison's
 # measurements can run elsewhere (validator.executors: on a Ray cluster). ``measure`` is a module-level
 # function, so it can be sent by reference. An executor either calls it on each pair unchanged, or (for a pair
 # too large for one task) builds the same ``Measured`` from validator.numerics.ranges' range partials, merged in
 # the engine's order: the bits must be those of ``measure``.
-PairExecutor = Callable[[Callable[[LogicalTensor, LogicalTensor, bool], Measured], list[Pair]], Iterable[Measured]]
+PairExecutor = Callable[[Callable[[LogicalTensor, LogicalTensor, bool], Measured], list[PairToMeasure]], Iterable[Measured]]
 
 
 def _floor_pairs(floor: tuple[RunView, RunView] | None, executor: PairExecutor | None = None) -> dict[LogicalKey, Measured]:
@@ -264,17 +273,17 @@ def _floor_pairs(floor: tuple[RunView, RunView] | None, executor: PairExecutor |
         return {}
     fa, fb = group_logical(floor[0].tensors), group_logical(floor[1].tensors)
     keys = sorted(fa.keys() & fb.keys(), key=lambda k: (k[0], repr(k[1])))
-    measured = _measure_all([(fa[k], fb[k], False) for k in keys], executor)
+    measured = _measure_all([PairToMeasure(fa[k], fb[k], rounding_floor=False) for k in keys], executor)
     return {key: got for key, got in zip(keys, measured) if got.metrics is not None}
 
 
-def _measure_all(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[Measured]:
+def _measure_all(pairs: list[PairToMeasure], executor: PairExecutor | None = None) -> Iterator[Measured]:
     """``_measure`` of each pair, in order, with the same bits (:func:`_measure_batches`, one by one)."""
     for batch in _measure_batches(pairs, executor):
         yield from batch
 
 
-def _measure_batches(pairs: list[Pair], executor: PairExecutor | None = None) -> Iterator[list[Measured]]:
+def _measure_batches(pairs: list[PairToMeasure], executor: PairExecutor | None = None) -> Iterator[list[Measured]]:
     """``_measure`` of each pair, in order, with the same bits, in lists: when every pair is small (at most
     SMALL_PAIR elements), BATCH_ELEMS elements of pairs at a time, measured in one pass of the engine; else a
     pair at a time, several pairs at once on threads (the kernels release the GIL).
@@ -288,7 +297,7 @@ def _measure_batches(pairs: list[Pair], executor: PairExecutor | None = None) ->
             yield [got]
         return
     workers = _pair_workers(len(pairs))
-    sizes = [_elements(la) for la, _, _ in pairs]
+    sizes = [_elements(p.a) for p in pairs]
     if workers <= 1 or max(sizes) <= SMALL_PAIR:
         # small pairs: measured in the calling thread, BATCH_ELEMS at a time in one pass of the engine
         for batch in _batches(pairs, sizes):
@@ -303,9 +312,9 @@ SMALL_PAIR = 1 << 18  # elements: pairs no larger are measured in the calling th
 BATCH_ELEMS = 1 << 20  # elements of the pairs loaded and measured together (bounds the memory a batch holds)
 
 
-def _batches(pairs: list[Pair], sizes: list[int]) -> Iterator[list[Pair]]:
+def _batches(pairs: list[PairToMeasure], sizes: list[int]) -> Iterator[list[PairToMeasure]]:
     """The pairs in order, in runs of at most BATCH_ELEMS elements (``sizes``: each pair's; a larger pair alone)."""
-    batch: list[Pair] = []
+    batch: list[PairToMeasure] = []
     size = 0
     for p, n in zip(pairs, sizes):
         if batch and size + n > BATCH_ELEMS:
@@ -345,7 +354,7 @@ def compare_runs(
     both = [(ga[k], gb[k]) for k in keys]
     dtypes = [(la.dtype, lb.dtype) for la, lb in both]
     rounding = [not (k in floor_m and floor_m[k].usable_as_floor) and policy.effective_rule(k[0], dt, have_floor=have).floor_multiple is not None for k, dt in zip(keys, dtypes)]
-    work = [(la, lb, r) for (la, lb), r in zip(both, rounding)]
+    work = [PairToMeasure(la, lb, r) for (la, lb), r in zip(both, rounding)]
     plan = plan_units([(la.name, la.coords.to_dict()) for la, _ in both])
     units = len(keys) + len(plan)  # every unit judged counts in the FAIL level (policy.fail_level)
     members: list[Member | None] = []
@@ -353,13 +362,14 @@ def compare_runs(
         done = len(pairs)
         got = list(zip(keys[done : done + len(batch)], work[done : done + len(batch)], batch, dtypes[done : done + len(batch)]))
         judging = [
-            (la.name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), dt, g.blocks)
-            for key, (la, _, _), g, dt in got
+            (todo.a.name, g.metrics, floor_from(floor_m.get(key), g, have_floor=have), dt, g.blocks)
+            for key, todo, g, dt in got
             if g.metrics is not None
         ]
         decisions = iter(policy.decide_many(judging, have_floor=have, units=units))
         floors = iter([fl for _, _, fl, _, _ in judging])
-        for key, (la, lb, _), g, _ in got:
+        for key, todo, g, _ in got:
+            la, lb = todo.a, todo.b
             if g.metrics is None:
                 status, d = "error", Decision("fail", None, (g.error or "",))
                 members.append(None)

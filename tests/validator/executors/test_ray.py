@@ -31,7 +31,7 @@ from tests.ray_cluster import RayCluster
 from tests.servers import VALIDATOR, free_port
 from validator.errors import InputError
 from validator.executors import RayExecutor, pair_memory, plan_batches, plan_ranges
-from validator.judging.compare import compare_runs
+from validator.judging.compare import PairToMeasure, compare_runs
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
 from validator.runs.tensorfile import ITEMSIZES
@@ -102,12 +102,12 @@ def test_executor_syntax() -> None:
 
 def test_plan_and_memory_bound(runs: dict[str, Path]) -> None:
     ga, gb = group_logical(open_path(runs["a"]).tensors), group_logical(open_path(runs["b"]).tensors)
-    pairs = [(ga[k], gb[k], True) for k in sorted(ga.keys() & gb.keys(), key=repr)]
+    pairs = [PairToMeasure(ga[k], gb[k], rounding_floor=True) for k in sorted(ga.keys() & gb.keys(), key=repr)]
     assert [len(b) for b in plan_batches(pairs)] == [3]
     assert plan_batches(pairs, batch_bytes=1) == [[0], [1], [2]]  # a pair larger than a batch is a task of its own
-    for la, lb, r in pairs:  # the reservation covers both assembled tensors at least
-        numel = int(torch.Size(la.shape()).numel())
-        assert pair_memory(la, lb, r) >= numel * (4 + 2)
+    for p in pairs:  # the reservation covers both assembled tensors at least
+        numel = int(torch.Size(p.a.shape()).numel())
+        assert pair_memory(p.a, p.b, p.rounding_floor) >= numel * (4 + 2)
 
 
 def test_unreadable_refs_are_refused_before_connecting(tmp_path: Path) -> None:
@@ -621,7 +621,7 @@ def test_range_tasks_merge_to_the_whole_pair(huge: dict[str, Path], monkeypatch:
                 read = sum(n for _, _, n in reads)
                 most = sum((hi - lo + 2 * outer_row(t)) * ITEMSIZES[t.dtype] * _copies(t) for t in (la, lb))
                 assert (hi - lo) * per <= read <= most, (key, lo, hi, read, most)
-            assert bits(merge_measured((pa, pb, rounding), results)) == bits(want), (key, rounding)
+            assert bits(merge_measured(PairToMeasure(pa, pb, rounding), results)) == bits(want), (key, rounding)
         assert len(spans) > 1 or key[0] == "s"
     (ra,), (rb,) = ([v for k, v in g.items() if k[0] == "r"] for g in (ga, gb))
     notes = measure_pair(_fresh(ra), _fresh(rb), False).notes

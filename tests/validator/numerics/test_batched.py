@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from tests.validator.numerics.test_backends import CASES, DTYPES, edges, pair, with_nonfinite
-from validator.judging.compare import _measure, _measure_all, compare_runs, measure_tensors, measure_tensors_many
+from validator.judging.compare import (
+    PairToMeasure,
+    _measure,
+    _measure_all,
+    compare_runs,
+    measure_tensors,
+    measure_tensors_many,
+)
 from validator.numerics.backends import Totals, compare, compare_many, small
 from validator.numerics.backends.cpu import batchable, compare_cpu, compare_cpu_many
 from validator.numerics.backends.small import NUMPY_MAX, compare_small
@@ -155,7 +162,7 @@ def test_compare_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
             add_noisy_tensors(w, dtypes, 60, torch.Generator().manual_seed(seed), odd=(6, math.nan))
     va, vb = open_path(tmp_path / "a"), open_path(tmp_path / "b")
     ga, gb = group_logical(va.tensors), group_logical(vb.tensors)
-    pairs = [(ga[k], gb[k], i % 2 == 0) for i, k in enumerate(sorted(ga, key=lambda k: (k[0], repr(k[1]))))]
+    pairs = [PairToMeasure(ga[k], gb[k], rounding_floor=i % 2 == 0) for i, k in enumerate(sorted(ga, key=lambda k: (k[0], repr(k[1]))))]
     batched = list(_measure_all(pairs))  # the pairs of a batch in one pass of the engine
     assert bits([vars(m) for m in batched]) == bits([vars(_measure(*p)) for p in pairs])
     by_pair = compare_runs(va, vb, executor=lambda fn, ps: (fn(*p) for p in ps)).to_dict()  # one by one, as Ray does

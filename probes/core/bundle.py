@@ -132,7 +132,7 @@ def write_json_atomic(path: Path, obj: Any, *, compact: bool = False) -> None:
 
 
 _FULL = ShardSpec.full()
-_FULL_KEY = ("full", 0, 1, None, 0, 1)  # _FULL's fields
+_FULL_KEY = ("full", 0, 1, None, 0, 1, None)  # _FULL's fields
 _DTYPE_NAMES: dict[Any, str] = {}  # torch dtype -> its name in part.json ("bfloat16")
 
 
@@ -214,7 +214,9 @@ class BundleWriter:
         spec = shard if isinstance(shard, ShardSpec) else _FULL if shard is None else ShardSpec.from_dict(shard)
         c = Coords.make(**coords)
         shard_key = (
-            _FULL_KEY if spec is _FULL else (spec.kind, spec.index, spec.count, spec.dim, spec.replica, spec.replicas)
+            _FULL_KEY
+            if spec is _FULL
+            else (spec.kind, spec.index, spec.count, spec.dim, spec.replica, spec.replicas, spec.replication)
         )
         ident = (name, c.identity(), shard_key, c.pp_stage, c.tp_rank)
         if ident in self._seen:

@@ -67,3 +67,25 @@ def test_a_bundle_without_the_field_reads_as_before(tmp_path: Path) -> None:
         ShardSpec.replicated(1, 2),
     ]
     assert all(r.shard.replication is None for r in refs)
+
+
+def test_a_bundle_keeps_declared_replication(tmp_path: Path) -> None:
+    """A probe that declares its copies replicated writes it into the bundle, and the run reads it back."""
+    x = torch.arange(6, dtype=torch.float32)
+    for r in range(2):
+        with BundleWriter(tmp_path / "b", run_name="b", part=f"r{r}") as w:
+            w.add("x", x, shard=ShardSpec.replicated(r, 2, replication="declared"), step=0)
+            w.add("y", x, shard=ShardSpec.replicated(r, 2), step=0)  # undeclared
+    part = json.loads((tmp_path / "b" / "parts" / "r1" / "part.json").read_text())
+    shards = {t["name"]: t["shard"] for t in part["tensors"]}
+    assert shards == {
+        "x": {"kind": "replicated", "index": 1, "count": 2, "replication": "declared"},
+        "y": {"kind": "replicated", "index": 1, "count": 2},
+    }
+    refs = open_path(tmp_path / "b").tensors
+    assert {(r.name, r.shard.index, r.shard.replication) for r in refs} == {
+        ("x", 0, "declared"),
+        ("x", 1, "declared"),
+        ("y", 0, None),
+        ("y", 1, None),
+    }

@@ -179,7 +179,7 @@ def bootstrap_intervals(
     of blocks, paired or not) are resampled in one call of the compiled code and sorted together, each with
     the code and the bits of one alone."""
     # numba, imported only where intervals are drawn
-    from validator.numerics.compiled import first_call
+    from validator.numerics.numba_cache import first_call
     from validator.numerics.resample import ratios_many, resampled_rel_l2_many
 
     alike: dict[tuple[int, int | None, bool], list[int]] = {}  # (blocks, floor blocks, paired) -> requests
@@ -196,7 +196,7 @@ def bootstrap_intervals(
         d2, a2 = np.array([c.d2 for c in cands], np.float64), np.array([c.a2 for c in cands], np.float64)
         if m is None:
             draws, _ = _draws(n, None, resamples)
-            with first_call((resampled_rel_l2_many, draws.dtype)):  # numba's cache: compiled.py
+            with first_call((resampled_rel_l2_many, draws.dtype)):  # numba's cache: numba_cache.py
                 values = resampled_rel_l2_many(draws, d2, a2)
         else:
             floors = [f for i in idx if (f := wanted[i][1]) is not None]

@@ -54,7 +54,7 @@ from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Tota
 from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.backends.small import BLOCK as ROW
 from validator.numerics.backends.small import NUMPY_MAX, plan, range_rows
-from validator.numerics.compiled import first_call
+from validator.numerics.numba_cache import first_call
 
 BLOCK = ROW  # elements per block: its float32 sums and counts are one row of partials (small.BLOCK)
 GROUP = 32  # blocks per prange iteration

@@ -4,7 +4,7 @@ reference, D-only vs PD (docs/transformers.md; results in hf_h200.md).
 Parts (``--parts``, in this order):
 
 - ``models``: a Llama-architecture target (Llama-3.2-1B's shapes: width 2048, 8 KV heads of 64, 32 query
-  heads, MLP 8192; here 18 layers and the byte vocabulary of ``validator.workloads.hf_models``, 1.03 B
+  heads, MLP 8192; here 18 layers and the byte vocabulary of ``validator.workloads.transformers_models``, 1.03 B
   parameters), randomly initialised from ``--seed``, saved as bf16 safetensors. No weights can be
   downloaded here and no 1B model can be trained in minutes, so the draft is the target with Gaussian noise
   on every weight (``sigma`` times the tensor's own standard deviation): a draft that agrees with the
@@ -49,8 +49,8 @@ from capture_overhead import DiscardWriter  # noqa: E402  (this folder: the writ
 from probes.core.capture import ProbeSession  # noqa: E402
 from probes.core.config import ProbeConfig  # noqa: E402
 from probes.engines.transformers import AssistedAcceptance, HandoffInjector, ModelCapture  # noqa: E402
-from validator.workloads.hf_models import BOS, EOS, VOCAB, ByteTokenizer, load_model  # noqa: E402
-from validator.workloads.hf_pd import decode, load_prompts, prefill  # noqa: E402
+from validator.workloads.transformers_models import BOS, EOS, VOCAB, ByteTokenizer, load_model  # noqa: E402
+from validator.workloads.transformers_pd import decode, load_prompts, prefill  # noqa: E402
 
 PROMPTS = REPO / "tests" / "data" / "gsm8k" / "test.jsonl"
 # pd: the target's layer outputs and logits at every step, the draft's logits, both KV caches (not every

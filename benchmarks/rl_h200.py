@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO))
 
 from probes.rl.logprobs import LogprobRecorder  # noqa: E402
 from probes.rl.weights import write_manifest  # noqa: E402
-from validator.workloads.hf_models import EOS, ByteTokenizer, load_model  # noqa: E402
-from validator.workloads.hf_pd import load_prompts  # noqa: E402
+from validator.workloads.transformers_models import EOS, ByteTokenizer, load_model  # noqa: E402
+from validator.workloads.transformers_pd import load_prompts  # noqa: E402
 
 MODEL = REPO / "examples" / "models" / "gsm8k-llama-tiny" / "target"
 TEST = REPO / "tests" / "data" / "gsm8k" / "test.jsonl"

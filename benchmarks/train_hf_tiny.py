@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from validator.workloads.hf_models import EOS, ByteTokenizer, draft_config, model_config, target_config
+from validator.workloads.transformers_models import EOS, ByteTokenizer, draft_config, model_config, target_config
 
 
 def load_questions(path: str, limit: int | None = None) -> list[dict[str, str]]:

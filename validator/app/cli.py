@@ -304,8 +304,8 @@ def cmd_probe_gsm8k(args: argparse.Namespace) -> int:
 
 
 def cmd_pd_layout(args: argparse.Namespace) -> int:
-    """Head-aware draft-KV transfer plan for one decode rank, or a check of a given plan (validator/workloads/pd_layout.py)."""
-    from validator.workloads import pd_layout as pdl
+    """Head-aware draft-KV transfer plan for one decode rank, or a check of a given plan (validator/workloads/kv_transfer_plan.py)."""
+    from validator.workloads import kv_transfer_plan as pdl
 
     def load(path: str) -> Any:
         try:
@@ -545,7 +545,7 @@ def _projection_options(s: argparse.ArgumentParser) -> None:
 
 
 def _transformers_options(s: argparse.ArgumentParser) -> None:
-    from validator.workloads.hf_pd import add_arguments, run_from_args
+    from validator.workloads.transformers_pd import add_arguments, run_from_args
 
     add_arguments(s)
     s.set_defaults(func=run_from_args)

@@ -11,7 +11,7 @@ __getattr__, __all__ = public(
         "projection_report": ["ProjectionReport", "run_projection_report", "format_table"],
         "gsm8k": ["run_gsm8k", "compare_gsm8k", "load_gsm8k_rows"],
         "scrape": ["scrape_window", "write_metrics_bundle"],
-        "pd_layout": ["KVLayout", "transfer_plan", "check_plan", "check_compatible"],
+        "kv_transfer_plan": ["KVLayout", "transfer_plan", "check_plan", "check_compatible"],
         "harness": ["Harness", "HarnessConfig"],
     },
 )

@@ -7,7 +7,7 @@ held by ``tp_size // total_kv_heads`` consecutive ranks (rank ``r`` holds head `
 Captured K/V viewed as ``[tokens, heads_on_rank, head_dim]`` is then the slice ``split(dim=1, ...)`` of the
 logical ``[tokens, total_kv_heads, head_dim]`` tensor, so runs with different TP sizes (a D-only TP32 run
 and a PD run whose draft KV was written on P with TP4) reassemble to the same tensor and compare directly.
-The PD transfer plan (``validator.workloads.pd_layout``) uses the same functions to decide which prefill rank, head
+The PD transfer plan (``validator.workloads.kv_transfer_plan``) uses the same functions to decide which prefill rank, head
 and bytes each decode rank must receive.
 """
 

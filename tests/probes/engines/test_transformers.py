@@ -26,7 +26,7 @@ from probes.engines.transformers import (
     capture_kv,
 )
 from tests.paths import ROOT
-from validator.workloads.hf_pd import _cache_kw
+from validator.workloads.transformers_pd import _cache_kw
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ COMMON = ["--limit", "8", "--max-new-tokens", "32", "--threads", "1", "--names",
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`validator probe transformers` in the three modes on the committed tiny pair (8 GSM8K prompts, 32
-    tokens; ~40 s on CPU), built once for test_hf_pd.py (the CLI) and test_hf_pd_server.py (API, dashboard)."""
+    tokens; ~40 s on CPU), built once for test_transformers_pd.py (the CLI) and test_transformers_pd_server.py (API, dashboard)."""
     from validator.app.cli import main
 
     root = tmp_path_factory.mktemp("hf")

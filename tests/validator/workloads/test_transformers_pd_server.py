@@ -1,5 +1,5 @@
 """D-only vs PD on the committed transformers pair through a real `validator serve`: the three bundles
-(tests/validator/workloads/conftest.py, shared with test_hf_pd.py) are pushed with `validator push`, then
+(tests/validator/workloads/conftest.py, shared with test_transformers_pd.py) are pushed with `validator push`, then
 compared with the policy examples/policies/hf-tiny-pd.toml through the REST API (comparisons and the CI
 gate, and `validator gate --server`), and their evidence is read off the dashboard's pages over HTTP and
 in Chromium: the correct hand-off is equivalent, tensors and acceptance; the broken one fails at layer

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from probes.engines.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
 from probes.core.shards import ShardSpec
-from validator.workloads.pd_layout import (
+from probes.engines.sglang.heads import HeadLayoutError, head_ranks, kv_head_shard, rank_heads
+from validator.workloads.kv_transfer_plan import (
     KVLayout,
     PDLayoutError,
     PlanEntry,

@@ -35,7 +35,7 @@ from typing import Any
 
 from validator.errors import InputError
 from validator.runs.jsonlines import json_lines
-from validator.workloads.hf_models import EOS, ByteTokenizer, check_size, load_model, read_config
+from validator.workloads.transformers_models import EOS, ByteTokenizer, check_size, load_model, read_config
 
 __all__ = ["MODES", "PDConfig", "add_arguments", "load_prompts", "run", "run_from_args"]
 
@@ -127,7 +127,7 @@ def _model_paths(cfg: PDConfig) -> tuple[str, str | None]:
 
 
 def check_fit(cfg: PDConfig, prompts: Sequence[tuple[str, str]]) -> None:
-    """Before any model is allocated: each model's sizes fit the device (``hf_models.check_size``, naming the
+    """Before any model is allocated: each model's sizes fit the device (``transformers_models.check_size``, naming the
     field), and every prompt with ``max_new_tokens`` fits the models' context (``max_position_embeddings``)."""
     context = None
     for path in _model_paths(cfg):
@@ -439,7 +439,7 @@ def _kv(cache: Any) -> list[tuple[Any, Any]]:
 def _child(cfg: PDConfig, role: str, handoff: Path, job: Path) -> dict[str, Any]:
     job.write_text(json.dumps({"config": asdict(cfg), "role": role, "handoff": str(handoff)}))
     result = job.with_suffix(f".{role}.json")
-    cmd = [sys.executable, "-m", "validator.workloads.hf_pd", str(job), str(result)]
+    cmd = [sys.executable, "-m", "validator.workloads.transformers_pd", str(job), str(result)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
         x for x in (str(_REPO), os.environ.get("PYTHONPATH")) if x)})
     if proc.returncode != 0:
@@ -532,7 +532,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    """Child process entry: ``python -m validator.workloads.hf_pd JOB.json RESULT.json``."""
+    """Child process entry: ``python -m validator.workloads.transformers_pd JOB.json RESULT.json``."""
     job = json.loads(Path(argv[0]).read_text())
     c = job["config"]
     c["names"] = tuple(c.get("names") or ())

@@ -279,11 +279,14 @@ class ExecutorSettings:
 class ClientSettings:
     """What the CLI takes from the environment besides the store's settings: ``VALIDATOR_SERVER`` (work against
     a validator server at this URL, the ``--server`` default), ``VALIDATOR_TOKEN`` (its bearer token, the
-    ``--token`` default) and ``VALIDATOR_DEBUG`` (any non-empty value: an internal error prints its traceback)."""
+    ``--token`` default), ``VALIDATOR_DEBUG`` (any non-empty value: an internal error prints its traceback) and
+    ``GITHUB_STEP_SUMMARY`` (the file a GitHub Actions step's summary is appended to: ``validator gate``
+    appends its Markdown there)."""
 
     server: str | None = None
     token: str | None = field(default=None, repr=False)
     debug: bool = False
+    step_summary: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ClientSettings:
@@ -292,4 +295,5 @@ class ClientSettings:
             server=env.get("VALIDATOR_SERVER") or None,
             token=env.get("VALIDATOR_TOKEN") or None,
             debug=bool(env.get("VALIDATOR_DEBUG")),
+            step_summary=env.get("GITHUB_STEP_SUMMARY") or None,
         )

@@ -105,8 +105,11 @@ def test_console_script_exits_2_naming_the_variable(tmp_path: Path, env: dict[st
 def test_client_and_executor_settings_come_from_the_environment() -> None:
     from validator.settings import RANGE_BYTES, ClientSettings, ExecutorSettings
 
-    assert ClientSettings.from_env({}) == ClientSettings(server=None, token=None, debug=False)
-    got = ClientSettings.from_env({"VALIDATOR_SERVER": "http://h:8000", "VALIDATOR_TOKEN": "s3cret-tok", "VALIDATOR_DEBUG": "1"})
-    assert (got.server, got.token, got.debug) == ("http://h:8000", "s3cret-tok", True)
+    assert ClientSettings.from_env({}) == ClientSettings(server=None, token=None, debug=False, step_summary=None)
+    assert ClientSettings.from_env({"GITHUB_STEP_SUMMARY": ""}).step_summary is None  # set but empty: no summary file
+    got = ClientSettings.from_env(
+        {"VALIDATOR_SERVER": "http://h:8000", "VALIDATOR_TOKEN": "s3cret-tok", "VALIDATOR_DEBUG": "1", "GITHUB_STEP_SUMMARY": "/tmp/summary.md"}
+    )
+    assert (got.server, got.token, got.debug, got.step_summary) == ("http://h:8000", "s3cret-tok", True, "/tmp/summary.md")
     assert "s3cret-tok" not in repr(got)  # the token is never shown
     assert ExecutorSettings.from_env({}) == ExecutorSettings(ray_address=None, range_bytes=RANGE_BYTES)

@@ -250,7 +250,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     md = markdown_summary(doc, link=link)
     if args.junit:
         write_junit(doc, args.junit)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    summary = ClientSettings.from_env().step_summary
     if summary:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(md + "\n")

@@ -53,7 +53,7 @@ from numba.extending import overload
 from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.backends.small import BLOCK as ROW
-from validator.numerics.backends.small import NUMPY_MAX, plan, range_rows
+from validator.numerics.backends.small import NUMPY_MAX, lay_out, plan, range_rows
 from validator.numerics.numba_cache import first_call
 
 BLOCK = ROW  # elements per block: its float32 sums and counts are one row of partials (small.BLOCK)
@@ -89,7 +89,7 @@ def _call(n: int, parallel: Callable[..., None], serial: Callable[..., None], *a
     2-core dev box), else ``parallel(*args)``, one call at a time (the "workqueue" threading layer must not be
     entered from two threads at once, and a call already keeps every core busy), its prange iterations
     handed out one at a time. Both run the same code; results depend on none of it. The first call for a
-    pair of dtypes runs under ``compiled.first_call``."""
+    pair of dtypes runs under ``numba_cache.first_call``."""
     kernel = serial if n <= SMALL else parallel
     with first_call((kernel, args[0].dtype, args[1].dtype)):  # type: ignore[attr-defined]
         if n <= SMALL:
@@ -534,15 +534,7 @@ def compare_cpu_many(
     if not pairs:
         return []
     form = _format(pairs[0][0].dtype, pairs[0][1].dtype)
-    edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
-    plans = [plan(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]  # cached per shape
-    first = np.cumsum([0] + [len(owner) for _, owner in plans])
-    at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])  # first element of each pair
-    edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])  # first edge block of each pair
-    rows = np.diff(first)
-    starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
-    starts[:-1] += np.repeat(at[:-1], rows)  # each pair's rows moved to where the pair is
-    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    starts, owner, first, edge_at = lay_out([(a.numel(), e) for a, _, e in pairs])
     xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.mixed), _bits(_end_to_end([b for _, b, _ in pairs]), form.mixed)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
     sums, counts, tops, max_ulp, nonfinite = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.nonfinite))

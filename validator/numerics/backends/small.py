@@ -210,6 +210,22 @@ def add_up(rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.
     return sums, tops, counts[:, :5], max_ulp, counts[:, 6:], blocks
 
 
+def lay_out(pairs: Sequence[tuple[int, Sequence[int]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs of ``(numel, edges)`` (no edges: one block) laid end to end, each cut into rows by :func:`plan`:
+    (each row's first element and the end, each row's edge block counted over all pairs, each pair's first row
+    and the end, each pair's first edge block and the end), as the passes over many pairs read them."""
+    edges = [tuple(e) or (0, n) for n, e in pairs]
+    plans = [plan(e, 0, n) for (n, _), e in zip(pairs, edges)]
+    at = np.cumsum([0] + [n for n, _ in pairs])
+    rows = np.array([len(o) for _, o in plans], np.int64)
+    first = np.concatenate(([0], np.cumsum(rows)))
+    edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])
+    starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
+    starts[:-1] += np.repeat(at[:-1], rows)
+    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    return starts, owner, first, edge_at
+
+
 def _read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Both sides' float64 values and their ULP distances (None without ULP metrics)."""
     (bits_a, name_a), (bits_b, name_b) = stored(a), stored(b)
@@ -239,15 +255,7 @@ def compare_small_many(
             size += a.numel()
         return out + compare_small_many(pairs[begin:], atol=atol, rtol=rtol)
     read = [_read(a, b) for a, b, _ in pairs]
-    edges = [tuple(e) or (0, a.numel()) for a, _, e in pairs]
-    plans = [plan(e, 0, a.numel()) for (a, _, _), e in zip(pairs, edges)]
-    at = np.cumsum([0] + [a.numel() for a, _, _ in pairs])
-    rows = np.array([len(o) for _, o in plans])
-    first = np.concatenate(([0], np.cumsum(rows)))
-    edge_at = np.cumsum([0] + [len(e) - 1 for e in edges])
-    starts = np.concatenate([s[:-1] for s, _ in plans] + [at[-1:]])
-    starts[:-1] += np.repeat(at[:-1], rows)
-    owner = np.concatenate([o for _, o in plans]) + np.repeat(edge_at[:-1], rows)
+    starts, owner, first, edge_at = lay_out([(a.numel(), e) for a, _, e in pairs])
     x, y = np.concatenate([r[0] for r in read]), np.concatenate([r[1] for r in read])
     ulp = any(r[2] is not None for r in read)  # a pair without ULP metrics: zeros, not reported
     dist = np.concatenate([np.zeros(len(r[0]), np.int64) if r[2] is None else r[2] for r in read]) if ulp else None

@@ -52,7 +52,7 @@ def merge_measured(pair: PairToMeasure, results: list[RangeResult]) -> Measured:
     from validator.judging.compare import Measured
     from validator.numerics.ranges import merge
 
-    la, lb, _ = pair
+    la, lb = pair.a, pair.b
     m, blocks = merge([x.pair for x in results])
     rounding = merge([x.rounding for x in results])[1] if results[0].rounding is not None else None
     notes = [f"A: {n}" for n in replica_notes(la, [x.checks_a for x in results])]

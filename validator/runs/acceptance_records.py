@@ -1,7 +1,7 @@
 """Acceptance records: the canonical per-verify-step schema, JSONL loading, Parquet storage, validation.
 
 One record = one verify step of one request (the schema is documented in docs/metrics.md, "Acceptance metrics").
-The probe ``probes.acceptance.AcceptanceRecorder`` writes the same schema as JSON lines into a run bundle
+The probe ``probes.core.acceptance.AcceptanceRecorder`` writes the same schema as JSON lines into a run bundle
 (``BUNDLE/parts/<part>/acceptance.jsonl``). Loaded records become a pandas DataFrame with one row per step
 and the columns of :data:`COLUMNS`; per-position logprobs are split into ``*_logprob`` (the float form),
 ``*_top_ids`` and ``*_top_logprobs`` (the top-k form) so that the frame stores losslessly in Parquet.

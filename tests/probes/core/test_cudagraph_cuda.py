@@ -1,7 +1,7 @@
 """CUDA-only: asynchronous capture on a side stream, and capture points inside CUDA graphs.
 
 Skipped without a CUDA device; run on the GPU machine with
-``python -m pytest --noconftest tests/probes/test_cudagraph_cuda.py``.
+``python -m pytest --noconftest tests/probes/core/test_cudagraph_cuda.py``.
 """
 
 from __future__ import annotations

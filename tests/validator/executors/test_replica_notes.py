@@ -14,7 +14,7 @@ from probes.core.shards import Replication
 from validator.executors.assembly import portable
 from validator.executors.planning import plan_ranges, rounding_dtype
 from validator.executors.tasks import measure_range, merge_measured
-from validator.judging.compare import measure_pair
+from validator.judging.compare import PairToMeasure, measure_pair
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.sources import open_path
 
@@ -53,7 +53,7 @@ def test_ranges_note_differing_copies_as_the_whole_pair_does(tmp_path: Path, rep
     spans = plan_ranges(la.shape(), 8, 4 << 10)
     assert len(spans) > 1
     results = [got for lo, hi in spans for got in measure_range(pa, pb, rounding_dtype(la, lb, False), lo, hi, None)]
-    merged = merge_measured((pa, pb, False), results)
+    merged = merge_measured(PairToMeasure(pa, pb, False), results)
     assert merged.notes == whole.notes and len(whole.notes) == 1  # only B's rank 2 differs, in the last range
     (note,) = whole.notes
     assert "rank=2" in note and "max |diff| 0.25" in note

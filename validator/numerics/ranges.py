@@ -31,8 +31,8 @@ import torch
 
 from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
-from validator.numerics.backends.cpu import BLOCK as ROW
 from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, row_plan, totals
+from validator.numerics.backends.small import ROW
 from validator.numerics.floors import BlockSums, _edges, _rows
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 

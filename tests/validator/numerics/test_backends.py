@@ -256,7 +256,7 @@ def test_cpu_agrees_with_torch_float64_reference() -> None:
         _assert_matches(_metrics(got, a, b, 1e-5, 1e-3), _np_metrics(a, b, 1e-5, 1e-3))
 
 
-SHORT = [1, 31, 32, 255, 256, 257, 1000, 2047, 2048, 2049, 5000]  # block lengths around the vector width, PIECE and BLOCK
+SHORT = [1, 31, 32, 255, 256, 257, 1000, 2047, 2048, 2049, 5000]  # row lengths around the vector width, SHORT_SPAN and ROW
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)

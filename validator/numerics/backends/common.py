@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from validator.numerics.backends.totals import Totals as Totals  # (re-exported: the backends import it from here)
-from validator.numerics.backends.totals import pieces_of as pieces_of
+from validator.numerics.backends.totals import blocks_meeting as blocks_meeting
 
 # dtype -> (same-width signed integer dtype, mask of the non-sign bits); the dtypes with ULP metrics
 ULP_DTYPES: dict[torch.dtype, tuple[torch.dtype, int]] = {

@@ -1,4 +1,4 @@
-"""CPU backend: one fused numba pass per pair, float32 per element, float64 across blocks.
+"""CPU backend: one fused numba pass per pair, float32 per element, float64 across rows.
 
 Both tensors are read as their raw bits, typed by their format: bfloat16 as int16, float16 as uint16,
 float8 as uint8, float32 as uint32 (:func:`_float` gives the value, :func:`_dist` the ULP distance; float16
@@ -9,30 +9,31 @@ so that the kernels are compiled for fewer pairs of types. numba compiles the pa
 its first use; ``backends.compare`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy
 pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
-A pair is read in blocks of at most :data:`BLOCK` elements (none across an edge of ``edges``); ``prange``
-hands units of blocks to numba's threads: :data:`GROUP` blocks of one pair (:func:`compare_cpu`), or a
-whole small pair (:func:`compare_cpu_many`). Each block is read once, in spans of :data:`SPAN` elements,
-each one loop of constant length (:func:`_lanes_of`; a block cut short by an edge in pieces of :data:`PIECE`,
+A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
+bootstrap resamples); ``prange`` hands units of rows to numba's threads: :data:`GROUP` rows of one pair
+(:func:`compare_cpu`), or a whole small pair (:func:`compare_cpu_many`). Each row is read once, in spans of
+:data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge in spans of
+:data:`SHORT_SPAN`,
 the last with zeros after it):
 
 - sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
   float64 for float16 and float32 (:func:`_acc`), added in float64 per span or piece;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
-  (``common.EPS``, ``TINY``): equal counts are the float64 count, else the block counts again in float64;
+  (``common.EPS``, ``TINY``): equal counts are the float64 count, else the row counts again in float64;
 - the largest ULP distance.
 
-A block whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
+A row whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. A pair with a float64 side takes the same fused path with float64 per element (its tolerance
 test and largest |d| checked as above). ``max_abs``: float32
 rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
-each unit reads the blocks that hold its largest again in float64, unless their ULP distances show their
+each unit reads the rows that hold its largest again in float64, unless their ULP distances show their
 float32 differences exact (``common.exact_ulp``). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
-Each block writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
+Each row of elements writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
-the thread count, on which thread ran which block, or on how pairs were grouped. Integer and boolean
+the thread count, on which thread ran which row, or on how pairs were grouped. Integer and boolean
 pairs take the reference (``backends.backend_for``).
 """
 
@@ -52,21 +53,19 @@ from numba.extending import overload
 
 from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
-from validator.numerics.backends.small import BLOCK as ROW
-from validator.numerics.backends.small import NUMPY_MAX, lay_out, plan, range_rows
+from validator.numerics.backends.small import NUMPY_MAX, ROW, lay_out, plan, range_rows
 from validator.numerics.numba_cache import first_call
 
-BLOCK = ROW  # elements per block: its float32 sums and counts are one row of partials (small.BLOCK)
-GROUP = 32  # blocks per prange iteration
-SPAN = 512  # elements: a whole block is read in spans of this many, each span's float32 sums added in float64
-PIECE = 256  # elements: a block cut short by an edge is read in pieces of this many
+GROUP = 32  # rows per prange iteration (ROW, from small.py: elements a row of partials covers)
+SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
+SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
 SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
-# a block's two rows of partials: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
+# a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
 # float32 |d| (MAX32); c (int64) finite in both, passed, non-finite in a, in b, mismatched, the largest ULP distance
 # (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
 MAX_EXACT, MAX32, MAX_ULP, NAN_A = 5, 6, 5, 6
-# BLOCK, GROUP, SPAN, PIECE, PARTS: chosen on the 2-core dev box (benchmarks/engine_bench.md). BLOCK, SPAN and
-# PIECE fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
+# ROW, GROUP, SPAN, SHORT_SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW, SPAN and
+# SHORT_SPAN fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
 # 64 elements each); nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
@@ -232,45 +231,45 @@ def _lanes_of(n: int) -> Callable[..., None]:
     return lanes_of_n
 
 
-_lanes = _lanes_of(SPAN)  # a whole block, SPAN elements at a time
-_piece = _lanes_of(PIECE)  # a piece of a block cut short by an edge
+_lanes = _lanes_of(SPAN)  # a whole row, SPAN elements at a time
+_short_span = _lanes_of(SHORT_SPAN)  # a span of a row cut short by an edge
 
 
 @njit(cache=True)
 def _short(va, vb, xa, xb, tol, f, cnt):
-    """A block of fewer than BLOCK elements in pieces of PIECE (the last with zeros up to PIECE, which add
+    """A row of fewer than ROW elements in spans of SHORT_SPAN (the last with zeros up to SHORT_SPAN, which add
     nothing but to the tolerance counts); returns how many zeros."""
     m = xa.size
-    whole = m - m % PIECE
-    for p in range(0, whole, PIECE):
-        _piece(va[p : p + PIECE], vb[p : p + PIECE], xa[p : p + PIECE], xb[p : p + PIECE], tol, f, cnt)
+    whole = m - m % SHORT_SPAN
+    for p in range(0, whole, SHORT_SPAN):
+        _short_span(va[p : p + SHORT_SPAN], vb[p : p + SHORT_SPAN], xa[p : p + SHORT_SPAN], xb[p : p + SHORT_SPAN], tol, f, cnt)
     return 0 if whole == m else _tail(va, vb, xa, xb, tol, f, cnt, whole)
 
 
 @njit(cache=True)
 def _tail(va, vb, xa, xb, tol, f, cnt, whole):
-    """:func:`_short`'s last piece, from element ``whole`` on, with zeros up to PIECE (a function of its own:
-    inlined in _short, its buffers cost every block 0.2-0.3 us, the time of 256 elements)."""
+    """:func:`_short`'s last piece, from element ``whole`` on, with zeros up to SHORT_SPAN (a function of its own:
+    inlined in _short, its buffers cost every row 0.2-0.3 us, the time of 256 elements)."""
     m = xa.size
-    qa, qb = np.zeros(PIECE, va.dtype), np.zeros(PIECE, vb.dtype)
-    pa, pb = np.zeros(PIECE, xa.dtype), np.zeros(PIECE, xb.dtype)
+    qa, qb = np.zeros(SHORT_SPAN, va.dtype), np.zeros(SHORT_SPAN, vb.dtype)
+    pa, pb = np.zeros(SHORT_SPAN, xa.dtype), np.zeros(SHORT_SPAN, xb.dtype)
     for j in range(m - whole):  # element by element: a slice assignment compiles numba's shape-error messages
         qa[j], qb[j], pa[j], pb[j] = va[whole + j], vb[whole + j], xa[whole + j], xb[whole + j]
-    _piece(qa, qb, pa, pb, tol, f, cnt)
-    return whole + PIECE - m
+    _short_span(qa, qb, pa, pb, tol, f, cnt)
+    return whole + SHORT_SPAN - m
 
 
 @njit(cache=True)
 def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
-    """A block in float32 (:func:`_lanes`): sums and largest |d| into row f, counts into row c. False: the
-    block needs float64 (c untouched)."""
+    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. False: the row needs
+    float64 (c untouched)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
     va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
     pad = 0
-    if m == BLOCK:
-        for p in range(0, BLOCK, SPAN):
+    if m == ROW:
+        for p in range(0, ROW, SPAN):
             _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
     else:
         pad = _short(va, vb, xa, xb, tol, f, cnt)
@@ -295,7 +294,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
 
 @njit(cache=True)
 def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
-    """A block the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
+    """A row the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
     counted."""
     s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
     both = passed = nf_a = nf_b = mismatch = top_ulp = nan_a = nan_b = inf_same = 0
@@ -332,21 +331,21 @@ def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
 
 @njit(cache=True)
 def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
-    """The exact largest |d| over blocks first .. stop: that of the blocks whose largest float32 |d| is the
-    largest (float32 rounding is monotonic), read again in float64, unless the block's ULP distances stay
+    """The exact largest |d| over rows first .. stop: that of the rows whose largest float32 |d| is the
+    largest (float32 rounding is monotonic), read again in float64, unless the row's ULP distances stay
     within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
     best = top32 = 0.0  # (loops: NumPy's max compiles to more than it saves here)
-    for blk in range(first, stop):
-        best, top32 = max(best, part_f[blk, MAX_EXACT]), max(top32, part_f[blk, MAX32])
+    for row in range(first, stop):
+        best, top32 = max(best, part_f[row, MAX_EXACT]), max(top32, part_f[row, MAX32])
     if top32 > 0:
         top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
-        for blk in range(first, stop):
-            if part_f[blk, MAX32] != top32:
+        for row in range(first, stop):
+            if part_f[row, MAX32] != top32:
                 continue
-            if part_i[blk, MAX_ULP] <= exact:  # its float32 differences are exact, and so its largest
+            if part_i[row, MAX_ULP] <= exact:  # its float32 differences are exact, and so its largest
                 best = max(best, top32)
             else:
-                for j in range(starts[blk], starts[blk + 1]):
+                for j in range(starts[row], starts[row + 1]):
                     d = abs(np.float64(_float(xb[j], tb)) - np.float64(_float(xa[j], ta)))
                     top = max(top, int(np.float64(d).view(np.int64)))
         best = max(best, np.int64(top).view(np.float64))
@@ -355,15 +354,14 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
 
 @njit(cache=True, nogil=True)
 def _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u):
-    """The rows of partials of every block (block i: elements starts[i] .. starts[i+1]; its row f: a², b²,
-    d², |d|, a·d, exact max |d|, float32 max |d|; its row c: both, passed, non-finite a, b, mismatched,
-    max ULP, NaN in a, in b, the same infinity in both), for unit u of blocks units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
-    a block that holds the pair's largest float32 |d|, whose unit reads it again). ``wide``: float64,
-    every block in float64."""
-    cnt, scratch = np.empty(3, np.int64), np.empty((2, BLOCK), np.uint32)
-    for blk in range(units[u], units[u + 1]):
-        ya, yb = xa[starts[blk] : starts[blk + 1]], xb[starts[blk] : starts[blk + 1]]
-        f, c = part_f[blk], part_i[blk]
+    """The partials of every row (row i: elements starts[i] .. starts[i+1]; its f: a², b²,
+    d², |d|, a·d, exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched,
+    max ULP, NaN in a, in b, the same infinity in both), for unit u of rows units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
+    a row that holds the pair's largest float32 |d|, whose unit reads it again)."""
+    cnt, scratch = np.empty(3, np.int64), np.empty((2, ROW), np.uint32)
+    for row in range(units[u], units[u + 1]):
+        ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
+        f, c = part_f[row], part_i[row]
         if not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c):
             _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c)
     tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
@@ -434,7 +432,7 @@ def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
     return flat.view(torch.uint8).numpy().view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def _chunks(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(first element, a's elements, b's) of the pair as the pass reads it (:func:`_bits`): a contiguous pair
     whole, one that is not in contiguous copies of ``chunk_elems``, each with rows of its own."""
     mixed = _format(a.dtype, b.dtype).mixed
@@ -483,7 +481,7 @@ def _run(
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
          edges: tuple[int, ...], start: int) -> _Run:  # fmt: skip
-    """:func:`_run` over elements ``start ..`` of one pair (``edges``: the whole pair's), GROUP blocks a unit."""
+    """:func:`_run` over elements ``start ..`` of one pair (``edges``: the whole pair's), GROUP rows a unit."""
     starts, owner = plan(edges, start, xa.size)
     rows = len(owner)
     units = np.append(np.arange(0, rows, GROUP), rows)
@@ -506,7 +504,7 @@ def compare_cpu(
     sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
     nonfinite = np.zeros(3, np.int64)
     max_abs, max_ulp = 0.0, 0
-    for start, xa, xb in _pieces(a, b, chunk_elems):
+    for start, xa, xb in _chunks(a, b, chunk_elems):
         if xa.size:
             got = _one(xa, xb, form, atol, rtol, edges, start)
             sums += got.sums[0]
@@ -571,7 +569,7 @@ def compare_cpu_range(
     ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
     ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the first element of
-    one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`BLOCK`): the rows are
+    one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`ROW`): the rows are
     then the whole pair's, bit for bit. A whole pair of at most ``small.NUMPY_MAX`` elements has the rows of
     ``small.py``, as it has measured whole."""
     if edges[-1] <= NUMPY_MAX:

@@ -6,7 +6,7 @@ every call. Two kernels, then one small read back to the host:
 
 1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane sums (a², b², d²,
    |d|, a·d; float32, float64 where a side is float64), the largest |d|, two counts of the tolerance test and
-   the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW``). Whole tiles are
+   the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW_WIDTH``). Whole tiles are
    read without a mask (a few instructions an element fewer), a last part-tile under one. NaN/Inf are left out
    of the sums where they are met; each lane remembers the tile of its last one, and one load of those lanes
    at the end counts their kinds. Where the pass could differ from the float64 reference it marks the row:
@@ -36,10 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, pieces_of, ulp_spec
+from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, blocks_meeting, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs, compute_device
 
-BLOCK = 1024  # elements per tile
+TILE = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
 PROGRAMS = 1024  # programs of a pair at most (one per block of the edges at least)
 NUM_WARPS = 4
@@ -47,7 +47,7 @@ FIX_ROWS = 1  # rows per program of the second kernel
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
 FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
-# BLOCK, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
+# TILE, MIN_TILES, PROGRAMS, NUM_WARPS, STAGES, FIX_ROWS: chosen on an H200 (benchmarks/engine_bench.md); results do
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -59,7 +59,7 @@ _CHUNK = tl.constexpr(256)  # rows read at once
 # work for _fix_kernel
 A2, B2, D2, ABS, AD, MAX_EXACT, MAX32 = (tl.constexpr(i) for i in range(7))
 BOTH, PASSED, NF_A, NF_B, MISMATCH, MAX_ULP, NAN_A, NAN_B, INF_SAME = (tl.constexpr(i) for i in range(7, 16))
-ROW = 16
+ROW_WIDTH = 16
 
 
 @triton.jit
@@ -130,15 +130,15 @@ def _span(seg_ptr, K, pid, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _load(a_ptr, b_ptr, n, t, BLOCK: tl.constexpr, MASKED: tl.constexpr = 1):
+def _load(a_ptr, b_ptr, n, t, TILE: tl.constexpr, MASKED: tl.constexpr = 1):
     """Tile t of a program's n elements (a_ptr, b_ptr: its first) and where it is inside them. Without
     MASKED the tile is known to be whole: the loads need no mask, and tests of ``inb`` fold away."""
-    offs = t * BLOCK + tl.arange(0, BLOCK)
+    offs = t * TILE + tl.arange(0, TILE)
     if MASKED:
         inb = offs < n
         return tl.load(a_ptr + offs, mask=inb, other=0.0), tl.load(b_ptr + offs, mask=inb, other=0.0), inb
     else:
-        return tl.load(a_ptr + offs), tl.load(b_ptr + offs), tl.full([BLOCK], 1, tl.int1)
+        return tl.load(a_ptr + offs), tl.load(b_ptr + offs), tl.full([TILE], 1, tl.int1)
 
 
 @triton.jit
@@ -157,15 +157,15 @@ def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
 
 
 @triton.jit
-def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
+def _masked(a_ptr, b_ptr, n, row, atol, rtol, TILE: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
     """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted.
     Per-lane sums and counts, reduced once at the end (a reduction per tile would stall every tile)."""
-    v_a2 = tl.zeros([BLOCK], dtype=tl.float64)
+    v_a2 = tl.zeros([TILE], dtype=tl.float64)
     v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
-    c_both = tl.zeros([BLOCK], dtype=tl.int32)
+    c_both = tl.zeros([TILE], dtype=tl.int32)
     c_pass, c_nfa, c_nfb, c_mis, c_nan_a, c_nan_b, c_inf = c_both, c_both, c_both, c_both, c_both, c_both, c_both
-    for t in tl.range(tl.cdiv(n, BLOCK)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+    for t in tl.range(tl.cdiv(n, TILE)):
+        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
         ya, yb = _f64(a), _f64(b)
         fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
         both = fa & fb & inb
@@ -202,22 +202,22 @@ def _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK: tl.constexpr, A8: tl.conste
 
 
 @triton.jit
-def _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK: tl.constexpr):
+def _passed(a_ptr, b_ptr, n, atol, rtol, TILE: tl.constexpr):
     """The tolerance test of a program's (finite) tiles in float64, as the reference rounds it."""
-    count = tl.zeros([BLOCK], dtype=tl.int32)
-    for t in tl.range(tl.cdiv(n, BLOCK)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+    count = tl.zeros([TILE], dtype=tl.int32)
+    for t in tl.range(tl.cdiv(n, TILE)):
+        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
         a64, b64 = _f64(a), _f64(b)
         count += (inb & (tl.abs(b64 - a64) <= atol + _unfused(rtol * tl.abs(a64), inb, a64))).to(tl.int32)
     return tl.sum(count.to(tl.int64))
 
 
 @triton.jit
-def _max_ulp(a_ptr, b_ptr, n, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
+def _max_ulp(a_ptr, b_ptr, n, TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
     """Largest ULP distance of a program's positions finite in both."""
-    top = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
-    for t in tl.range(tl.cdiv(n, BLOCK)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+    top = tl.zeros([TILE], dtype=tl.int64 if BITS == 32 else tl.int32)
+    for t in tl.range(tl.cdiv(n, TILE)):
+        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
         both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, B8)
         top = tl.maximum(top, tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0))
     return tl.max(top).to(tl.int64)
@@ -225,10 +225,10 @@ def _max_ulp(a_ptr, b_ptr, n, BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.co
 
 @triton.jit
 def _layout(buf_ptr, nseg):
-    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the totals (a ROW),
-    the segments' d² and a², the count of finished programs, then from a multiple of ROW on the rows of
+    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the totals (a ROW_WIDTH),
+    the segments' d² and a², the count of finished programs, then from a multiple of ROW_WIDTH on the rows of
     partials. Returns the rows, segments and count."""
-    head = (16 + 2 * nseg + 1 + 15) // 16 * 16  # ROW = 16
+    head = (16 + 2 * nseg + 1 + 15) // 16 * 16  # ROW_WIDTH = 16
     ibuf_ptr = buf_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     return buf_ptr + head, buf_ptr + 16, ibuf_ptr + 16 + 2 * nseg
 
@@ -245,7 +245,7 @@ def _widen(x, F64: tl.constexpr):
 @triton.jit
 def _group(
     a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, STAGES: tl.constexpr, MASKED: tl.constexpr, CHECK: tl.constexpr,
 ):  # fmt: skip
     """Tiles t0 .. t1 of a program: per-lane sums (a², b², d², |d|, a·d) and maxima, reduced once. Without
@@ -253,13 +253,13 @@ def _group(
     CHECK, NaN/Inf are left out and counted: positions not finite in a, in b, in either, NaN in a, in b, the
     same non-finite value in both (NaN or one infinity), and, of those, the same infinity."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
-    v_a2 = tl.zeros([BLOCK], dtype=CT)
+    v_a2 = tl.zeros([TILE], dtype=CT)
     v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
-    v_lo = tl.zeros([BLOCK], dtype=tl.int32)
+    v_lo = tl.zeros([TILE], dtype=tl.int32)
     v_hi, v_bad, v_nfa, v_nfb, v_out, v_nan_a, v_nan_b, v_same, v_inf = (v_lo,) * 9
-    v_ulp = tl.zeros([BLOCK], dtype=tl.int64 if BITS == 32 else tl.int32)
+    v_ulp = tl.zeros([TILE], dtype=tl.int64 if BITS == 32 else tl.int32)
     for t in tl.range(t0, t1, num_stages=STAGES):  # later tiles' loads go out early
-        a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK, MASKED)
+        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE, MASKED)
         xa, xb = _widen(a, F64), _widen(b, F64)
         both = inb
         if CHECK:
@@ -309,10 +309,10 @@ def _group(
 @triton.jit
 def _pass_kernel(
     a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row ``first + pid`` of the rows (see ROW, :func:`_layout`): this program's partials, or its marks. With
+    """Row ``first + pid`` of the rows (see ROW_WIDTH, :func:`_layout`): this program's partials, or its marks. With
     ``zero``, program 0 also clears the count of finished programs, for _fix_kernel."""
     part_ptr, _, count_ptr = _layout(buf_ptr, nseg)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
@@ -328,14 +328,14 @@ def _pass_kernel(
     c_lo, over = tl.cast(0, tl.int32), tl.cast(0, tl.int32)
     c_hi, c_nfa, c_nfb, c_out, c_nan_a, c_nan_b, c_same, c_inf = c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo
     top_ulp = tl.cast(0, tl.int64)
-    whole = n // BLOCK
+    whole = n // TILE
     for MASKED in tl.static_range(2):  # the whole tiles, then the last part of one (if any) under a mask
-        lo, hi = whole * MASKED, whole + (tl.cdiv(n, BLOCK) - whole) * MASKED
+        lo, hi = whole * MASKED, whole + (tl.cdiv(n, TILE) - whole) * MASKED
         for t0 in tl.range(lo, hi, FLUSH):  # FLUSH tiles at most in float32 per lane, then float64
             t1 = tl.minimum(t0 + FLUSH, hi)
             qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
                 a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-                BLOCK, BITS, A8, B8, F64, BAND, STAGES, MASKED, 0,
+                TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 0,
             )  # fmt: skip
             # NaN/Inf (float32: or squares past its range) make a sum large or not a number: these tiles again,
             # NaN/Inf left out and counted
@@ -346,7 +346,7 @@ def _pass_kernel(
             if fine == 0:
                 qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
                     a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-                    BLOCK, BITS, A8, B8, F64, BAND, 1, MASKED, 1,
+                    TILE, BITS, A8, B8, F64, BAND, 1, MASKED, 1,
                 )  # fmt: skip
                 if not F64:  # past float32's range with NaN/Inf left out: the row in float64
                     over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
@@ -385,21 +385,21 @@ def _pass_kernel(
 @triton.jit
 def _fix_row(
     a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64."""
     start, n = _span(seg_ptr, K, pid, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     cols = tl.arange(0, 16)
     if tl.sum(tl.where(cols == BOTH, mine, 0)) < 0:  # the whole row: masked as the reference does
-        _masked(a_ptr, b_ptr, n, row, atol, rtol, BLOCK, A8, B8)
+        _masked(a_ptr, b_ptr, n, row, atol, rtol, TILE, A8, B8)
         top_ulp = tl.cast(0, tl.int64)
         if BITS != 0:
-            top_ulp = _max_ulp(a_ptr, b_ptr, n, BLOCK, BITS, A8, B8)
+            top_ulp = _max_ulp(a_ptr, b_ptr, n, TILE, BITS, A8, B8)
         _put(row, MAX_ULP, top_ulp)
     else:
         if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
-            _put(row, PASSED, _passed(a_ptr, b_ptr, n, atol, rtol, BLOCK))
+            _put(row, PASSED, _passed(a_ptr, b_ptr, n, atol, rtol, TILE))
         if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
             top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
@@ -410,9 +410,9 @@ def _fix_row(
                 g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + MAX32, mask=r < programs, other=-1.0)))
             if (top == g) & (g > 0):
                 g32 = g.to(tl.float32)
-                best = tl.zeros([BLOCK], dtype=tl.float64)
-                for t in tl.range(tl.cdiv(n, BLOCK)):
-                    a, b, inb = _load(a_ptr, b_ptr, n, t, BLOCK)
+                best = tl.zeros([TILE], dtype=tl.float64)
+                for t in tl.range(tl.cdiv(n, TILE)):
+                    a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
                     xa, xb = a.to(tl.float32), b.to(tl.float32)
                     hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
                     best = tl.maximum(best, tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0))
@@ -422,7 +422,7 @@ def _fix_row(
 @triton.jit
 def _fix_kernel(
     a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
     ROWS: tl.constexpr,
 ):  # fmt: skip
     """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
@@ -438,7 +438,7 @@ def _fix_kernel(
             mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks work
             if tl.min(mine) < 0:
                 _fix_row(
-                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, BLOCK, BITS, A8, B8, ALIGN,
+                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, TILE, BITS, A8, B8, ALIGN,
                 )  # fmt: skip
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
@@ -448,7 +448,7 @@ def _fix_kernel(
 
 @triton.jit
 def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
-    """Adds the rows in a fixed order into out (a ROW: sums and counts added, maxima taken) and the d² and
+    """Adds the rows in a fixed order into out (a ROW_WIDTH: sums and counts added, maxima taken) and the d² and
     a² of each segment (its K rows) into seg_out[2s], seg_out[2s + 1]. Reads past L1 (``.cg``): the rows
     were written on other multiprocessors."""
     cols = tl.arange(0, 16)
@@ -481,7 +481,7 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
             tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Contiguous pieces on ``device`` (the kernels read them flat): the whole pair when it is already there
     and contiguous."""
     if a.device == b.device == device and a.is_contiguous() and b.is_contiguous():
@@ -511,7 +511,7 @@ class _Plan(NamedTuple):
 def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) -> _Plan:
     segs, offset = [], 0
     for size in sizes:
-        segs.append(pieces_of(edges, offset, offset + size))
+        segs.append(blocks_meeting(edges, offset, offset + size))
         offset += size
     seg_edges = [torch.tensor([*(lo for _, lo, _ in found), found[-1][2]], dtype=torch.int64).to(device) for found in segs]
     # whole vectors (16 elements) when every segment edge allows it
@@ -519,7 +519,7 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
     longest = max(hi - lo for found in segs for _, lo, hi in found)
     owner = [j for found in segs for j, _, _ in found]
     # at most PROGRAMS programs past MIN_TILES tiles each, and none of 2**28 elements or more (int32 counts)
-    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, BLOCK * MIN_TILES)), triton.cdiv(longest + 1, 1 << 28))
+    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, TILE * MIN_TILES)), triton.cdiv(longest + 1, 1 << 28))
     return _Plan(owner, seg_edges, [K * len(found) for found in segs], VECTOR if aligned else 1, K)
 
 
@@ -527,7 +527,7 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
 def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The compile-time arguments of the pass and of the fix kernel for such a pair, built once."""
     bits = _BITS[dtype_a.itemsize] if ulp_spec(dtype_a, dtype_b) else 0
-    common = {"BLOCK": BLOCK, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "ALIGN": align}
+    common = {"TILE": TILE, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "ALIGN": align}
     common["num_warps"] = NUM_WARPS
     exact = exact_ulp(dtype_a) if bits else -1
     f64 = torch.float64 in (dtype_a, dtype_b)
@@ -541,7 +541,7 @@ def compare_cuda(
     device = compute_device(a, b)
     spec = ulp_spec(a.dtype, b.dtype)
     edges = tuple(edges) or (0, a.numel())
-    pieces = _pieces(a, b, device, chunk_elems)
+    pieces = _chunks(a, b, device, chunk_elems)
     if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
@@ -549,8 +549,8 @@ def compare_cuda(
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
     pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
-    head = -(-(ROW + 2 * nseg + 1) // ROW) * ROW  # see _layout
-    buf = torch.empty(head + ROW * total, dtype=torch.float64, device=device)
+    head = -(-(ROW_WIDTH + 2 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
+    buf = torch.empty(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
     tol = _tolerances(atol, rtol, device)
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
@@ -561,8 +561,8 @@ def compare_cuda(
         _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, first, total, fixers, nseg, **fix_args)
         first += rows
     res = buf[:head].cpu().numpy().view(np.int64)
-    floats, ints = res[: MAX_EXACT.value + 1].view(np.float64).tolist(), res[:ROW].tolist()  # the totals' row
-    seg = res[ROW : ROW + 2 * nseg].view(np.float64)
+    floats, ints = res[: MAX_EXACT.value + 1].view(np.float64).tolist(), res[:ROW_WIDTH].tolist()  # the totals' row
+    seg = res[ROW_WIDTH : ROW_WIDTH + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block
         block_d2, block_a2 = seg[0::2].tolist(), seg[1::2].tolist()
     else:  # blocks cut by the pieces: their segments added in order

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from validator.numerics.backends.common import Totals, pieces_of, ulp_distance, ulp_spec
+from validator.numerics.backends.common import Totals, blocks_meeting, ulp_distance, ulp_spec
 
-CPU_PIECE = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower
+CPU_CHUNK = 1 << 19  # larger pieces fault in fresh pages on every piece and run 4-5 times slower
 
 
 def compute_device(a: torch.Tensor, b: torch.Tensor) -> torch.device:
@@ -100,14 +100,14 @@ def compare_reference(
     (``edges``: see ``common.Totals``)."""
     device = compute_device(a, b)
     edges = edges or (0, a.numel())
-    piece = min(chunk_elems, CPU_PIECE) if device.type == "cpu" else chunk_elems
+    piece = min(chunk_elems, CPU_CHUNK) if device.type == "cpu" else chunk_elems
     piece = max(1, min(piece, a.numel()))
     acc = Accumulator(device, atol, rtol, ulp_spec(a.dtype, b.dtype), len(edges) - 1)
     with torch.no_grad():
         a, b = a.detach(), b.detach()
         offset = 0
         for ca, cb in chunk_pairs(a, b, piece):
-            for block, lo, hi in pieces_of(edges, offset, offset + ca.numel()):
+            for block, lo, hi in blocks_meeting(edges, offset, offset + ca.numel()):
                 acc.add(ca[lo:hi], cb[lo:hi], block)
             offset += ca.numel()
         return acc.totals(a.numel())

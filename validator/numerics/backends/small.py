@@ -3,7 +3,7 @@
 A pair of at most :data:`NUMPY_MAX` elements (the whole pair's count: a size, never a setting or the state
 of a cache) is read here; a larger one by the numba kernels of ``cpu.py``, which compile at their first use.
 So comparing small tensors (a demo, two small files, a drill-down page) waits for no compiler and does not
-import numba. Both write the same rows of partials (:func:`plan`: at most ``cpu.BLOCK`` elements a row, rows
+import numba. Both write the same rows of partials (:func:`plan`: at most ``ROW`` elements a row, rows
 laid from each edge of the pair's blocks) and add them in one sequential float64 chain (:func:`chain`, the
 bits of ``cpu._add_rows``), so a small pair measured in ranges (``validator.numerics.ranges``) merges into
 the bits measured whole.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from validator.numerics.backends.totals import Totals, pieces_of
+from validator.numerics.backends.totals import Totals, blocks_meeting
 from validator.numerics.host import STORAGE, ULP_NAMES, HostArray
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from validator.numerics.host import Array
 
 NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/first_compare_bench.md)
-BLOCK = 2048  # elements per row of partials: cpu.BLOCK
+ROW = 2048  # elements a row of partials covers (one row of float32 sums and counts in cpu.py)
 GROUP = 1 << 16  # elements: many pairs are read this many at a time (their float64 copies stay in cache)
 # a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d|; rows_i (int64) finite in both, passed,
 # non-finite in a, in b, mismatched, the largest ULP distance, NaN in a, in b, the same infinity in both
@@ -45,12 +45,12 @@ _MASK = {n: (1 << (8 * n - 1)) - 1 for n in _SIGNED}  # the bits but the sign's
 
 @functools.lru_cache(maxsize=256)
 def plan(edges: tuple[int, ...], start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, owner): rows of at most BLOCK elements of piece ``start .. start + n``, none across an
-    edge (row i: elements starts[i] .. starts[i+1] of the piece), and the edge block each row is in."""
-    owner, lo, hi = np.array(pieces_of(edges, start, start + n), np.int64).reshape(-1, 3).T
-    count = -(-(hi - lo) // BLOCK)  # rows of each block
+    """(starts, owner): rows of at most ROW elements of range ``start .. start + n``, none across an
+    edge (row i: elements starts[i] .. starts[i+1] of the range), and the edge block each row is in."""
+    owner, lo, hi = np.array(blocks_meeting(edges, start, start + n), np.int64).reshape(-1, 3).T
+    count = -(-(hi - lo) // ROW)  # rows of each block
     before = np.cumsum(count) - count
-    starts = np.repeat(lo - BLOCK * before, count) + BLOCK * np.arange(count.sum())
+    starts = np.repeat(lo - ROW * before, count) + ROW * np.arange(count.sum())
     return np.append(starts, n), np.repeat(owner, count)
 
 

@@ -7,7 +7,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Totals", "pieces_of"]
+__all__ = ["Totals", "blocks_meeting"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Totals:
     nonfinite: tuple[int, int, int] = (0, 0, 0)
 
 
-def pieces_of(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+def blocks_meeting(edges: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
     """(block, lo, hi) of each block of ``edges`` (element offsets, 0 first, numel last) that meets
     elements ``start .. stop``, lo and hi relative to ``start``."""
     first = max(0, bisect.bisect_right(edges, start) - 1)

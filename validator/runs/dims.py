@@ -26,8 +26,21 @@ from typing import Any
 __all__ = ["AXES", "Dims", "Layout", "LayoutError", "Modifier", "Op", "axes_of", "parse_dims", "plan_layout"]
 
 # the parallel axes the dumper's metadata names (``<axis>_rank`` / ``<axis>_size``)
-AXES = ("tp", "cp", "ep", "sp", "dp", "etp", "edp", "attn_tp", "attn_dp", "moe_ep", "moe_tp", "moe_dp",
-        "recompute_pseudo")
+AXES = (
+    "tp",
+    "cp",
+    "ep",
+    "sp",
+    "dp",
+    "etp",
+    "edp",
+    "attn_tp",
+    "attn_dp",
+    "moe_ep",
+    "moe_tp",
+    "moe_dp",
+    "recompute_pseudo",
+)
 _INFO_KEYS = ("sglang_parallel_info", "megatron_parallel_info")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DIM = re.compile(r"(?P<name>[A-Za-z_]\w*|\((?P<fused>[^()]+)\))(?:\[(?P<mods>[^\]]+)\])?")
@@ -139,9 +152,11 @@ class Op:
     dim: int
     partial: bool = False
     zigzag: bool = False
+    seq_lens: tuple[int, ...] | None = None  # zigzag on a packed token dimension: each sequence's global length
 
     def describe(self) -> str:
-        return f"{self.axis}: " + ("sum" if self.partial else f"concat dim {self.dim}" + (" (zigzag)" if self.zigzag else ""))
+        how = " (zigzag)" if self.zigzag and self.seq_lens is None else " (zigzag per sequence)" if self.zigzag else ""
+        return f"{self.axis}: " + ("sum" if self.partial else f"concat dim {self.dim}" + how)
 
 
 @dataclass(frozen=True)
@@ -166,13 +181,23 @@ def _rank_list(ranks: Sequence[int]) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shapes: Sequence[tuple[int, ...]],
-                ranks: Sequence[int]) -> Layout:
+def plan_layout(
+    dims: Dims,
+    axes: Sequence[Mapping[str, tuple[int, int]]],
+    shapes: Sequence[tuple[int, ...]],
+    ranks: Sequence[int],
+    seq_lens: Sequence[int] | None = None,
+    lens_from: str = "",
+) -> Layout:
     """The layout of one tensor's pieces (one per dumping rank): ``axes[i]`` piece i's active axes,
-    ``shapes[i]`` its shape, ``ranks[i]`` its world rank (for messages)."""
+    ``shapes[i]`` its shape, ``ranks[i]`` its world rank (for messages). ``seq_lens``: the global length of
+    each sequence packed in the step's token dimension (``lens_from`` names where they were read), which
+    zigzag on a token dimension ``t`` needs."""
     for sh, rk in zip(shapes, ranks):
         if len(sh) != len(dims.names):
-            raise LayoutError(f"rank {rk}: shape {list(sh)} has {len(sh)} dimensions, dims {dims.text!r} names {len(dims.names)}")
+            raise LayoutError(
+                f"rank {rk}: shape {list(sh)} has {len(sh)} dimensions, dims {dims.text!r} names {len(dims.names)}"
+            )
     idx = list(range(len(shapes)))
     dropped: list[int] = []
     dp = dims.dp_axis
@@ -182,7 +207,9 @@ def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shape
             by_dp[axes[i].get(dp, (0, 1))[0]].append(i)
         full = [r for r, ps in by_dp.items() if any(math.prod(shapes[i]) > 0 for i in ps)]
         if len(full) > 1:
-            raise LayoutError(f"{dp} ranks {_rank_list(sorted(full))} all hold data for it; the dims declare no way to join them")
+            raise LayoutError(
+                f"{dp} ranks {_rank_list(sorted(full))} all hold data for it; the dims declare no way to join them"
+            )
         keep = full[0] if full else min(by_dp)
         idx = by_dp[keep]
         dropped = sorted(set(range(len(shapes))) - set(idx))
@@ -200,9 +227,14 @@ def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shape
         bad = []
         for ax in undeclared:
             seen: dict[tuple[int, ...], int] = {}
-            if not declared or any(not declared <= axes[i].keys() for i in idx if ax in axes[i]) or any(
-                seen.setdefault(tuple(axes[i][a][0] for a in sorted(declared)), axes[i][ax][0]) != axes[i][ax][0]
-                for i in idx if ax in axes[i]
+            if (
+                not declared
+                or any(not declared <= axes[i].keys() for i in idx if ax in axes[i])
+                or any(
+                    seen.setdefault(tuple(axes[i][a][0] for a in sorted(declared)), axes[i][ax][0]) != axes[i][ax][0]
+                    for i in idx
+                    if ax in axes[i]
+                )
             ):
                 bad.append(ax)
         if bad:
@@ -217,27 +249,37 @@ def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shape
             if ax not in axes[i]:
                 raise LayoutError(f"rank {ranks[i]}: no {ax} rank in its metadata, though other ranks have one")
             if sizes.setdefault(ax, axes[i][ax][1]) != axes[i][ax][1]:
-                raise LayoutError(f"{ax} size differs between ranks ({sizes[ax]} and {axes[i][ax][1]} on rank {ranks[i]})")
+                raise LayoutError(
+                    f"{ax} size differs between ranks ({sizes[ax]} and {axes[i][ax][1]} on rank {ranks[i]})"
+                )
     order = sorted(declared)
     slots: dict[tuple[int, ...], int] = {}
     for i in idx:
         key = tuple(axes[i][a][0] for a in order)
         if key in slots:
             what = ", ".join(f"{a}={r}" for a, r in zip(order, key)) or "no declared axis"
-            raise LayoutError(f"ranks {ranks[slots[key]]} and {ranks[i]} both hold the slot ({what}): an axis the metadata "
-                              "does not name tells them apart")
+            raise LayoutError(
+                f"ranks {ranks[slots[key]]} and {ranks[i]} both hold the slot ({what}): an axis the metadata "
+                "does not name tells them apart"
+            )
         slots[key] = i
     expected = math.prod(sizes.values())
     if len(slots) != expected:
         missing = [ax for ax in order if {k[order.index(ax)] for k in slots} != set(range(sizes[ax]))]
-        raise LayoutError(f"incomplete: {len(slots)} of the {expected} ranks over {', '.join(order)} dumped it"
-                          + (f" ({', '.join(missing)} ranks missing)" if missing else ""))
-    for o in ops:
-        if o.zigzag and dims.names[o.dim] != "s":
-            raise LayoutError(f"zigzag order on dimension {dims.names[o.dim]!r}: only a sequence dimension 's' is put back in "
-                              "order (a packed token dimension needs each sequence's length, which the dump does not hold)")
+        raise LayoutError(
+            f"incomplete: {len(slots)} of the {expected} ranks over {', '.join(order)} dumped it"
+            + (f" ({', '.join(missing)} ranks missing)" if missing else "")
+        )
+    for k, o in enumerate(ops):
+        if o.zigzag and dims.names[o.dim] == "t":
+            ops[k] = _packed_zigzag(o, ops, dims, [shapes[i] for i in idx], sizes, seq_lens, lens_from)
+        elif o.zigzag and dims.names[o.dim] != "s":
+            raise LayoutError(
+                f"zigzag order on dimension {dims.names[o.dim]!r}: only a sequence dimension 's', or a packed "
+                "token dimension 't' with its sequences' lengths, is put back in order"
+            )
     for ax in sizes:
-        if ax in sharded and any(o.zigzag for o in ops if o.axis == ax):
+        if ax in sharded and any(o.zigzag and o.seq_lens is None for o in ops if o.axis == ax):
             for i in idx:
                 d = next(o.dim for o in ops if o.axis == ax)
                 if shapes[i][d] % 2:
@@ -252,3 +294,41 @@ def plan_layout(dims: Dims, axes: Sequence[Mapping[str, tuple[int, int]]], shape
         coords=tuple({a: r for a, (r, _) in axes[i].items() if a in declared} for i in range(len(shapes))),
         dropped=tuple(dropped),
     )
+
+
+def _packed_zigzag(
+    op: Op,
+    ops: Sequence[Op],
+    dims: Dims,
+    shapes: Sequence[tuple[int, ...]],
+    sizes: Mapping[str, int],
+    seq_lens: Sequence[int] | None,
+    lens_from: str,
+) -> Op:
+    """Zigzag on a packed token dimension: each sequence of length L is cut into 2n chunks (n ranks), rank r
+    holding chunks r and 2n-1-r of every sequence, one sequence after another. The op with the lengths it
+    needs, or a :class:`LayoutError` when none were dumped or they do not fit the shapes."""
+    where = f"zigzag order on dimension 't' (packed sequences over {op.axis})"
+    if seq_lens is None:
+        raise LayoutError(
+            f"{where}: needs each sequence's length, and its ranks dumped no seq_lens or cu_seqlens_q in this step"
+        )
+    if any(o.dim == op.dim for o in ops[ops.index(op) + 1 :]):
+        raise LayoutError(f"{where}: another split of the dimension is outside it (only an inner one is undone first)")
+    n = sizes[op.axis]
+    lens = [int(x) for x in seq_lens]
+    # what reaches the zigzag step along the dimension: a piece times the inner concatenations of the same dim
+    inner = math.prod(sizes[o.axis] for o in ops[: ops.index(op)] if o.dim == op.dim and not o.partial)
+    local = {sh[op.dim] * inner for sh in shapes}
+    bad = [x for x in lens if x <= 0 or x % (2 * n)]
+    if bad or local != {sum(lens) // n} or sum(lens) % n:
+        why = (
+            f"length(s) {bad[:4]} not a positive multiple of 2 x {n}"
+            if bad
+            else f"they sum to {sum(lens)}, the {n} ranks hold {sorted(local)} tokens each"
+        )
+        raise LayoutError(
+            f"{where}: the sequence lengths {lens[:8]}{' ...' if len(lens) > 8 else ''} from {lens_from or 'the step'}"
+            f" do not fit ({why})"
+        )
+    return Op(op.axis, op.dim, op.partial, op.zigzag, tuple(lens))

@@ -16,7 +16,8 @@ function, for instance) is refused with its path. Mapping to coordinates: ``forw
 
 How the ranks' dumps of one tensor form it: a ``split`` rule (``{"attn_*": 1}``: TP slices along dim 1, in
 rank order) first; else the meta's ``dims`` (0.5.23; validator/runs/dims.py: concatenation, partial sums,
-replicated copies, DP filtering); else, without dims, ``replicated`` copies. With DP attention (an active
+replicated copies, DP filtering, context-parallel zigzag order, on a packed token dimension per sequence with
+the step's ``seq_lens`` or ``cu_seqlens_q``); else, without dims, ``replicated`` copies. With DP attention (an active
 ``attn_dp``, else ``dp``, axis) each DP rank runs a batch of its own: a batch field dumped without dims
 (``input_ids``, ``positions``...), and a tensor whose dims name its DP group (``# dp:=attn_dp``) when several
 DP ranks hold rows of it, is a tensor per DP rank (coordinate ``dp``), and the ``rids`` per DP rank are kept
@@ -37,7 +38,7 @@ import math
 import os
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -376,6 +377,7 @@ def _refs(
         by_dp.update({(*key, None): ps} if own is None else {(*key, dp): g for dp, g in own.items()})
     # a user tag named like a coordinate the reader sets is renamed tag_<name> (``dp`` only where DP batches are)
     taken = _COORD_NAMES | {"dp"} if any(key[-1] is not None for key in by_dp) else _COORD_NAMES
+    lengths = _step_lengths(pieces, max_file_bytes)
     refs: list[TensorRef] = []
     for (idn, k, stage, dp), ps in by_dp.items():
         ps.sort(key=lambda p: (p.parallel("tp_rank") if p.parallel("tp_rank") is not None else p.rank(), p.rank()))
@@ -390,7 +392,7 @@ def _refs(
         dims_text = {p.meta.get("dims") for p in ps}
         if dim is None and dims_text != {None}:  # the dumper's dims say the layout (--split overrides)
             try:
-                refs.extend(_dims_refs(ps, dims_text, extra, max_file_bytes))
+                refs.extend(_dims_refs(ps, dims_text, extra, max_file_bytes, lengths))
                 continue
             except LayoutError as exc:
                 problem = str(exc)
@@ -473,10 +475,57 @@ def _ref(
     )
 
 
+def _step_lengths(
+    pieces: list[DumpFile], max_file_bytes: int
+) -> Callable[[list[DumpFile]], tuple[list[int] | None, str]]:
+    """The lengths of the sequences packed in a step's token dimension, as its ranks dumped them: ``seq_lens``
+    (SGLang), else the differences of ``cu_seqlens_q`` (Megatron); read on first use, for the ranks of one
+    tensor's pieces. ``(None, "")`` when those ranks dumped neither in that step; a :class:`LayoutError` when
+    their dumps disagree."""
+    by_step: dict[Any, list[DumpFile]] = defaultdict(list)
+    for q in pieces:
+        if q.name in ("seq_lens", "cu_seqlens_q") and len(q.shape) == 1:
+            by_step[q.tags.get("forward_pass_id", q.tags.get("step"))].append(q)
+
+    read: dict[tuple[Path, str | None], tuple[int, ...]] = {}  # each file read once, however many tensors ask
+
+    def value(q: DumpFile) -> tuple[int, ...]:
+        if (q.path, q.key) not in read:
+            read[(q.path, q.key)] = tuple(int(x) for x in _value(q.path, q.key, max_file_bytes).tolist())
+        return read[(q.path, q.key)]
+
+    def lengths(ps: list[DumpFile]) -> tuple[list[int] | None, str]:
+        # the ranks holding tokens (with data parallelism, those of the DP rank that ran the batch)
+        ranks = {p.rank() for p in ps if math.prod(p.shape) > 0} or {p.rank() for p in ps}
+        step = ps[0].tags.get("forward_pass_id", ps[0].tags.get("step"))
+        for field in ("seq_lens", "cu_seqlens_q"):
+            found = [q for q in by_step.get(step, []) if q.name == field and q.rank() in ranks]
+            if not found:
+                continue
+            seen = {value(q) for q in found}
+            if len(seen) > 1:
+                raise LayoutError(
+                    f"zigzag order on dimension 't': its ranks dumped different {field} in this step "
+                    f"({', '.join(str(list(v)[:8]) for v in sorted(seen))})"
+                )
+            vals = list(next(iter(seen)))
+            if field == "cu_seqlens_q":
+                vals = [b - a for a, b in zip(vals, vals[1:])]
+            return vals, f"{field} of step {step}"
+        return None, ""
+
+    return lengths
+
+
 def _dims_refs(
-    ps: list[DumpFile], dims_text: set[Any], extra: Mapping[str, str], max_file_bytes: int
+    ps: list[DumpFile],
+    dims_text: set[Any],
+    extra: Mapping[str, str],
+    max_file_bytes: int,
+    lengths: Callable[[list[DumpFile]], tuple[list[int] | None, str]] | None = None,
 ) -> list[TensorRef]:
-    """The records of one tensor whose dumps carry ``dims`` (validator/runs/dims.py)."""
+    """The records of one tensor whose dumps carry ``dims`` (validator/runs/dims.py); ``lengths``: the packed
+    sequences' lengths of its step, for zigzag on a token dimension."""
     if len(dims_text) > 1 or not all(isinstance(t, str) for t in dims_text):
         raise LayoutError(f"its ranks dumped it with different dims {sorted(map(repr, dims_text))}")
     dims = parse_dims(str(next(iter(dims_text))))
@@ -485,7 +534,11 @@ def _dims_refs(
             raise LayoutError(
                 f"rank {p.rank()} dumped it as {dtype_name(p.dtype)}, rank {ps[0].rank()} as {dtype_name(ps[0].dtype)}"
             )
-    lay = plan_layout(dims, [axes_of(p.meta) for p in ps], [p.shape for p in ps], [p.rank() for p in ps])
+    packed = any(m.zigzag for n, ms in zip(dims.names, dims.modifiers) if n == "t" for m in ms)
+    seq_lens, lens_from = lengths(ps) if packed and lengths is not None else (None, "")
+    lay = plan_layout(
+        dims, [axes_of(p.meta) for p in ps], [p.shape for p in ps], [p.rank() for p in ps], seq_lens, lens_from
+    )
     kept = [ps[i] for i in lay.kept]
     coords = [lay.coords[i] for i in lay.kept]
     if len(kept) == 1:
@@ -572,16 +625,22 @@ def _combined(
     max_file_bytes: int,
 ) -> torch.Tensor:
     """Several ranks' dumps of one tensor combined by ``ops``: concatenated in rank order (zigzag halves put
-    back in sequence order), addends summed in float64 and rounded once to the dumped dtype."""
+    back in sequence order, per packed sequence on a token dimension), addends summed in float64 and rounded
+    once to the dumped dtype."""
+
+    def unzigzag(vals: list[torch.Tensor], dim: int) -> torch.Tensor:
+        n = len(vals)
+        halves = [h for v in vals for h in v.chunk(2, dim=dim)]  # rank r holds chunks r and 2n-1-r
+        return torch.cat([halves[2 * c] if c < n else halves[2 * (2 * n - 1 - c) + 1] for c in range(2 * n)], dim=dim)
 
     def cat(vals: list[torch.Tensor], op: Op) -> torch.Tensor:
         if not op.zigzag:
             return torch.cat(vals, dim=op.dim)
-        n = len(vals)
-        halves = [h for v in vals for h in v.chunk(2, dim=op.dim)]  # rank r holds chunks r and 2n-1-r
-        return torch.cat(
-            [halves[2 * c] if c < n else halves[2 * (2 * n - 1 - c) + 1] for c in range(2 * n)], dim=op.dim
-        )
+        if op.seq_lens is None:
+            return unzigzag(vals, op.dim)
+        n = len(vals)  # each rank holds L / n tokens of every sequence of length L, one sequence after another
+        parts = [v.split_with_sizes([x // n for x in op.seq_lens], dim=op.dim) for v in vals]
+        return torch.cat([unzigzag([p[j] for p in parts], op.dim) for j in range(len(op.seq_lens))], dim=op.dim)
 
     def add(vals: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([v.to(torch.float64) for v in vals]).sum(dim=0)

@@ -3,7 +3,8 @@
     git show REV:validator/numerics/backends/cpu.py > /tmp/old_cpu.py
     .venv/bin/python benchmarks/cpu_ab.py /tmp/old_cpu.py --threads 2 --elems 16,64 --reps 10
 
-``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). Both modules' ``compare_cpu`` run on the same bf16 pairs (``engine_bench.make_pair``, ``--elems`` Mi
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
+points ``cpu_totals`` and ``cuda_totals``). Both modules' ``cpu_totals`` run on the same bf16 pairs (``engine_bench.make_pair``, ``--elems`` Mi
 elements per tensor; ``--dtypes``: the same values in other float dtypes) on ``--threads`` numba threads,
 one call of each in turn, ``--reps`` rounds. Prints per version the least CPU time per element pair
 (``time.process_time``: every thread of the process) and the best wall GB/s (both tensors' bytes); then
@@ -59,7 +60,7 @@ def main() -> None:
         a, b = make_pair(mi << 20, "cpu")
         for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
             x, y = a.to(dtype), b.to(dtype)
-            calls = {label: (lambda m=m: m.compare_cpu(x, y, atol=1e-3, rtol=1e-2)) for label, m in versions.items()}
+            calls = {label: (lambda m=m: m.cpu_totals(x, y, atol=1e-3, rtol=1e-2)) for label, m in versions.items()}
             results = [call() for call in calls.values()]
             same &= results[0] == results[1]
             for label, (p, w) in best_of(calls, args.reps).items():
@@ -67,7 +68,7 @@ def main() -> None:
                     f"{mi:3d} Mi {str(dtype):16s} {label:14s} {p / x.numel() * 1e9:6.3f} ns CPU per element pair, {2 * x.nbytes / w / 1e9:5.2f} GB/s"
                 )
     a, b = make_pair(64, "cpu")
-    calls = {label: (lambda m=m: m.compare_cpu(a, b, atol=1e-3, rtol=1e-2)) for label, m in versions.items()}
+    calls = {label: (lambda m=m: m.cpu_totals(a, b, atol=1e-3, rtol=1e-2)) for label, m in versions.items()}
     for call in calls.values():
         call()
     for label, (_, w) in best_of(calls, 5, 200).items():

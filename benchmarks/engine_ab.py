@@ -3,7 +3,8 @@
     git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_ab.py /tmp/old_cuda.py
 
-``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). Both modules' ``compare_cuda`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``;
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
+points ``cpu_totals`` and ``cuda_totals``). Both modules' ``cuda_totals`` run on the same bf16 pairs (8192x7168 and 1 GiB per tensor, ``engine_bench.make_pair``;
 and 8192x7168 with differences of 5%), one call of each in turn, 40 rounds; each call ends with its result on the host. Prints the
 median and the fastest call of each, and whether both gave the same counts, max_abs and ULP results. The other module must import from this checkout's ``validator.numerics.backends`` (it is
 loaded by path, as a module of its own).
@@ -40,7 +41,7 @@ def load_module(path: str, name: str = "other_cuda") -> ModuleType:
 def run_pair(name: str, n: int, other: ModuleType, noise: float = 1e-3) -> None:
     a, b = make_pair(n, "cuda", noise=noise)
     calls = {
-        label: (lambda m=m: m.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26))
+        label: (lambda m=m: m.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26))
         for label, m in (("other", other), ("this checkout", this))
     }
     times: dict[str, list[float]] = {label: [] for label in calls}

@@ -4,10 +4,11 @@
     git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
 
-``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
-median and fastest of 40 calls of ``compare_cuda`` and of ``metrics.compare_tensors``, each ending with its
-result on the host, then the GPU time of each kernel and copy over 10 calls of ``compare_cuda``, and where
-the host's time goes in 200 calls of ``compare_cuda`` on 8192x7168 (``cProfile``, this checkout only; the call
+``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
+points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
+median and fastest of 40 calls of ``cuda_totals`` and of ``metrics.compare_tensors``, each ending with its
+result on the host, then the GPU time of each kernel and copy over 10 calls of ``cuda_totals``, and where
+the host's time goes in 200 calls of ``cuda_totals`` on 8192x7168 (``cProfile``, this checkout only; the call
 waits for the GPU in ``Tensor.cpu``).
 """
 
@@ -36,7 +37,7 @@ from validator.numerics.metrics import compare_tensors  # noqa: E402
 def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
     a, b = make_pair(n, "cuda", noise=noise)
     calls: list[tuple[str, Callable[[], object]]] = [
-        ("compare_cuda", lambda: cuda.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)),
+        ("cuda_totals", lambda: cuda.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)),
         ("compare_tensors", lambda: compare_tensors(a, b)),
     ]
     if cuda is not this:  # compare_tensors runs this checkout's backend
@@ -63,10 +64,10 @@ def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
 
 def profile_host(n: int) -> None:
     a, b = make_pair(n, "cuda")
-    this.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
+    this.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
     with cProfile.Profile() as prof:
         for _ in range(200):
-            this.compare_cuda(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
+            this.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from validator.errors import InputError
-from validator.numerics.backends import Totals, as_torch, compare, compare_many
+from validator.numerics.backends import Totals, as_torch, totals_of, totals_of_many
 from validator.numerics.host import HostArray
 from validator.numerics.jsonsafe import json_safe
 
@@ -114,7 +114,7 @@ def measure(
     _check_inputs(a, b, atol, rtol, chunk_elems)
     edges = _checked_edges(tuple(edges), a.numel())
     a, b = _values(a), _values(b)
-    totals = compare(a, b, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
+    totals = totals_of(a, b, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
     metrics = metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol)
     if p99:  # in torch (a second read of the pair)
         from validator.numerics.backends.common import p99_ulp, ulp_spec
@@ -135,7 +135,7 @@ def measure_many(
     chunk_elems: int = 1 << 22,
 ) -> list[tuple[TensorMetrics, Totals] | MetricInputError]:
     """:func:`measure` of each pair ``(a, b, edges)``, in order and with the same bits, the error it would
-    raise in place of a pair it rejects. Small pairs on the CPU are measured together (``compare_many``)."""
+    raise in place of a pair it rejects. Small pairs on the CPU are measured together (``totals_of_many``)."""
     good: list[tuple[Array, Array, Sequence[int]]] = []
     out: list[tuple[TensorMetrics, Totals] | MetricInputError | None] = []
     for a, b, edges in pairs:
@@ -145,7 +145,7 @@ def measure_many(
             out.append(None)
         except MetricInputError as exc:
             out.append(exc)
-    totals = iter(compare_many(good, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems))
+    totals = iter(totals_of_many(good, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems))
     for i, ((a, b, _), got) in enumerate(zip(pairs, out)):
         if got is None:
             t = next(totals)

@@ -31,7 +31,7 @@ import torch
 
 from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
-from validator.numerics.backends.cpu import compare_cpu_range, merge_rows, row_plan, totals
+from validator.numerics.backends.cpu import cpu_range_rows, merge_rows, row_plan, totals
 from validator.numerics.backends.small import ROW
 from validator.numerics.floors import BlockSums, _edges, _rows
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
@@ -97,7 +97,7 @@ def measure_range(a: torch.Tensor, b: torch.Tensor, shape: Sequence[int], start:
         raise MetricInputError(f"elements {start}..{stop} of a tensor of shape {list(shape)} are not a range of whole rows")
     with torch.no_grad():
         a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-        rows, counts, max_abs, max_ulp, (nan_a, nan_b, inf_matched) = compare_cpu_range(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
+        rows, counts, max_abs, max_ulp, (nan_a, nan_b, inf_matched) = cpu_range_rows(a, b, atol=ATOL, rtol=RTOL, edges=_edges(shape), start=start)
     return RangePartials(
         shape, start, stop, a.dtype, b.dtype, rows, tuple(int(c) for c in counts), max_abs, max_ulp,  # type: ignore[arg-type]
         nan_a, nan_b, inf_matched,
@@ -126,7 +126,7 @@ def _check_cover(parts: Sequence[RangePartials]) -> tuple[tuple[int, ...], int]:
 
 
 def merge_totals(parts: Sequence[RangePartials]) -> Totals:
-    """The ``Totals`` of the whole pair (``backends.compare`` with the pair's row-block edges) from all its
+    """The ``Totals`` of the whole pair (``backends.totals_of`` with the pair's row-block edges) from all its
     ranges, in order."""
     shape, numel = _check_cover(parts)
     edges = _edges(shape)

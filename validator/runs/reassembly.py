@@ -149,7 +149,7 @@ def materialize_many(tensors: Sequence[LogicalTensor]) -> list[Array]:
     NumPy (:meth:`LogicalTensor.host_readable`) are read as ``numerics.host.HostArray``, without torch; of the
     others, those of one full stored shard that can be read into a buffer (``TensorRef.read_into``) are read
     side by side into one buffer per dtype, each a view of it, which the CPU engine measures without copying
-    them together (``numerics.backends.cpu.compare_cpu_many``). Meant for a batch of small tensors: their bytes
+    them together (``numerics.backends.cpu.cpu_totals_many``). Meant for a batch of small tensors: their bytes
     are read into memory, not memory-mapped; a larger tensor alone is loaded as it is stored (a large blob:
     memory-mapped)."""
     out: list[Array | None] = [t.shards[0].load_host() if t.host_readable() else None for t in tensors]

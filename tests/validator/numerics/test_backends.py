@@ -22,9 +22,9 @@ from tests.triton_interpreter import interpreted
 from tests.validator.numerics.test_metrics import _assert_matches, _np_metrics
 from validator.numerics import backends as kernels
 from validator.numerics.backends import Totals, cpu
-from validator.numerics.backends.cpu import compare_cpu
-from validator.numerics.backends.reference import compare_reference
-from validator.numerics.backends.small import compare_small
+from validator.numerics.backends.cpu import cpu_totals
+from validator.numerics.backends.reference import reference_totals
+from validator.numerics.backends.small import small_totals
 from validator.numerics.metrics import TensorMetrics, compare_tensors, metrics_from_totals
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -150,15 +150,15 @@ def assert_blocks(t: Totals, a: torch.Tensor, b: torch.Tensor, at: list[int]) ->
 CASES = cases()
 Backend = Callable[[torch.Tensor, torch.Tensor, float, float], Totals]
 BACKENDS: dict[str, Backend] = {
-    "reference": lambda a, b, atol, rtol: compare_reference(a, b, atol, rtol, 1000, edges(a.numel())),
-    "cpu": lambda a, b, atol, rtol: compare_cpu(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
+    "reference": lambda a, b, atol, rtol: reference_totals(a, b, atol, rtol, 1000, edges(a.numel())),
+    "cpu": lambda a, b, atol, rtol: cpu_totals(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
     # not contiguous: copied in pieces of chunk_elems, each piece its own pass
-    "cpu-strided": lambda a, b, atol, rtol: compare_cpu(
+    "cpu-strided": lambda a, b, atol, rtol: cpu_totals(
         strided(a), strided(b), atol=atol, rtol=rtol, chunk_elems=1000, edges=edges(a.numel())
     ),
     # the NumPy float64 pass (pairs up to small.NUMPY_MAX elements; here every case, whatever its size)
-    "cpu-small": lambda a, b, atol, rtol: compare_small(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
-    "cpu-small-strided": lambda a, b, atol, rtol: compare_small(
+    "cpu-small": lambda a, b, atol, rtol: small_totals(a, b, atol=atol, rtol=rtol, edges=edges(a.numel())),
+    "cpu-small-strided": lambda a, b, atol, rtol: small_totals(
         strided(a), strided(b), atol=atol, rtol=rtol, edges=edges(a.numel())
     ),
 }
@@ -199,7 +199,7 @@ def test_routing() -> None:
 def test_repeats_and_call_order_give_identical_bits() -> None:
     a, b = with_nonfinite(*pair(torch.bfloat16, 300_001, seed=8))
     first = compare_tensors(a, b).to_dict()
-    compare_reference(a, b, 1e-5, 1e-3, 1 << 22)  # another backend in between changes nothing
+    reference_totals(a, b, 1e-5, 1e-3, 1 << 22)  # another backend in between changes nothing
     assert [compare_tensors(a, b).to_dict() for _ in range(3)] == [first] * 3
 
 
@@ -249,7 +249,7 @@ def test_cpu_bitwise_equal_across_thread_counts() -> None:
 def test_cpu_agrees_with_torch_float64_reference() -> None:
     # the float64 torch reference: sums within the stated accuracy, counts, max_abs and ULP exact
     for a, b in large_pairs():
-        got, ref = compare_cpu(a, b, atol=1e-5, rtol=1e-3), compare_reference(a, b, 1e-5, 1e-3, 1 << 20)
+        got, ref = cpu_totals(a, b, atol=1e-5, rtol=1e-3), reference_totals(a, b, 1e-5, 1e-3, 1 << 20)
         assert (got.counts, got.max_abs, got.max_ulp) == (ref.counts, ref.max_abs, ref.max_ulp), a.dtype
         for x, y in zip(got.sums, ref.sums):
             assert math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-300), (a.dtype, got.sums, ref.sums)
@@ -267,10 +267,10 @@ def test_cpu_blocks_of_every_length_match_numpy(dtype: torch.dtype) -> None:
     a, b = with_nonfinite(*pair(dtype, at[-1], seed=31))
     a[at[4] : at[5]] = 0  # a whole block of zeros in a: float64's way, with the others in float32
     for atol, rtol in ((1e-5, 1e-3), (0.0, 0.0), (0.05, 0.0)):
-        t = compare_cpu(a, b, atol=atol, rtol=rtol, edges=at)
+        t = cpu_totals(a, b, atol=atol, rtol=rtol, edges=at)
         _assert_matches(_metrics(t, a, b, atol, rtol), _np_metrics(a, b, atol, rtol))
         assert_blocks(t, a, b, at)
-        assert cpu.compare_cpu_many([(a, b, at), (b, a, ())], atol=atol, rtol=rtol)[0] == t
+        assert cpu.cpu_totals_many([(a, b, at), (b, a, ())], atol=atol, rtol=rtol)[0] == t
 
 
 def test_cpu_mixed_pair_in_pieces_is_the_whole_pair() -> None:
@@ -278,9 +278,9 @@ def test_cpu_mixed_pair_in_pieces_is_the_whole_pair() -> None:
     # any chunk size gives the bits of the pair in one piece
     a, b = with_nonfinite(*pair(torch.float32, 70_001, seed=41))
     b, at = b.to(torch.bfloat16), [0, 20_000, 20_007, 70_001]
-    whole = compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=at)
+    whole = cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=at)
     for chunk in (999, 2048, 5000):
-        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=at, chunk_elems=chunk) == whole
+        assert cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=at, chunk_elems=chunk) == whole
 
 
 def test_cpu_pairs_from_several_threads_at_once() -> None:
@@ -315,10 +315,10 @@ def boundary_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_tolerance_boundary_passes_like_float64() -> None:
     for a, b in boundary_pairs():
-        expected = compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
-        assert compare_cpu(a, b, atol=1e-5, rtol=1e-3).counts == expected
+        expected = reference_totals(a, b, 1e-5, 1e-3, 1 << 22).counts
+        assert cpu_totals(a, b, atol=1e-5, rtol=1e-3).counts == expected
         # rtol past 2**20: every block counted in float64
-        assert compare_cpu(a, b, atol=1e-5, rtol=2.0**21).counts == compare_reference(a, b, 1e-5, 2.0**21, 1 << 22).counts
+        assert cpu_totals(a, b, atol=1e-5, rtol=2.0**21).counts == reference_totals(a, b, 1e-5, 2.0**21, 1 << 22).counts
 
 
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
@@ -380,7 +380,7 @@ def _interpreter_main(small: bool = False) -> None:
         names, at, chunk = SMALL_PROGRAM_CASES, many_edges, 3001
     for name in names:
         a, b, atol, rtol = CASES[name]
-        t = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk, edges=at(a.numel()))
+        t = cuda.cuda_totals(a, b, atol=atol, rtol=rtol, chunk_elems=chunk, edges=at(a.numel()))
         print(json.dumps({"case": name, "metrics": _metrics(t, a, b, atol, rtol).to_dict(), "blocks": [t.block_d2, t.block_a2],
                           "nonfinite": t.nonfinite}))  # fmt: skip
 
@@ -440,7 +440,7 @@ def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) 
 def test_cuda_tolerance_boundary_passes_like_float64() -> None:
     for a, b in boundary_pairs():
         got = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
-        assert got.counts == compare_reference(a, b, 1e-5, 1e-3, 1 << 22).counts
+        assert got.counts == reference_totals(a, b, 1e-5, 1e-3, 1 << 22).counts
 
 
 @CUDA

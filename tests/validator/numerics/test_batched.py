@@ -24,9 +24,9 @@ from validator.judging.compare import (
     measure_tensors,
     measure_tensors_many,
 )
-from validator.numerics.backends import Totals, compare, compare_many, small
-from validator.numerics.backends.cpu import batchable, compare_cpu, compare_cpu_many
-from validator.numerics.backends.small import NUMPY_MAX, compare_small
+from validator.numerics.backends import Totals, small, totals_of, totals_of_many
+from validator.numerics.backends.cpu import batchable, cpu_totals, cpu_totals_many
+from validator.numerics.backends.small import NUMPY_MAX, small_totals
 from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
 from validator.numerics.metrics import MetricInputError
 
@@ -65,33 +65,33 @@ def mixed_pairs() -> list[tuple[torch.Tensor, torch.Tensor, list[int]]]:
 
 
 @pytest.mark.parametrize("tols", [(1e-5, 1e-3), (1e-3, 1e-2), (0.0, 0.0), (1e-5, 2.0**21)])
-def test_compare_many_equals_compare_bitwise(tols: tuple[float, float]) -> None:
+def test_totals_of_many_equals_totals_of_bitwise(tols: tuple[float, float]) -> None:
     atol, rtol = tols
     pairs = mixed_pairs()
-    one = [compare(a, b, atol=atol, rtol=rtol, chunk_elems=1000, edges=e) for a, b, e in pairs]
-    assert bits(compare_many(pairs, atol=atol, rtol=rtol, chunk_elems=1000)) == bits(one)
+    one = [totals_of(a, b, atol=atol, rtol=rtol, chunk_elems=1000, edges=e) for a, b, e in pairs]
+    assert bits(totals_of_many(pairs, atol=atol, rtol=rtol, chunk_elems=1000)) == bits(one)
 
 
 def test_compare_cpu_many_equals_compare_cpu_bitwise_on_every_thread_count() -> None:
     for dt in DTYPES:
         pairs = [(a, b, e) for a, b, e in mixed_pairs() if a.dtype == b.dtype == dt and batchable(a, b)]
         assert len(pairs) >= 5, dt
-        one = [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+        one = [cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
         for threads in (1, 2):
             saved = numba.get_num_threads()
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
             try:
-                many: list[Totals] = compare_cpu_many(pairs, atol=1e-5, rtol=1e-3)
+                many: list[Totals] = cpu_totals_many(pairs, atol=1e-5, rtol=1e-3)
             finally:
                 numba.set_num_threads(saved)
             assert bits(many) == bits(one), (dt, threads)
 
 
-def test_compare_many_without_edges_equals_compare() -> None:
-    # no edges: one block, as compare takes them (once a pair of rows with -1 edge blocks, out of bounds)
+def test_totals_of_many_without_edges_equals_totals_of() -> None:
+    # no edges: one block, as totals_of takes them (once a pair of rows with -1 edge blocks, out of bounds)
     pairs = [(a, b, ()) for a, b, _ in mixed_pairs()]
-    one = [compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22) for a, b, _ in pairs]
-    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(one)
+    one = [totals_of(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22) for a, b, _ in pairs]
+    assert bits(totals_of_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(one)
 
 
 def test_wide_ulp_spreads_in_a_batch() -> None:
@@ -101,12 +101,12 @@ def test_wide_ulp_spreads_in_a_batch() -> None:
         a, b = pair(dt, 20_000, seed=3, noise=0.05)
         b[:300] = (-a[:300].double()).to(dt)
         pairs += [(a, b, edges(a.numel())), (a[:999], b[:999], [0, 999])]
-    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(
-        [compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=e) for a, b, e in pairs]
+    assert bits(totals_of_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)) == bits(
+        [totals_of(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=e) for a, b, e in pairs]
     )
     for i in range(0, len(pairs), 2):  # numba's kernels, small pairs included (one dtype a call)
-        assert bits(compare_cpu_many(pairs[i : i + 2], atol=1e-5, rtol=1e-3)) == bits(
-            [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs[i : i + 2]]
+        assert bits(cpu_totals_many(pairs[i : i + 2], atol=1e-5, rtol=1e-3)) == bits(
+            [cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs[i : i + 2]]
         )
 
 
@@ -184,9 +184,9 @@ def test_pairs_side_by_side_in_one_buffer_are_measured_where_they_lie() -> None:
     assert torch.equal(_end_to_end([a for a, _, _ in views]), flat_a)
     apart = [a for a, _, _ in views[::2]]  # gaps between them: a copy
     assert torch.equal(_end_to_end(apart), torch.cat([a.reshape(-1) for a in apart]))
-    one = [compare_cpu(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in copies]
-    assert bits(compare_cpu_many(views, atol=1e-5, rtol=1e-3)) == bits(one)
-    assert bits(compare_cpu_many(copies, atol=1e-5, rtol=1e-3)) == bits(one)
+    one = [cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in copies]
+    assert bits(cpu_totals_many(views, atol=1e-5, rtol=1e-3)) == bits(one)
+    assert bits(cpu_totals_many(copies, atol=1e-5, rtol=1e-3)) == bits(one)
 
 
 def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_stored_runs_batched_equals_pair_by_pair(tmp_path: Path) -> None:
 
 
 def test_small_pairs_take_the_numpy_pass_alone_and_together() -> None:
-    """Pairs of at most small.NUMPY_MAX elements: compare and compare_many give compare_small's bits, the
+    """Pairs of at most small.NUMPY_MAX elements: totals_of and totals_of_many give small_totals's bits, the
     pairs read one by one or end to end in groups (every dtype, NaN/Inf, empty, mixed dtypes, views)."""
     pairs = [p for p in mixed_pairs() if p[0].numel() <= NUMPY_MAX]
     rows = NUMPY_MAX // 1024  # pairs of NUMPY_MAX elements: the largest the NumPy pass takes
@@ -235,10 +235,10 @@ def test_small_pairs_take_the_numpy_pass_alone_and_together() -> None:
         a, b = pair(torch.bfloat16, NUMPY_MAX, seed=seed)
         pairs.append((a.view(rows, 1024), b.view(rows, 1024), block_edges((rows, 1024))))
     assert len(pairs) > 20 and sum(a.numel() for a, _, _ in pairs) > small.GROUP  # read in several groups
-    one = [compare_small(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
-    assert bits([compare(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1000, edges=e) for a, b, e in pairs]) == bits(one)
-    assert bits(compare_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1000)) == bits(one)
-    assert bits(small.compare_small_many(pairs, atol=1e-5, rtol=1e-3)) == bits(one)
+    one = [small_totals(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
+    assert bits([totals_of(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1000, edges=e) for a, b, e in pairs]) == bits(one)
+    assert bits(totals_of_many(pairs, atol=1e-5, rtol=1e-3, chunk_elems=1000)) == bits(one)
+    assert bits(small.small_totals_many(pairs, atol=1e-5, rtol=1e-3)) == bits(one)
 
 
 def test_small_chain_is_the_engines_chain_bitwise() -> None:

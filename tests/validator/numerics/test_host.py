@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from validator.numerics.backends import compare_many
+from validator.numerics.backends import totals_of_many
 from validator.numerics.backends.small import NUMPY_MAX, stored, values
 from validator.numerics.floors import measure_blocks_many, rounding_sums
 from validator.numerics.host import STORAGE, HostArray, from_torch, rounded
@@ -94,8 +94,8 @@ def test_a_host_pair_measures_as_the_torch_pair(dtype_a: str, dtype_b: str, shap
 def test_many_host_pairs_measure_as_each_alone() -> None:
     pairs = [_pair(d, d, s, seed=i) for i, (d, s) in enumerate((d, s) for d in FLOATS for s in SHAPES)]
     host = [(from_torch(a), from_torch(b), ()) for a, b in pairs]
-    together = compare_many(host, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
-    alone = [compare_many([(a, b, ())], atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)[0] for a, b in pairs]
+    together = totals_of_many(host, atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
+    alone = [totals_of_many([(a, b, ())], atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)[0] for a, b in pairs]
     assert _bits(together) == _bits(alone)
 
 

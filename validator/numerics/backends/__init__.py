@@ -7,7 +7,7 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 - ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes), and a second kernel for what
   float32 could not decide;
 - ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
-  pairs several per pass (:func:`compare_many`), with the same bits; ``small.py``: pairs of at most
+  pairs several per pass (:func:`totals_of_many`), with the same bits; ``small.py``: pairs of at most
   ``small.NUMPY_MAX`` elements on the CPU, CPU tensors or ``host.HostArray`` (small tensors read from files
   as NumPy), in NumPy float64, with nothing to compile (numba is imported only when a larger pair comes, and
   torch only when a pair holds a torch tensor or goes to another backend).
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-from validator.numerics.backends.small import NUMPY_MAX, compare_small, compare_small_many
+from validator.numerics.backends.small import NUMPY_MAX, small_totals, small_totals_many
 from validator.numerics.backends.totals import Totals
 from validator.numerics.host import HostArray
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-__all__ = ["Totals", "backend_for", "compare", "compare_many", "info"]
+__all__ = ["Totals", "backend_for", "totals_of", "totals_of_many", "info"]
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def _cuda() -> ModuleType | None:
 
 
 def backend_for(a: Array, b: Array) -> str:
-    """Which backend :func:`compare` uses for this pair: ``"cuda"``, ``"cpu"`` or ``"reference"``."""
+    """Which backend :func:`totals_of` uses for this pair: ``"cuda"``, ``"cpu"`` or ``"reference"``."""
     if isinstance(a, HostArray) and isinstance(b, HostArray):  # float dtypes in host memory
         return "cpu"
     a, b = as_torch(a), as_torch(b)
@@ -69,7 +69,7 @@ def as_torch(t: Array) -> torch.Tensor:
     return t.to_torch() if isinstance(t, HostArray) else t
 
 
-def compare(
+def totals_of(
     a: Array,
     b: Array,
     *,
@@ -82,29 +82,29 @@ def compare(
     ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
     a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""
     if isinstance(a, HostArray) and isinstance(b, HostArray) and a.numel() <= NUMPY_MAX:
-        return compare_small(a, b, atol=atol, rtol=rtol, edges=edges)
+        return small_totals(a, b, atol=atol, rtol=rtol, edges=edges)
     a, b = as_torch(a), as_torch(b)  # a HostArray beside a tensor, or a large one
     backend = backend_for(a, b)
     if backend == "cuda":
         cuda = _cuda()
         assert cuda is not None
-        got: Totals = cuda.compare_cuda(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+        got: Totals = cuda.cuda_totals(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
         return got
     if backend == "cpu" and a.numel() <= NUMPY_MAX:
-        return compare_small(a, b, atol=atol, rtol=rtol, edges=edges)
+        return small_totals(a, b, atol=atol, rtol=rtol, edges=edges)
     if backend == "cpu":
-        from validator.numerics.backends.cpu import compare_cpu
+        from validator.numerics.backends.cpu import cpu_totals
 
-        return compare_cpu(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
-    from validator.numerics.backends.reference import compare_reference
+        return cpu_totals(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+    from validator.numerics.backends.reference import reference_totals
 
-    return compare_reference(a, b, atol, rtol, chunk_elems, edges)
+    return reference_totals(a, b, atol, rtol, chunk_elems, edges)
 
 
-def compare_many(
+def totals_of_many(
     pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float, chunk_elems: int
 ) -> list[Totals]:
-    """:func:`compare` of each pair ``(a, b, edges)``, in order, with the same bits. Contiguous CPU pairs of
+    """:func:`totals_of` of each pair ``(a, b, edges)``, in order, with the same bits. Contiguous CPU pairs of
     float dtypes are measured together, one pass of the CPU engine per pair of dtypes; the others (and
     every pair on a GPU) one by one; the pairs of at most ``small.NUMPY_MAX`` elements all in one NumPy pass."""
     out: list[Totals | None] = [None] * len(pairs)
@@ -117,15 +117,15 @@ def compare_many(
         elif cpu and not isinstance(a, HostArray) and not isinstance(b, HostArray) and _batchable(a, b):
             together.setdefault((a.dtype, b.dtype), []).append(i)
         else:
-            out[i] = compare(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
-    for i, got in zip(small, compare_small_many([pairs[i] for i in small], atol=atol, rtol=rtol)):
+            out[i] = totals_of(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
+    for i, got in zip(small, small_totals_many([pairs[i] for i in small], atol=atol, rtol=rtol)):
         out[i] = got
     if together:
-        from validator.numerics.backends.cpu import compare_cpu_many
+        from validator.numerics.backends.cpu import cpu_totals_many
 
         for idx in together.values():
             tensors = cast("list[tuple[torch.Tensor, torch.Tensor, Sequence[int]]]", [pairs[i] for i in idx])
-            for i, got in zip(idx, compare_cpu_many(tensors, atol=atol, rtol=rtol)):
+            for i, got in zip(idx, cpu_totals_many(tensors, atol=atol, rtol=rtol)):
                 out[i] = got
     return [t for t in out if t is not None]
 

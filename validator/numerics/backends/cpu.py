@@ -6,12 +6,12 @@ and float8 values come from a table of every bit pattern, built once from torch'
 as itself). A pair of two formats is read as it is stored, never converted: each side's values are exact
 in float32 (float64 for float64), and the sums are float64; its 16-bit sides are read through their table,
 so that the kernels are compiled for fewer pairs of types. numba compiles the pass for a pair of types at
-its first use; ``backends.compare`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy
+its first use; ``backends.totals_of`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy
 pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
 A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
 bootstrap resamples); ``prange`` hands units of rows to numba's threads: :data:`GROUP` rows of one pair
-(:func:`compare_cpu`), or a whole small pair (:func:`compare_cpu_many`). Each row is read once, in spans of
+(:func:`cpu_totals`), or a whole small pair (:func:`cpu_totals_many`). Each row is read once, in spans of
 :data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge in spans of
 :data:`SHORT_SPAN`,
 the last with zeros after it):
@@ -494,7 +494,7 @@ def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max
     return Totals(numel, tuple(sums), max_abs, tuple(counts), max_ulp, tuple(block_d2), tuple(block_a2), tuple(nonfinite))  # type: ignore[arg-type]
 
 
-def compare_cpu(
+def cpu_totals(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
@@ -518,15 +518,15 @@ def compare_cpu(
 
 
 def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether :func:`compare_cpu_many` takes this pair (float dtypes on the CPU already checked): both
+    """Whether :func:`cpu_totals_many` takes this pair (float dtypes on the CPU already checked): both
     contiguous, not empty and of at most SMALL elements (a larger pair keeps every thread busy alone)."""
     return 0 < a.numel() <= SMALL and a.is_contiguous() and b.is_contiguous()
 
 
-def compare_cpu_many(
+def cpu_totals_many(
     pairs: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]], *, atol: float, rtol: float
 ) -> list[Totals]:
-    """:func:`compare_cpu` of each pair ``(a, b, edges)``, bit for bit, in one run of the kernels over all of
+    """:func:`cpu_totals` of each pair ``(a, b, edges)``, bit for bit, in one run of the kernels over all of
     them, a pair a unit: for many small pairs, where the calls, not the elements, cost. Every pair has the
     dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
     if not pairs:
@@ -562,10 +562,10 @@ def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
 # ---------------------------------------------------------------- ranges of a pair (validator.numerics.ranges)
 
 
-def compare_cpu_range(
+def cpu_range_rows(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, edges: Sequence[int], start: int
 ) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:
-    """The pass of :func:`compare_cpu` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
+    """The pass of :func:`cpu_totals` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
     ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
     ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the first element of
@@ -583,12 +583,12 @@ def compare_cpu_range(
 
 def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
     """(sums, block d² and a²) of a contiguous pair from all its rows of partials (``[rows, 5]``, in row
-    order) and the edge block of each row, added by the code :func:`compare_cpu` adds them with."""
+    order) and the edge block of each row, added by the code :func:`cpu_totals` adds them with."""
     sums, blocks = np.zeros((1, 5)), np.zeros((2, n_blocks))
     _add_rows(rows, owner, np.array([0, len(rows)]), sums, blocks)
     return sums[0], blocks
 
 
 def row_plan(edges: Sequence[int], numel: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, owner) of the rows :func:`compare_cpu` lays over a contiguous pair of ``numel`` elements."""
+    """(starts, owner) of the rows :func:`cpu_totals` lays over a contiguous pair of ``numel`` elements."""
     return plan(tuple(edges), 0, numel)

@@ -535,7 +535,7 @@ def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: boo
     return pass_args, {"ROWS": FIX_ROWS, **common}
 
 
-def compare_cuda(
+def cuda_totals(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int, edges: Sequence[int] = ()
 ) -> Totals:
     device = compute_device(a, b)

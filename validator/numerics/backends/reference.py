@@ -93,7 +93,7 @@ class Accumulator:
                       tuple(block_d2), tuple(block_a2), tuple(self.nonfinite.tolist()))  # fmt: skip
 
 
-def compare_reference(
+def reference_totals(
     a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, chunk_elems: int, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b`` by the float64 reference, on :func:`compute_device`

@@ -235,7 +235,7 @@ def _read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     return values(bits_a, name_a), values(bits_b, name_b), dist
 
 
-def compare_small_many(
+def small_totals_many(
     pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float
 ) -> list[Totals]:
     """The totals of each pair ``(a, b, edges)`` (float dtypes on the CPU; ``edges``: see ``common.Totals``),
@@ -244,16 +244,16 @@ def compare_small_many(
         return []
     if any(a.numel() == 0 for a, _, _ in pairs):  # an empty pair has no rows: its totals are zeros
         whole = [(a, b, e) for a, b, e in pairs if a.numel()]
-        done = iter(compare_small_many(whole, atol=atol, rtol=rtol))
+        done = iter(small_totals_many(whole, atol=atol, rtol=rtol))
         return [next(done) if a.numel() else _empty(a, b, e) for a, b, e in pairs]
     if len(pairs) > 1 and sum(a.numel() for a, _, _ in pairs) > GROUP:  # read GROUP elements of pairs at a time
         out, size, begin = [], 0, 0
         for i, (a, _, _) in enumerate(pairs):
             if size and size + a.numel() > GROUP:
-                out += compare_small_many(pairs[begin:i], atol=atol, rtol=rtol)
+                out += small_totals_many(pairs[begin:i], atol=atol, rtol=rtol)
                 size, begin = 0, i
             size += a.numel()
-        return out + compare_small_many(pairs[begin:], atol=atol, rtol=rtol)
+        return out + small_totals_many(pairs[begin:], atol=atol, rtol=rtol)
     read = [_read(a, b) for a, b, _ in pairs]
     starts, owner, first, edge_at = lay_out([(a.numel(), e) for a, _, e in pairs])
     x, y = np.concatenate([r[0] for r in read]), np.concatenate([r[1] for r in read])
@@ -278,14 +278,14 @@ def _empty(a: Array, b: Array, edges: Sequence[int]) -> Totals:
     return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, 0 if ulp else None, zeros, zeros)
 
 
-def compare_small(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
-    """:func:`compare_small_many` of one pair."""
-    return compare_small_many([(a, b, edges)], atol=atol, rtol=rtol)[0]
+def small_totals(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
+    """:func:`small_totals_many` of one pair."""
+    return small_totals_many([(a, b, edges)], atol=atol, rtol=rtol)[0]
 
 
 def range_rows(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int],
                start: int) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:  # fmt: skip
-    """``cpu.compare_cpu_range`` of a range of a pair of at most NUMPY_MAX elements (its rows are the whole
+    """``cpu.cpu_range_rows`` of a range of a pair of at most NUMPY_MAX elements (its rows are the whole
     pair's: they start where the whole pair's do)."""
     x, y, dist = _read(a, b)
     starts, owner = plan(tuple(edges), start, a.numel())

@@ -1,7 +1,7 @@
 """The layout's rules, checked on the source: the import contracts of pyproject.toml's ``[tool.importlinter]``
 (the layers of docs/architecture.md, what probes may import), no import of another package's private names, no
-import cycles among validator/ and probes/ modules (imports inside functions included; imports only for type
-checking excluded), and no two modules of the same name."""
+import cycles among validator/ and probes/ modules (imports inside functions and imports only for type checking
+included), and no two modules of the same name."""
 
 from __future__ import annotations
 
@@ -28,13 +28,6 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The modules of ours that ``module`` imports anywhere in its body."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -42,10 +35,6 @@ def _imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
-                    visit(sub)
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):

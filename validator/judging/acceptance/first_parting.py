@@ -16,51 +16,11 @@ Pure: arrays in, frozen results out; ``judging.text.acceptance_parting_line`` wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from validator.judging.acceptance.primitives import IntArray
-from validator.judging.acceptance.results import DivergenceSummary, _Result
+from validator.judging.acceptance.results import AcceptanceFrontier, DivergenceSummary, RequestParting
 from validator.judging.acceptance.steps import StepArrays, paired_rows
 
 __all__ = ["RequestParting", "AcceptanceFrontier", "acceptance_frontier"]
-
-
-@dataclass(frozen=True)
-class RequestParting(_Result):
-    """One paired request: where its acceptance and its greedy output first part (None: they do not)."""
-
-    key: str
-    request_a: str
-    request_b: str
-    acceptance_step: int | None
-    acceptance_position: int | None  # None with a step: a step only one run has
-    output_step: int | None = None
-    output_token: int | None = None
-
-    @property
-    def acceptance_parted(self) -> bool:
-        return self.acceptance_step is not None
-
-    @property
-    def output_parted(self) -> bool:
-        return self.output_step is not None
-
-
-@dataclass(frozen=True)
-class AcceptanceFrontier(_Result):
-    """The first parting of acceptance and of greedy output over the paired requests. ``output_source``:
-    the tokens compared for the output (None: the records carry none, and the output fields stay None)."""
-
-    requests: int
-    acceptance_parted: int
-    first_acceptance: RequestParting | None
-    output_source: str | None
-    output_parted: int | None
-    first_output: RequestParting | None
-    per_request: tuple[RequestParting, ...]
-
-    def __bool__(self) -> bool:
-        return self.first_acceptance is None and self.first_output is None
 
 
 def _outcome(proposed: int, accepted: int, k: int) -> int:

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from validator.judging.text import acceptance_parting_line
 from validator.numerics.jsonsafe import json_safe
-
-if TYPE_CHECKING:
-    from validator.judging.acceptance.first_parting import AcceptanceFrontier
 
 Verdict = Literal["equivalent", "different", "inconclusive", "no_data"]
 Overall = Literal["pass", "fail", "inconclusive"]
@@ -295,6 +292,44 @@ class DivergenceSummary(_Result):
 
     def __bool__(self) -> bool:
         return self.diverged == 0
+
+
+@dataclass(frozen=True)
+class RequestParting(_Result):
+    """One paired request: where its acceptance and its greedy output first part (None: they do not)."""
+
+    key: str
+    request_a: str
+    request_b: str
+    acceptance_step: int | None
+    acceptance_position: int | None  # None with a step: a step only one run has
+    output_step: int | None = None
+    output_token: int | None = None
+
+    @property
+    def acceptance_parted(self) -> bool:
+        return self.acceptance_step is not None
+
+    @property
+    def output_parted(self) -> bool:
+        return self.output_step is not None
+
+
+@dataclass(frozen=True)
+class AcceptanceFrontier(_Result):
+    """The first parting of acceptance and of greedy output over the paired requests. ``output_source``:
+    the tokens compared for the output (None: the records carry none, and the output fields stay None)."""
+
+    requests: int
+    acceptance_parted: int
+    first_acceptance: RequestParting | None
+    output_source: str | None
+    output_parted: int | None
+    first_output: RequestParting | None
+    per_request: tuple[RequestParting, ...]
+
+    def __bool__(self) -> bool:
+        return self.first_acceptance is None and self.first_output is None
 
 
 @dataclass(frozen=True)

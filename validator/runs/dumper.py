@@ -81,14 +81,14 @@ _PLACEMENT_TAGS = {
 _SUPPORTED = set(DTYPES.values())
 _COORD_NAMES = {"step", "tokens", "layer", "pp_stage", "tp_rank", "tp_size", "call", "pp"}
 # a forward batch's own fields (SGLang's and Megatron's dumpers): with DP attention each DP rank's are its own
-_BATCH_FIELDS = frozenset(
+BATCH_FIELDS = frozenset(
     {
         "input_ids",
         "positions",
         "seq_lens",
         "req_pool_indices",
-        "attention_mask",
-        "position_ids",
+        "attention_mask",  # b s padding
+        "position_ids",  # Megatron's
         "cu_seqlens_q",
         "cu_seqlens_kv",
     }
@@ -310,7 +310,7 @@ def _own_batches(ps: list[DumpFile]) -> dict[int, list[DumpFile]] | None:
     DP rank, and so is a tensor whose dims name its DP group (``# dp:=attn_dp``) when more than one DP rank
     holds data (with one, that rank's is the tensor, as :func:`plan_layout` keeps it). None: no split."""
     texts = {p.meta.get("dims") for p in ps}
-    if texts == {None} and ps[0].name in _BATCH_FIELDS:
+    if texts == {None} and ps[0].name in BATCH_FIELDS:
         axis, always = None, True
     elif len(texts) == 1 and isinstance(text := next(iter(texts)), str):
         try:

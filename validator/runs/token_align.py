@@ -60,25 +60,13 @@ import torch
 from probes.core.shards import Coords, ShardSpec
 from validator.errors import InputError
 from validator.runs.dims import LayoutError, parse_dims
+from validator.runs.dumper import BATCH_FIELDS, dump_folders, read_dumper_dir
 from validator.runs.reassembly import LogicalTensor, group_logical
 from validator.runs.tensorfile import torch_dtype
 from validator.runs.view import RunView, TensorRef
 
 __all__ = ["Sequence", "align_views", "match_sequences", "merge_runs", "open_for_alignment", "token_sequences"]
 
-# SGLang's forward-batch fields, an attention_mask for b s padding, and Megatron's (position_ids, cu_seqlens_*)
-AUX_NAMES = frozenset(
-    {
-        "input_ids",
-        "positions",
-        "seq_lens",
-        "req_pool_indices",
-        "attention_mask",
-        "position_ids",
-        "cu_seqlens_q",
-        "cu_seqlens_kv",
-    }
-)
 _FLAT = ("input_ids", "positions", "seq_lens")  # what a flat SGLang batch needs; a b s or Megatron one: input_ids
 
 Batch = tuple[int, "int | None"]  # (step, DP rank): one batch of one step; the DP rank None without DP attention
@@ -129,7 +117,7 @@ def _aux(view: RunView) -> tuple[dict[Batch, _Aux], dict[tuple[Any, ...], dict[B
         if c.step is None:
             continue
         dp, extra = _dp_of(c.extra)
-        if lt.name in AUX_NAMES:  # under PP every stage may dump them (coordinate pp=): any stage's will do
+        if lt.name in BATCH_FIELDS:  # under PP every stage may dump them (coordinate pp=): any stage's will do
             aux = per_batch[(c.step, dp)]
             if c.layer is None and all(k == "pp" for k, _ in extra) and lt.name not in aux.fields:
                 x = lt.materialize()
@@ -356,7 +344,6 @@ def open_for_alignment(path: str | Path) -> RunView:
     """What :func:`validator.runs.sources.open_path` opens, except that a folder holding several SGLang dump
     folders (a disaggregated run: the prefill and the decode server's) is read as one run (:func:`merge_runs`,
     in folder-name order)."""
-    from validator.runs.dumper import dump_folders, read_dumper_dir
     from validator.runs.sources import open_path
 
     p = Path(path)

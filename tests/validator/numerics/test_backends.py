@@ -422,7 +422,7 @@ def test_cuda_matches_numpy(case: str) -> None:
     _assert_matches(compare_tensors(a.cuda(), b.cuda(), atol=atol, rtol=rtol), expected)
     _assert_matches(compare_tensors(a.cuda(), b, atol=atol, rtol=rtol, chunk_elems=999), expected)  # b copied over
     for b_side, chunk in ((b.cuda(), 1 << 22), (b, 999)):
-        t = kernels.compare(a.cuda(), b_side, atol=atol, rtol=rtol, chunk_elems=chunk, edges=edges(a.numel()))
+        t = kernels.totals_of(a.cuda(), b_side, atol=atol, rtol=rtol, chunk_elems=chunk, edges=edges(a.numel()))
         assert_blocks(t, a, b, edges(a.numel()))
 
 
@@ -439,7 +439,7 @@ def test_cuda_large_pairs_repeat_bitwise_and_agree_with_cpu(dtype: torch.dtype) 
 @CUDA
 def test_cuda_tolerance_boundary_passes_like_float64() -> None:
     for a, b in boundary_pairs():
-        got = kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
+        got = kernels.totals_of(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
         assert got.counts == reference_totals(a, b, 1e-5, 1e-3, 1 << 22).counts
 
 
@@ -465,11 +465,11 @@ def test_cuda_many_blocks_and_pieces(aligned: bool) -> None:
     a, b = with_nonfinite(*pair(torch.bfloat16, 4_000_000 + (0 if aligned else 3), seed=15))
     n, step = a.numel(), 16 if aligned else 1
     at = sorted({0, n, *((n * i // 97) // step * step for i in range(1, 97))})
-    got = [kernels.compare(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=at) for _ in range(10)]
+    got = [kernels.totals_of(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22, edges=at) for _ in range(10)]
     assert all(t == got[0] for t in got)
     assert_blocks(got[0], a, b, at)
     _assert_matches(_metrics(got[0], a, b, 1e-5, 1e-3), _np_metrics(a, b, 1e-5, 1e-3))
-    pieces = kernels.compare(a.cuda(), b, atol=1e-5, rtol=1e-3, chunk_elems=999_999, edges=at)
+    pieces = kernels.totals_of(a.cuda(), b, atol=1e-5, rtol=1e-3, chunk_elems=999_999, edges=at)
     assert_blocks(pieces, a, b, at)
     assert (pieces.counts, pieces.max_abs, pieces.max_ulp) == (got[0].counts, got[0].max_abs, got[0].max_ulp)
 

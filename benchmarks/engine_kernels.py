@@ -7,9 +7,10 @@
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
 points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
 median and fastest of 40 calls of ``cuda_totals`` and of ``metrics.compare_tensors``, each ending with its
-result on the host, then the GPU time of each kernel and copy over 10 calls of ``cuda_totals``, and where
-the host's time goes in 200 calls of ``cuda_totals`` on 8192x7168 (``cProfile``, this checkout only; the call
-waits for the GPU in ``Tensor.cpu``).
+result on the host, then the GPU time of each kernel and copy over 10 calls of ``cuda_totals``; then, this
+checkout only, ``floors.measure_blocks`` on 8192x7168 with differences of 1e-2 (the call a comparison makes, with
+its 64 row blocks) and its kernels' GPU time, and where the host's time goes in 200 calls of ``cuda_totals`` on
+8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch  # noqa: E402
 from benchmarks.engine_ab import load_module  # noqa: E402
 from benchmarks.engine_bench import make_pair  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
+from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
 
 
@@ -62,6 +64,27 @@ def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
             print(f"  {name} {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
 
 
+def profile_blocks() -> None:
+    """``floors.measure_blocks`` on 8192x7168 (the 64 row blocks a comparison sums, so the second kernel also
+    adds each block's d² and a²): the whole call and each kernel's GPU time."""
+    a, b = (t.view(8192, 7168) for t in make_pair(8192 * 7168, "cuda", noise=1e-2))
+    measure_blocks(a, b)
+    times = []
+    for _ in range(40):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        measure_blocks(a, b)
+        times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    print(f"8192x7168 measure_blocks (64 blocks): median {med * 1e6:7.1f} us {4 * a.numel() / med / 1e9:6.0f} GB/s")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            measure_blocks(a, b)
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            print(f"  8192x7168 64 blocks {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
+
+
 def profile_host(n: int) -> None:
     a, b = make_pair(n, "cuda")
     this.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)
@@ -82,6 +105,7 @@ def main() -> None:
         run_pair(name, n, cuda, noise)
         torch.cuda.empty_cache()
     if cuda is this:
+        profile_blocks()
         profile_host(8192 * 7168)
 
 

@@ -55,6 +55,34 @@ ALIGN = {
 }
 
 
+def expected_hidden(prompt: str, n: int | None = None) -> torch.Tensor:
+    """The ``hidden`` rows of a request's first ``n`` tokens (all by default) as every alignment run writes them,
+    in float64: the token's embedding row x (1 + position / 10)."""
+    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1)).double()
+    ids = (PROMPTS[prompt] + DECODED[prompt])[:n]
+    return emb[ids] * (1 + torch.arange(len(ids), dtype=torch.float64)[:, None] / 10)
+
+
+def written_dumps(out: Path, *, layouts: bool = True) -> Path:
+    """``out`` with this script's ``align`` runs and, with ``layouts``, those of token_align_dumps.py, written by
+    the real dumper in subprocesses (for the tests' fixtures); the test is skipped where SGLang 0.5.23 is not
+    unpacked (scripts/setup unpacks it)."""
+    import subprocess
+
+    import pytest
+
+    if not (SIDE / "sglang").exists():
+        pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE} (scripts/setup installs it)")
+    here = Path(__file__).parent
+    scripts = [("sglang0523_dumps.py", ["align"])] + ([("token_align_dumps.py", [])] if layouts else [])
+    for script, args in scripts:
+        got = subprocess.run(
+            [sys.executable, str(here / script), str(out), *args], capture_output=True, text=True, timeout=120
+        )
+        assert got.returncode == 0, got.stderr[-3000:]
+    return out
+
+
 def _stub(name: str, **attrs: Any) -> types.ModuleType:
     mod = sys.modules.get(name) or types.ModuleType(name)
     mod.__dict__.update(attrs)

@@ -7,36 +7,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, SIDE, VOCAB, H
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, expected_hidden, written_dumps
 from validator.app.cli import main
 from validator.runs.dumper import read_dumper_dir
 from validator.runs.token_align import Sequence, align_views, match_sequences, open_for_alignment, token_sequences
 
-SCRIPT = Path(__file__).with_name("sglang0523_dumps.py")
-
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (SIDE / "sglang").exists():
-        pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE} (scripts/setup installs it)")
-    out = tmp_path_factory.mktemp("align")
-    got = subprocess.run([sys.executable, str(SCRIPT), str(out), "align"], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr[-3000:]
-    return out
-
-
-def _expected(prompt: str) -> torch.Tensor:
-    """The harness's hidden rows of one request, in float64: embedding row of the token x (1 + position / 10)."""
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1)).double()
-    ids = PROMPTS[prompt] + DECODED[prompt]
-    return emb[ids] * (1 + torch.arange(len(ids), dtype=torch.float64)[:, None] / 10)
+    return written_dumps(tmp_path_factory.mktemp("align"), layouts=False)
 
 
 def test_requests_are_rebuilt_from_chunks_and_decode_steps(dumps: Path) -> None:
@@ -57,7 +41,7 @@ def test_differently_batched_runs_pair_token_by_token(dumps: Path, other: str, t
     assert report["unmatched"] == report["problems"] == report["left_out"] == []
     for ta, tb in zip(a.tensors, b.tensors, strict=True):
         assert ta.coords == tb.coords and ta.coords.request is not None
-        want = _expected(ta.coords.request.removeprefix("align-a-"))
+        want = expected_hidden(ta.coords.request.removeprefix("align-a-"))
         for got in (ta.load(), tb.load()):  # against the independent float64 rows
             assert float((got.double() - want).norm() / want.norm()) < 1e-6
     home = str(tmp_path / "home")

@@ -6,32 +6,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, SIDE
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, written_dumps
 from validator.app.cli import main
 from validator.runs.dumper import read_dumper_dir
 from validator.runs.token_align import align_views, token_sequences
 
-HERE = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (SIDE / "sglang").exists():
-        pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE} (scripts/setup installs it)")
-    out = tmp_path_factory.mktemp("dp")
-    for script, args in (("sglang0523_dumps.py", ["align"]), ("token_align_dumps.py", [])):
-        got = subprocess.run(
-            [sys.executable, str(HERE / script), str(out), *args], capture_output=True, text=True, timeout=120
-        )
-        assert got.returncode == 0, got.stderr[-3000:]
-    return out
+    return written_dumps(tmp_path_factory.mktemp("dp"))
 
 
 def test_each_dp_rank_keeps_its_own_batch(dumps: Path) -> None:

@@ -7,38 +7,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, SIDE, VOCAB, H
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, H, expected_hidden, written_dumps
 from validator.app.cli import main
 from validator.runs.dumper import read_dumper_dir
 from validator.runs.token_align import align_views, token_sequences
 
-HERE = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (SIDE / "sglang").exists():
-        pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE} (scripts/setup installs it)")
-    out = tmp_path_factory.mktemp("bs")
-    for script, args in (("sglang0523_dumps.py", ["align"]), ("token_align_dumps.py", [])):
-        got = subprocess.run(
-            [sys.executable, str(HERE / script), str(out), *args], capture_output=True, text=True, timeout=120
-        )
-        assert got.returncode == 0, got.stderr[-3000:]
-    return out
-
-
-def _expected(prompt: str) -> torch.Tensor:
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1)).double()
-    ids = PROMPTS[prompt] + DECODED[prompt]
-    return emb[ids] * (1 + torch.arange(len(ids), dtype=torch.float64)[:, None] / 10)
+    return written_dumps(tmp_path_factory.mktemp("bs"))
 
 
 def test_b_s_batches_are_read_row_by_row_without_padding(dumps: Path) -> None:
@@ -67,7 +49,7 @@ def test_b_s_runs_pair_token_by_token_with_flat_ones(dumps: Path, a: str, b: str
     assert len(va.tensors) == len(vb.tensors) == 2
     for ta, tb in zip(va.tensors, vb.tensors, strict=True):
         assert ta.coords == tb.coords and ta.shape == tb.shape == (8 if ta.coords.request.endswith("p0") else 6, H)
-        want = _expected(ta.coords.request.removeprefix(f"{a}-"))
+        want = expected_hidden(ta.coords.request.removeprefix(f"{a}-"))
         for got in (ta.load(), tb.load()):  # padding rows (1e3) taken for tokens would be far off
             assert got.shape == want.shape and float((got.double() - want).norm() / want.norm()) < 1e-6
 

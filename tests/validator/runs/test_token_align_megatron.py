@@ -6,37 +6,19 @@ written with the real SGLang 0.5.23 dumper under Megatron's field names (tests/v
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, SIDE, VOCAB, H
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, expected_hidden, written_dumps
 from validator.runs.dumper import read_dumper_dir
 from validator.runs.token_align import align_views, token_sequences
-
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (SIDE / "sglang").exists():
-        pytest.skip(f"sglang 0.5.23 is not unpacked at {SIDE} (scripts/setup installs it)")
-    out = tmp_path_factory.mktemp("mg")
-    for script, args in (("sglang0523_dumps.py", ["align"]), ("token_align_dumps.py", [])):
-        got = subprocess.run(
-            [sys.executable, str(HERE / script), str(out), *args], capture_output=True, text=True, timeout=120
-        )
-        assert got.returncode == 0, got.stderr[-3000:]
-    return out
-
-
-def _expected(prompt: str, n: int) -> torch.Tensor:
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1)).double()
-    ids = (PROMPTS[prompt] + DECODED[prompt])[:n]
-    return emb[ids] * (1 + torch.arange(n, dtype=torch.float64)[:, None] / 10)
+    return written_dumps(tmp_path_factory.mktemp("mg"))
 
 
 def test_packed_sequences_are_read_from_cu_seqlens_q(dumps: Path) -> None:
@@ -69,7 +51,7 @@ def test_megatron_layouts_pair_token_by_token_with_an_sglang_run(
     ]
     for ta, tb in zip(sorted(a.tensors, key=lambda t: t.coords.label()), sorted(b.tensors, key=lambda t: t.coords.label()),
                       strict=True):  # fmt: skip
-        want = _expected(ta.coords.request.removeprefix("align-a-"), ta.shape[0])
+        want = expected_hidden(ta.coords.request.removeprefix("align-a-"), ta.shape[0])
         assert ta.coords == tb.coords and ta.shape == tb.shape == want.shape  # s b h -> t h
         for got in (ta.load(), tb.load()):  # the padding rows (1e3) taken for tokens would be far off
             assert float((got.double() - want).norm() / want.norm()) < 1e-6

@@ -185,17 +185,22 @@ def test_context_parallel_zigzag_under_tensor_parallel(tmp_path: Path) -> None:
     assert "different dims" in problems[0] and "zigzag order on dimension 't'" in problems[1]
 
 
-@pytest.mark.parametrize("dims", ["t h # tp:replicated", None])
-def test_differing_copies_fail_only_where_declared(
-    tmp_path: Path, dims: str | None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # TP 2, rank 1's copy off by 1e-3: declared replicated by the dims, or dumped without dims (as 0.5.9 dumps
-    # are: read as copies, a guess, since such a tensor may really be split)
+def _differing_copies(tmp_path: Path, dims: str | None) -> Path:
+    """A TP 2 dump whose rank 1 copy of ``x`` is off by 1e-3: declared replicated by the dims, or dumped without
+    dims (as 0.5.9 dumps are: read as copies, a guess, since such a tensor may really be split)."""
     d = tmp_path / "copies"
     d.mkdir()
     x = torch.arange(6, dtype=torch.float32).view(2, 3)
     for rank in (0, 1):
         _write(d, rank, "x", x + 1e-3 * rank, dims, {"tp_rank": rank, "tp_size": 2}, key="sglang_parallel_info")
+    return d
+
+
+@pytest.mark.parametrize("dims", ["t h # tp:replicated", None])
+def test_differing_copies_fail_only_where_declared(
+    tmp_path: Path, dims: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = _differing_copies(tmp_path, dims)
     (lt,) = group_logical(read_dumper_dir(d).tensors).values()
     assert (
         lt.kind == "replicated" and [r.shard.replication for r in lt.shards] == ["declared" if dims else "assumed"] * 2
@@ -216,11 +221,7 @@ def test_differing_copies_fail_only_where_declared(
 def test_stored_copies_keep_how_they_were_replicated(
     tmp_path: Path, dims: str | None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    d = tmp_path / "copies"
-    d.mkdir()
-    x = torch.arange(6, dtype=torch.float32).view(2, 3)
-    for rank in (0, 1):
-        _write(d, rank, "x", x + 1e-3 * rank, dims, {"tp_rank": rank, "tp_size": 2}, key="sglang_parallel_info")
+    d = _differing_copies(tmp_path, dims)
     home = str(tmp_path / "home")
     assert main(["--home", home, "ingest", "--format", "sglang-dumper", str(d), "--name", "copies"]) == 0
     capsys.readouterr()

@@ -147,6 +147,19 @@ def _put(row, i, value):
 
 
 @triton.jit
+def _counts(row, both, passed, nf_a, nf_b, mismatch, max_ulp, nan_a, nan_b, inf_same):
+    _put(row, BOTH, both)
+    _put(row, PASSED, passed)
+    _put(row, NF_A, nf_a)
+    _put(row, NF_B, nf_b)
+    _put(row, MISMATCH, mismatch)
+    _put(row, MAX_ULP, max_ulp)
+    _put(row, NAN_A, nan_a)
+    _put(row, NAN_B, nan_b)
+    _put(row, INF_SAME, inf_same)
+
+
+@triton.jit
 def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
     tl.store(row + A2, s_a2.to(tl.float64))
     tl.store(row + B2, s_b2.to(tl.float64))
@@ -154,73 +167,6 @@ def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
     tl.store(row + ABS, s_abs.to(tl.float64))
     tl.store(row + AD, s_ad.to(tl.float64))
     tl.store(row + MAX_EXACT, top.to(tl.float64))
-
-
-@triton.jit
-def _masked(a_ptr, b_ptr, n, row, atol, rtol, TILE: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
-    """A program's tiles as the reference reads them: float64, NaN/Inf left out of the sums and counted.
-    Per-lane sums and counts, reduced once at the end (a reduction per tile would stall every tile)."""
-    v_a2 = tl.zeros([TILE], dtype=tl.float64)
-    v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
-    c_both = tl.zeros([TILE], dtype=tl.int32)
-    c_pass, c_nfa, c_nfb, c_mis, c_nan_a, c_nan_b, c_inf = c_both, c_both, c_both, c_both, c_both, c_both, c_both
-    for t in tl.range(tl.cdiv(n, TILE)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
-        ya, yb = _f64(a), _f64(b)
-        fa, fb = _finite(ya, a, A8), _finite(yb, b, B8)
-        both = fa & fb & inb
-        nan_a, nan_b = _nan(ya, a, A8), _nan(yb, b, B8)
-        # non-finite in both and of the same kind: both NaN, or both Inf of one sign
-        inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((ya < 0) == (yb < 0))
-        same = (inb & nan_a & nan_b) | inf_same
-        c_nan_a += (inb & nan_a).to(tl.int32)
-        c_nan_b += (inb & nan_b).to(tl.int32)
-        c_inf += inf_same.to(tl.int32)
-        ya, yb = tl.where(both, ya, 0.0), tl.where(both, yb, 0.0)
-        e = yb - ya
-        ae = tl.abs(e)
-        v_a2 += ya * ya
-        v_b2 += yb * yb
-        v_d2 += e * e
-        v_abs += ae
-        v_ad += ya * e
-        v_top = tl.maximum(v_top, ae)
-        c_both += both.to(tl.int32)
-        c_pass += ((both & (ae <= atol + _unfused(rtol * tl.abs(ya), both, ya))) | same).to(tl.int32)
-        c_nfa += (inb & ~fa).to(tl.int32)
-        c_nfb += (inb & ~fb).to(tl.int32)
-        c_mis += (inb & ~both & ~same).to(tl.int32)
-    _floats(row, tl.sum(v_a2), tl.sum(v_b2), tl.sum(v_d2), tl.sum(v_abs), tl.sum(v_ad), tl.max(v_top))
-    _put(row, BOTH, tl.sum(c_both.to(tl.int64)))
-    _put(row, PASSED, tl.sum(c_pass.to(tl.int64)))
-    _put(row, NF_A, tl.sum(c_nfa.to(tl.int64)))
-    _put(row, NF_B, tl.sum(c_nfb.to(tl.int64)))
-    _put(row, MISMATCH, tl.sum(c_mis.to(tl.int64)))
-    _put(row, NAN_A, tl.sum(c_nan_a.to(tl.int64)))
-    _put(row, NAN_B, tl.sum(c_nan_b.to(tl.int64)))
-    _put(row, INF_SAME, tl.sum(c_inf.to(tl.int64)))
-
-
-@triton.jit
-def _passed(a_ptr, b_ptr, n, atol, rtol, TILE: tl.constexpr):
-    """The tolerance test of a program's (finite) tiles in float64, as the reference rounds it."""
-    count = tl.zeros([TILE], dtype=tl.int32)
-    for t in tl.range(tl.cdiv(n, TILE)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
-        a64, b64 = _f64(a), _f64(b)
-        count += (inb & (tl.abs(b64 - a64) <= atol + _unfused(rtol * tl.abs(a64), inb, a64))).to(tl.int32)
-    return tl.sum(count.to(tl.int64))
-
-
-@triton.jit
-def _max_ulp(a_ptr, b_ptr, n, TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr):
-    """Largest ULP distance of a program's positions finite in both."""
-    top = tl.zeros([TILE], dtype=tl.int64 if BITS == 32 else tl.int32)
-    for t in tl.range(tl.cdiv(n, TILE)):
-        a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
-        both = inb & _finite(a.to(tl.float32), a, A8) & _finite(b.to(tl.float32), b, B8)
-        top = tl.maximum(top, tl.where(both, tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS)), 0))
-    return tl.max(top).to(tl.int64)
 
 
 @triton.jit
@@ -371,15 +317,7 @@ def _pass_kernel(
         top_exact = tl.where(top_ulp <= EXACT_ULP, top, -1.0)
     _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top_exact)
     tl.store(row + MAX32, tl.where(clean, top, -1.0))
-    _put(row, BOTH, tl.where(clean, n - c_out, -1))
-    _put(row, PASSED, c_pass)
-    _put(row, NF_A, c_nfa)
-    _put(row, NF_B, c_nfb)
-    _put(row, MISMATCH, c_out - c_same)
-    _put(row, MAX_ULP, top_ulp)
-    _put(row, NAN_A, c_nan_a)
-    _put(row, NAN_B, c_nan_b)
-    _put(row, INF_SAME, c_inf)
+    _counts(row, tl.where(clean, n - c_out, -1), c_pass, c_nfa, c_nfb, c_out - c_same, top_ulp, c_nan_a, c_nan_b, c_inf)
 
 
 @triton.jit
@@ -387,19 +325,25 @@ def _fix_row(
     a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64."""
+    """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64 by
+    :func:`_group` over all the row's tiles: the whole row with NaN/Inf left out and counted, or its count of
+    the tolerance test (a marked count is in a row of finite values only), or its exact largest |d|."""
     start, n = _span(seg_ptr, K, pid, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     cols = tl.arange(0, 16)
+    tiles = tl.cdiv(n, TILE)
     if tl.sum(tl.where(cols == BOTH, mine, 0)) < 0:  # the whole row: masked as the reference does
-        _masked(a_ptr, b_ptr, n, row, atol, rtol, TILE, A8, B8)
-        top_ulp = tl.cast(0, tl.int64)
-        if BITS != 0:
-            top_ulp = _max_ulp(a_ptr, b_ptr, n, TILE, BITS, A8, B8)
-        _put(row, MAX_ULP, top_ulp)
+        qa, qb, qd, qabs, qad, qtop, qlo, _, qulp, _, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
+            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, BITS, A8, B8, 1, 0, 1, 1, 1,
+        )  # fmt: skip
+        _floats(row, qa, qb, qd, qabs, qad, qtop)
+        _counts(row, n - qout, qlo + qsame, qnfa, qnfb, qout - qsame, qulp, qnan_a, qnan_b, qinf)
     else:
         if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
-            _put(row, PASSED, _passed(a_ptr, b_ptr, n, atol, rtol, TILE))
+            _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
+                a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, 1, 1, 0,
+            )  # fmt: skip
+            _put(row, PASSED, passed)
         if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
             top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
             g = tl.cast(-1.0, tl.float64)
@@ -411,7 +355,7 @@ def _fix_row(
             if (top == g) & (g > 0):
                 g32 = g.to(tl.float32)
                 best = tl.zeros([TILE], dtype=tl.float64)
-                for t in tl.range(tl.cdiv(n, TILE)):
+                for t in tl.range(tiles):
                     a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
                     xa, xb = a.to(tl.float32), b.to(tl.float32)
                     hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)

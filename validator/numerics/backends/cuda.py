@@ -172,9 +172,9 @@ def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
 @triton.jit
 def _layout(buf_ptr, nseg):
     """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the totals (a ROW_WIDTH),
-    the segments' d² and a², the count of finished programs, then from a multiple of ROW_WIDTH on the rows of
-    partials. Returns the rows, segments and count."""
-    head = (16 + 2 * nseg + 1 + 15) // 16 * 16  # ROW_WIDTH = 16
+    the segments' d² and a², the count of finished programs and each segment's count of finished rows, then
+    from a multiple of ROW_WIDTH on the rows of partials. Returns the rows, segments and counts."""
+    head = (16 + 3 * nseg + 1 + 15) // 16 * 16  # ROW_WIDTH = 16
     ibuf_ptr = buf_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     return buf_ptr + head, buf_ptr + 16, ibuf_ptr + 16 + 2 * nseg
 
@@ -259,13 +259,15 @@ def _pass_kernel(
     BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """Row ``first + pid`` of the rows (see ROW_WIDTH, :func:`_layout`): this program's partials, or its marks. With
-    ``zero``, program 0 also clears the count of finished programs, for _fix_kernel."""
+    ``zero``, program 0 also clears the counts of finished programs and rows, for _fix_kernel."""
     part_ptr, _, count_ptr = _layout(buf_ptr, nseg)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     row = part_ptr + (first + tl.program_id(0)) * 16
     if (tl.program_id(0) == 0) & (zero != 0):
-        tl.store(count_ptr, tl.cast(0, tl.int64))
+        for c0 in tl.range(0, nseg + 1, 256):
+            c = c0 + tl.arange(0, 256)
+            tl.store(count_ptr + c, tl.zeros([256], dtype=tl.int64), mask=c < nseg + 1)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)
     a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
     a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
@@ -370,8 +372,8 @@ def _fix_kernel(
     ROWS: tl.constexpr,
 ):  # fmt: skip
     """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
-    again in float64 (:func:`_fix_row`). The last of the ``fixers`` programs to finish adds the rows
-    (:func:`_finish`)."""
+    again in float64 (:func:`_fix_row`). The last program to finish a segment's K rows adds their d² and a²
+    (:func:`_segment`); the last of the ``fixers`` programs to finish adds the rows (:func:`_finish`)."""
     part_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, nseg)
     cols = tl.arange(0, 16)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
@@ -384,17 +386,36 @@ def _fix_kernel(
                 _fix_row(
                     a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, TILE, BITS, A8, B8, ALIGN,
                 )  # fmt: skip
+            if nseg > 1:  # the row's writes, then its segment's count (release: the segment's last sees them all)
+                s = (first + pid) // K
+                tl.debug_barrier()
+                if tl.atomic_add(count_ptr + 1 + s, 1, sem="acq_rel") == K - 1:
+                    tl.debug_barrier()
+                    _segment(part_ptr, seg_out_ptr, s, K)
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
         tl.debug_barrier()
-        _finish(part_ptr, programs, buf_ptr, seg_out_ptr, K, nseg)
+        _finish(part_ptr, programs, buf_ptr, seg_out_ptr, nseg)
 
 
 @triton.jit
-def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
-    """Adds the rows in a fixed order into out (a ROW_WIDTH: sums and counts added, maxima taken) and the d² and
-    a² of each segment (its K rows) into seg_out[2s], seg_out[2s + 1]. Reads past L1 (``.cg``): the rows
-    were written on other multiprocessors."""
+def _segment(part_ptr, seg_out_ptr, s, K):
+    """The d² and a² of segment s (its K rows) added in a fixed order into seg_out[2s], seg_out[2s + 1]. Reads
+    past L1 (``.cg``): the rows were written on other multiprocessors."""
+    acc_d, acc_a = tl.zeros([64], dtype=tl.float64), tl.zeros([64], dtype=tl.float64)
+    for k0 in tl.range(0, K, 64):
+        k = k0 + tl.arange(0, 64)
+        r = (s * K + k).to(tl.int64) * 16
+        acc_d += tl.load(part_ptr + r + D2, mask=k < K, other=0.0, cache_modifier=".cg")
+        acc_a += tl.load(part_ptr + r + A2, mask=k < K, other=0.0, cache_modifier=".cg")
+    tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d))
+    tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a))
+
+
+@triton.jit
+def _finish(part_ptr, programs, out_ptr, seg_out_ptr, nseg):
+    """Adds the rows in a fixed order into out (a ROW_WIDTH: sums and counts added, maxima taken); one segment's
+    d² and a² are the totals'. Reads past L1 (``.cg``): the rows were written on other multiprocessors."""
     cols = tl.arange(0, 16)
     is_max = (cols == MAX_EXACT) | (cols == MAX32) | (cols == MAX_ULP)
     acc_f = tl.zeros([_CHUNK, 16], dtype=tl.float64)
@@ -411,18 +432,6 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, K, nseg):
     if nseg == 1:  # the one segment's d² and a² are the totals'
         tl.store(seg_out_ptr + cols - D2, total_f, mask=cols == D2)
         tl.store(seg_out_ptr + cols - A2 + 1, total_f, mask=cols == A2)
-    else:
-        for s0 in tl.range(0, nseg, 16):
-            s = s0 + tl.arange(0, 16)
-            acc_d, acc_a = tl.zeros([16, 64], dtype=tl.float64), tl.zeros([16, 64], dtype=tl.float64)
-            for k0 in tl.range(0, K, 64, num_stages=3):
-                k = k0 + tl.arange(0, 64)
-                inside = (s < nseg)[:, None] & (k < K)[None, :]
-                r = (s[:, None] * K + k[None, :]).to(tl.int64) * 16
-                acc_d += tl.load(part_ptr + r + D2, mask=inside, other=0.0, cache_modifier=".cg")
-                acc_a += tl.load(part_ptr + r + A2, mask=inside, other=0.0, cache_modifier=".cg")
-            tl.store(seg_out_ptr + 2 * s, tl.sum(acc_d, 1), mask=s < nseg)
-            tl.store(seg_out_ptr + 2 * s + 1, tl.sum(acc_a, 1), mask=s < nseg)
 
 
 def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -493,7 +502,7 @@ def cuda_totals(
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
     pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
-    head = -(-(ROW_WIDTH + 2 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
+    head = -(-(ROW_WIDTH + 3 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
     buf = torch.empty(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
     tol = _tolerances(atol, rtol, device)
     first = 0

@@ -129,13 +129,15 @@ CLASSES: dict[str, Callable[[int, str], tuple[torch.Tensor, torch.Tensor]]] = {
 
 
 def timed(fn: Callable[[], object], reps: int, device: str) -> float:
-    """Median seconds per call; each call ends with its result on the host."""
+    """Median seconds per call; each call ends with its result on the host: a tensor is read back, device
+    tensors are waited for, and the engine's metrics are on the host when it returns (a device-wide
+    synchronize after them would time work a comparison does not do)."""
 
     def call() -> None:
         out = fn()
         if isinstance(out, torch.Tensor):
             out.cpu()
-        elif device == "cuda":
+        elif device == "cuda" and isinstance(out, tuple) and any(isinstance(x, torch.Tensor) for x in out):
             torch.cuda.synchronize()
 
     call()

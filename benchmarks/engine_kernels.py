@@ -7,10 +7,10 @@
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
 points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
 median and fastest of 40 calls of ``cuda_totals`` and of ``metrics.compare_tensors``, each ending with its
-result on the host, then the GPU time of each kernel and copy over 10 calls of ``cuda_totals``; then, this
-checkout only, ``floors.measure_blocks`` on 8192x7168 with differences of 1e-2 (the call a comparison makes, with
-its 64 row blocks) and its kernels' GPU time, and where the host's time goes in 200 calls of ``cuda_totals`` on
-8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
+result on the host, and (this checkout only) of ``floors.measure_blocks`` on 8192x7168 with differences of 1e-2
+(the call a comparison makes, with its 64 row blocks); then, after every call is timed, the GPU time of each
+kernel and copy over 10 calls of ``cuda_totals`` (and of ``measure_blocks``); then, this checkout only, where the host's time goes in 200 calls of
+``cuda_totals`` on 8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,27 @@ from validator.numerics.backends import cuda as this  # noqa: E402
 from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
 
+PAIRS = [
+    ("8192x7168", 8192 * 7168, 1e-3),
+    ("1GiB", 1 << 29, 1e-3),
+    ("8192x7168 5%", 8192 * 7168, 0.05),
+    ("1GiB 5%", 1 << 29, 0.05),
+]
 
-def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
+
+def _median_us(call: Callable[[], object]) -> tuple[float, float]:
+    """Median and fastest of 40 calls in µs, each from an idle GPU to its result on the host."""
+    call()
+    times = []
+    for _ in range(40):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6, min(times) * 1e6
+
+
+def _calls(n: int, cuda: ModuleType, noise: float) -> list[tuple[str, Callable[[], object]]]:
     a, b = make_pair(n, "cuda", noise=noise)
     calls: list[tuple[str, Callable[[], object]]] = [
         ("cuda_totals", lambda: cuda.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26)),
@@ -44,45 +63,44 @@ def run_pair(name: str, n: int, cuda: ModuleType, noise: float) -> None:
     ]
     if cuda is not this:  # compare_tensors runs this checkout's backend
         calls.pop()
-    for label, call in calls:
-        call()
-        times = []
-        for _ in range(40):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        med = statistics.median(times)
-        print(
-            f"{name} {label}: median {med * 1e6:7.1f} us {4 * n / med / 1e9:6.0f} GB/s, fastest {min(times) * 1e6:7.1f} us"
-        )
+    return calls
+
+
+def _blocks() -> Callable[[], object]:
+    """``floors.measure_blocks`` on 8192x7168 (the 64 row blocks a comparison sums, so the second kernel also
+    adds each block's d² and a²)."""
+    a, b = (t.view(8192, 7168) for t in make_pair(8192 * 7168, "cuda", noise=1e-2))
+    return lambda: measure_blocks(a, b)
+
+
+def _kernels(name: str, call: Callable[[], object]) -> None:
+    """Each kernel's and copy's GPU time over 10 calls."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            calls[0][1]()
+            call()
     for e in prof.key_averages():
         if e.device_time_total > 0:
             print(f"  {name} {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
 
 
-def profile_blocks() -> None:
-    """``floors.measure_blocks`` on 8192x7168 (the 64 row blocks a comparison sums, so the second kernel also
-    adds each block's d² and a²): the whole call and each kernel's GPU time."""
-    a, b = (t.view(8192, 7168) for t in make_pair(8192 * 7168, "cuda", noise=1e-2))
-    measure_blocks(a, b)
-    times = []
-    for _ in range(40):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        measure_blocks(a, b)
-        times.append(time.perf_counter() - t)
-    med = statistics.median(times)
-    print(f"8192x7168 measure_blocks (64 blocks): median {med * 1e6:7.1f} us {4 * a.numel() / med / 1e9:6.0f} GB/s")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            measure_blocks(a, b)
-    for e in prof.key_averages():
-        if e.device_time_total > 0:
-            print(f"  8192x7168 64 blocks {e.key[:40]:40s} {e.device_time_total / e.count:8.1f} us x{e.count}")
+def time_all(cuda: ModuleType) -> None:
+    """Every whole call, timed before any profile runs (the profiles' own work stays out of the timings)."""
+    for name, n, noise in PAIRS:
+        for label, call in _calls(n, cuda, noise):
+            med, fastest = _median_us(call)
+            print(f"{name} {label}: median {med:7.1f} us {4 * n / med / 1e3:6.0f} GB/s, fastest {fastest:7.1f} us")
+        torch.cuda.empty_cache()
+    if cuda is this:
+        med, _ = _median_us(_blocks())
+        print(f"8192x7168 measure_blocks (64 blocks): median {med:7.1f} us {4 * 8192 * 7168 / med / 1e3:6.0f} GB/s")
+
+
+def profile_all(cuda: ModuleType) -> None:
+    for name, n, noise in PAIRS:
+        _kernels(name, _calls(n, cuda, noise)[0][1])
+        torch.cuda.empty_cache()
+    if cuda is this:
+        _kernels("8192x7168 64 blocks", _blocks())
 
 
 def profile_host(n: int) -> None:
@@ -96,16 +114,9 @@ def profile_host(n: int) -> None:
 
 def main() -> None:
     cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
-    for name, n, noise in [
-        ("8192x7168", 8192 * 7168, 1e-3),
-        ("1GiB", 1 << 29, 1e-3),
-        ("8192x7168 5%", 8192 * 7168, 0.05),
-        ("1GiB 5%", 1 << 29, 0.05),
-    ]:
-        run_pair(name, n, cuda, noise)
-        torch.cuda.empty_cache()
+    time_all(cuda)
+    profile_all(cuda)
     if cuda is this:
-        profile_blocks()
         profile_host(8192 * 7168)
 
 

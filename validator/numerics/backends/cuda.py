@@ -19,8 +19,9 @@ every call. Two kernels, then one small read back to the host:
      exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
      a row whose distances stay within that bound holds an exact largest |d|, any other is marked.
 2. ``_fix_kernel``: the programs of marked rows read their elements again and redo what was marked in
-   float64, as the reference rounds it; the others only read their row. The last program to finish adds
-   the rows in a fixed order (sums and counts added, maxima taken) and each block of the edges' d² and a².
+   float64, as the reference rounds it; the others only read their row. The program that finishes the last
+   row of a segment (a block of the edges, or its part in one piece) adds that segment's d² and a², and the last
+   program to finish adds all rows; each in a fixed order (sums and counts added, maxima taken).
 
 Integer sums do not depend on order.
 """

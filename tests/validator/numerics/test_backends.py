@@ -364,19 +364,26 @@ def test_streamed_bytes_equal_tensor_bytes(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the Triton backend
 
 
-def _interpreter_main(small: bool = False) -> None:
-    """Run under Triton's interpreter: the Triton backend on every case, as JSON lines. ``small``: with tiny
-    programs (more blocks than programs, several rows per fix program, a float64 flush after every tile) on the
-    SMALL_PROGRAM_CASES, with many uneven blocks (the non-contiguous one in pieces of 3,001 elements: a launch
-    each)."""
+def _interpreter_main(config: str = "default") -> None:
+    """Run under Triton's interpreter: the Triton backend on every case, as JSON lines. ``config``:
+
+    - ``"small"``: tiny programs (more blocks than programs, several rows per fix program, a float64 flush after
+      every tile) on the SMALL_PROGRAM_CASES, with many uneven blocks (the non-contiguous one in pieces of 3,001
+      elements: a launch each);
+    - ``"segments"``: the same cases and blocks with up to 64 programs of one tile at least, so that a block
+      holds several rows (K > 1), whose last row to finish adds the block's sums, in one piece and in many.
+    """
     import warnings
 
     from validator.numerics.backends import cuda
 
     warnings.simplefilter("ignore")  # the interpreter's NumPy arithmetic warns on inf - inf
     names, at, chunk = list(CASES), edges, 777
-    if small:
+    if config == "small":
         cuda.PROGRAMS, cuda.FIX_ROWS, cuda.FLUSH, cuda.MIN_TILES = 4, 3, 1, 1
+    if config == "segments":
+        cuda.PROGRAMS, cuda.FIX_ROWS, cuda.MIN_TILES = 64, 3, 1
+    if config != "default":
         names, at, chunk = SMALL_PROGRAM_CASES, many_edges, 3001
     for name in names:
         a, b, atol, rtol = CASES[name]
@@ -393,9 +400,9 @@ def many_edges(n: int) -> list[int]:
     return sorted({0, n, *(n * i * i // 100 for i in range(1, 10)), n // 2})
 
 
-def _check_interpreted(small: bool, names: list[str], at: Callable[[int], list[int]]) -> None:
+def _check_interpreted(config: str, names: list[str], at: Callable[[int], list[int]]) -> None:
     pytest.importorskip("triton")
-    rows = {r["case"]: r for r in interpreted(f"from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main({small})")}
+    rows = {r["case"]: r for r in interpreted(f"from tests.validator.numerics.test_backends import _interpreter_main; _interpreter_main({config!r})")}
     assert set(rows) == set(names)
     for name in names:
         a, b, atol, rtol = CASES[name]
@@ -406,11 +413,15 @@ def _check_interpreted(small: bool, names: list[str], at: Callable[[int], list[i
 
 
 def test_triton_kernels_in_interpreter() -> None:
-    _check_interpreted(False, list(CASES), edges)
+    _check_interpreted("default", list(CASES), edges)
 
 
 def test_triton_kernels_in_interpreter_with_small_programs() -> None:
-    _check_interpreted(True, SMALL_PROGRAM_CASES, many_edges)
+    _check_interpreted("small", SMALL_PROGRAM_CASES, many_edges)
+
+
+def test_triton_kernels_in_interpreter_with_several_rows_a_block() -> None:
+    _check_interpreted("segments", SMALL_PROGRAM_CASES, many_edges)
 
 
 @CUDA

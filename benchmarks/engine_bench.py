@@ -137,7 +137,7 @@ def timed(fn: Callable[[], object], reps: int, device: str) -> float:
         out = fn()
         if isinstance(out, torch.Tensor):
             out.cpu()
-        elif device == "cuda" and isinstance(out, tuple) and any(isinstance(x, torch.Tensor) for x in out):
+        elif device == "cuda" and isinstance(out, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in out):
             torch.cuda.synchronize()
 
     call()

@@ -55,10 +55,15 @@ ALIGN = {
 }
 
 
+def embedding() -> torch.Tensor:
+    """The token embedding every alignment run's ``hidden`` rows come from (``[VOCAB, H]``, float32)."""
+    return torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+
+
 def expected_hidden(prompt: str, n: int | None = None) -> torch.Tensor:
     """The ``hidden`` rows of a request's first ``n`` tokens (all by default) as every alignment run writes them,
     in float64: the token's embedding row x (1 + position / 10)."""
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1)).double()
+    emb = embedding().double()
     ids = (PROMPTS[prompt] + DECODED[prompt])[:n]
     return emb[ids] * (1 + torch.arange(len(ids), dtype=torch.float64)[:, None] / 10)
 
@@ -186,7 +191,7 @@ def align_run(dumper: Any, exp: str) -> None:
     non-intrusive dumper gives a ForwardBatch's fields) and ``hidden`` (``t h``): a function of the token id
     and its position only, so every batching gives each token the same row."""
     _play(dumper, exp, 0, 1, tp=(0, 1))
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    emb = embedding()
     full = {r: PROMPTS[r] + DECODED[r] for r in PROMPTS}
     for batch in ALIGN[exp]:
         ids = [full[r][p + i] for r, p, n in batch for i in range(n)]

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, VOCAB, H, _play, load_dumper
+from tests.validator.runs.sglang0523_dumps import DECODED, PROMPTS, H, _play, embedding, load_dumper
 
 PAD = 1e3
 # a run is a list of steps; a step is a list of batch rows: (rid, first position, tokens, padding before it)
@@ -48,7 +48,7 @@ BS = {
 
 def bs_run(dumper: Any, exp: str) -> None:
     _play(dumper, exp, 0, 1, tp=(0, 1))
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    emb = embedding()
     full = {r: PROMPTS[r] + DECODED[r] for r in PROMPTS}
     for batch in BS[exp]:
         s = max(pad + n for _, _, n, pad in batch)
@@ -85,7 +85,7 @@ NQ = 8  # attn_q columns, split over the attention TP ranks
 def dp_run(dumper: Any, exp: str) -> None:
     steps = DP if exp == "dp-a" else DP_REF
     dp_size, tp_size = len(steps[0]), 2 if exp == "dp-a" else 1
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    emb = embedding()
     w_q = torch.randn(NQ, H, generator=torch.Generator().manual_seed(2))
     full = {r: PROMPTS[r] + DECODED[r] for r in PROMPTS}
 
@@ -116,7 +116,7 @@ def dp_run(dumper: Any, exp: str) -> None:
 
 def megatron_run(dumper: Any, exp: str) -> None:
     _play(dumper, exp, 0, 1, tp=(0, 1))
-    emb = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(1))
+    emb = embedding()
     seqs = [PROMPTS[r] + DECODED[r] for r in ("p0", "p1")] if exp == "mg-thd" else [
         (PROMPTS["p1"] + DECODED["p1"]), PROMPTS["p0"]]  # fmt: skip
     rows = [(t, p) for seq in seqs for p, t in enumerate(seq)]

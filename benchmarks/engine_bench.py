@@ -128,10 +128,10 @@ CLASSES: dict[str, Callable[[int, str], tuple[torch.Tensor, torch.Tensor]]] = {
 }
 
 
-def timed(fn: Callable[[], object], reps: int, device: str) -> float:
-    """Median seconds per call; each call ends with its result on the host: a tensor is read back, device
-    tensors are waited for, and the engine's metrics are on the host when it returns (a device-wide
-    synchronize after them would time work a comparison does not do)."""
+def call_times(fn: Callable[[], object], reps: int, device: str) -> list[float]:
+    """Seconds of each of ``reps`` calls after two warm-up calls; each call ends with its result on the host: a
+    tensor is read back, device tensors are waited for, and the engine's metrics are on the host when it returns
+    (a device-wide synchronize after them would time work a comparison does not do)."""
 
     def call() -> None:
         out = fn()
@@ -147,7 +147,12 @@ def timed(fn: Callable[[], object], reps: int, device: str) -> float:
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
+
+
+def timed(fn: Callable[[], object], reps: int, device: str) -> float:
+    """Median seconds per call (:func:`call_times`)."""
+    return statistics.median(call_times(fn, reps, device))
 
 
 def section(

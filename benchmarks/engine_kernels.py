@@ -5,12 +5,13 @@
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
 
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
-points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``, differences of 1e-3 and of 5%): the
-median and fastest of 40 calls of ``cuda_totals`` and of ``metrics.compare_tensors``, each ending with its
-result on the host, and (this checkout only) of ``floors.measure_blocks`` on 8192x7168 with differences of 1e-2
-(the call a comparison makes, with its 64 row blocks); then, after every call is timed, the GPU time of each
-kernel and copy over 10 calls of ``cuda_totals`` (and of ``measure_blocks``); then, this checkout only, where the host's time goes in 200 calls of
-``cuda_totals`` on 8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
+points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``,
+differences of 1e-3 and of 5%): the median and fastest of 40 calls of ``cuda_totals`` and of
+``metrics.compare_tensors``, each ending with its result on the host, and (this checkout only) of
+``floors.measure_blocks`` on 8192x7168 with differences of 1e-2 (the call a comparison makes, with its 64 row
+blocks); then, after every call is timed, the GPU time of each kernel and copy over 10 calls of ``cuda_totals``
+(and of ``measure_blocks``); then, this checkout only, where the host's time goes in 200 calls of ``cuda_totals``
+on 8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import cProfile
 import pstats
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.engine_ab import load_module  # noqa: E402
-from benchmarks.engine_bench import make_pair  # noqa: E402
+from benchmarks.engine_bench import call_times, make_pair  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
 from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
@@ -44,14 +44,8 @@ PAIRS = [
 
 
 def _median_us(call: Callable[[], object]) -> tuple[float, float]:
-    """Median and fastest of 40 calls in µs, each from an idle GPU to its result on the host."""
-    call()
-    times = []
-    for _ in range(40):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
+    """Median and fastest of 40 calls in µs (``engine_bench.call_times``)."""
+    times = call_times(call, 40, "cuda")
     return statistics.median(times) * 1e6, min(times) * 1e6
 
 

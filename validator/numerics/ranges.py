@@ -31,7 +31,7 @@ import torch
 
 from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
-from validator.numerics.backends.cpu import cpu_range_rows, merge_rows, row_plan, totals
+from validator.numerics.backends.cpu import cpu_range_rows, merge_rows, row_plan
 from validator.numerics.backends.small import ROW
 from validator.numerics.floors import BlockSums, _edges, _rows
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
@@ -135,9 +135,9 @@ def merge_totals(parts: Sequence[RangePartials]) -> Totals:
     counts = np.array([p.counts for p in parts], np.int64).sum(0)
     max_abs = max(p.max_abs for p in parts)
     max_ulp = None if parts[0].max_ulp is None else max(p.max_ulp or 0 for p in parts)
-    nonfinite = [sum(getattr(p, k) for p in parts) for k in ("nan_a", "nan_b", "inf_matched")]
-    block_d2, block_a2 = blocks.tolist()
-    return totals(numel, sums.tolist(), max_abs, counts.tolist(), max_ulp, block_d2, block_a2, nonfinite)
+    nonfinite = tuple(sum(getattr(p, k) for p in parts) for k in ("nan_a", "nan_b", "inf_matched"))
+    block_d2, block_a2 = map(tuple, blocks.tolist())
+    return Totals(numel, tuple(sums.tolist()), max_abs, tuple(counts.tolist()), max_ulp, block_d2, block_a2, nonfinite)
 
 
 def merge(parts: Sequence[RangePartials]) -> tuple[TensorMetrics, BlockSums]:

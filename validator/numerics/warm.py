@@ -27,8 +27,7 @@ def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
     an empty one. ``report`` gets a line per format. Returns the seconds it took."""
     import torch
 
-    from validator.numerics.backends.cpu import SMALL
-    from validator.numerics.backends.small import NUMPY_MAX
+    from validator.numerics.backends.small import NUMPY_MAX, SMALL
     from validator.numerics.floors import BlockSums, bootstrap_intervals, measure_blocks, measure_blocks_many
 
     start = time.perf_counter()

@@ -24,8 +24,8 @@ from validator.judging.compare import (
     measure_tensors,
     measure_tensors_many,
 )
-from validator.numerics.backends import Totals, small, totals_of, totals_of_many
-from validator.numerics.backends.cpu import batchable, cpu_totals, cpu_totals_many
+from validator.numerics.backends import Totals, batchable, small, totals_of, totals_of_many
+from validator.numerics.backends.cpu import cpu_totals, cpu_totals_many
 from validator.numerics.backends.small import NUMPY_MAX, small_totals
 from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
 from validator.numerics.metrics import MetricInputError

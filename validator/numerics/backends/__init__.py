@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-from validator.numerics.backends.small import NUMPY_MAX, small_totals, small_totals_many
+from validator.numerics.backends.small import NUMPY_MAX, SMALL, small_totals, small_totals_many
 from validator.numerics.backends.totals import Totals
 from validator.numerics.host import HostArray
 
@@ -114,7 +114,7 @@ def totals_of_many(
         cpu = backend_for(a, b) == "cpu"
         if cpu and a.numel() <= NUMPY_MAX:
             small.append(i)
-        elif cpu and not isinstance(a, HostArray) and not isinstance(b, HostArray) and _batchable(a, b):
+        elif cpu and not isinstance(a, HostArray) and not isinstance(b, HostArray) and batchable(a, b):
             together.setdefault((a.dtype, b.dtype), []).append(i)
         else:
             out[i] = totals_of(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
@@ -130,11 +130,10 @@ def totals_of_many(
     return [t for t in out if t is not None]
 
 
-def _batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``cpu.batchable`` (a float pair on the CPU above NUMPY_MAX elements: numba's, imported here)."""
-    from validator.numerics.backends.cpu import batchable
-
-    return batchable(a, b)
+def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``cpu.cpu_totals_many`` takes this pair (float dtypes on the CPU already checked): both
+    contiguous, not empty and of at most SMALL elements (a larger pair keeps every thread busy alone)."""
+    return 0 < a.numel() <= SMALL and a.is_contiguous() and b.is_contiguous()
 
 
 def info() -> dict[str, Any]:

@@ -53,13 +53,12 @@ from numba.extending import overload
 
 from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
-from validator.numerics.backends.small import NUMPY_MAX, ROW, lay_out, plan, range_rows
+from validator.numerics.backends.small import NUMPY_MAX, ROW, SMALL, lay_out, pair_totals, plan, read, rows_of, stored
 from validator.numerics.numba_cache import first_call
 
-GROUP = 32  # rows per prange iteration (ROW, from small.py: elements a row of partials covers)
+GROUP = 32  # rows per prange iteration (ROW, from small.py with SMALL: elements a row of partials covers)
 SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
 SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
-SMALL = 1 << 18  # elements: passes over at most this many run on the calling thread
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
 # float32 |d| (MAX32); c (int64) finite in both, passed, non-finite in a, in b, mismatched, the largest ULP distance
 # (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
@@ -242,7 +241,8 @@ def _short(va, vb, xa, xb, tol, f, cnt):
     m = xa.size
     whole = m - m % SHORT_SPAN
     for p in range(0, whole, SHORT_SPAN):
-        _short_span(va[p : p + SHORT_SPAN], vb[p : p + SHORT_SPAN], xa[p : p + SHORT_SPAN], xb[p : p + SHORT_SPAN], tol, f, cnt)
+        q = p + SHORT_SPAN
+        _short_span(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
     return 0 if whole == m else _tail(va, vb, xa, xb, tol, f, cnt, whole)
 
 
@@ -419,17 +419,15 @@ def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
 def _tolerances(atol: float, rtol: float) -> np.ndarray:
     """atol, rtol, the float32 band around them (common.EPS, TINY), and whether the band is used."""
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
-    return np.array([atol, rtol, atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS), band])
+    lo, hi = 1 - EPS, 1 + EPS
+    return np.array([atol, rtol, atol * lo - TINY, rtol * lo, atol * hi + TINY, rtol * hi, band])
 
 
 def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
     """The elements of ``t`` (flattened) as the pass reads them: their bits, typed by :data:`_BITS` (in a
     pair of two formats every 16-bit format as float16's uint16, read through its table: the kernels are
-    compiled for fewer pairs of types); copied only where they are not one dense run."""
-    flat = t.reshape(-1)
-    if flat.stride(0) != 1:
-        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    return flat.view(torch.uint8).numpy().view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
+    compiled for fewer pairs of types); copied only where they are not one dense run (``small.stored``)."""
+    return stored(t)[0].view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
 
 
 def _chunks(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -447,15 +445,13 @@ def _chunks(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tupl
 
 class _Run(NamedTuple):
     """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
-    |d|; per pair the sums, the counts, the largest ULP distance and the NaN and matched-infinity counts; the
-    block d² and a²."""
+    |d|; per pair the sums and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest ULP
+    distance the largest of its rows'); the block d² and a²."""
 
     rows: np.ndarray
     tops: np.ndarray
     sums: np.ndarray
-    counts: np.ndarray
-    nonfinite: np.ndarray
-    max_ulp: np.ndarray
+    ints: np.ndarray
     blocks: np.ndarray
 
 
@@ -475,8 +471,9 @@ def _run(
     _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
-    summed, max_ulp = np.add.reduceat(part_i, first[:-1]), np.maximum.reduceat(part_i[:, MAX_ULP], first[:-1])
-    return _Run(part_f, tops, sums, summed[:, :MAX_ULP], summed[:, NAN_A:], max_ulp, blocks)
+    ints = np.add.reduceat(part_i, first[:-1])
+    ints[:, MAX_ULP] = np.maximum.reduceat(part_i[:, MAX_ULP], first[:-1])
+    return _Run(part_f, tops, sums, ints, blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -488,12 +485,6 @@ def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float
     return _run(xa, xb, form, atol, rtol, starts, units, np.array([0, rows]), owner, len(edges) - 1)
 
 
-def totals(numel: int, sums: list[float], max_abs: float, counts: list[int], max_ulp: int | None,
-           block_d2: Sequence[float], block_a2: Sequence[float], nonfinite: Sequence[int]) -> Totals:  # fmt: skip
-    """The ``Totals`` of a pair from what its pass added up (``max_ulp``: None without ULP metrics)."""
-    return Totals(numel, tuple(sums), max_abs, tuple(counts), max_ulp, tuple(block_d2), tuple(block_a2), tuple(nonfinite))  # type: ignore[arg-type]
-
-
 def cpu_totals(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
@@ -501,26 +492,18 @@ def cpu_totals(
     A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
-    sums, counts, blocks = np.zeros(5), np.zeros(5, np.int64), np.zeros((2, len(edges) - 1))
-    nonfinite = np.zeros(3, np.int64)
+    sums, ints, blocks = np.zeros((1, 5)), np.zeros((1, 9), np.int64), np.zeros((2, len(edges) - 1))
     max_abs, max_ulp = 0.0, 0
     for start, xa, xb in _chunks(a, b, chunk_elems):
         if xa.size:
             got = _one(xa, xb, form, atol, rtol, edges, start)
-            sums += got.sums[0]
-            counts += got.counts[0]
-            nonfinite += got.nonfinite[0]
+            sums += got.sums
+            ints += got.ints
             blocks += got.blocks
-            max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.max_ulp[0])
-    ulp = int(max_ulp) if form.ulp else None
-    block_d2, block_a2 = blocks.tolist()
-    return totals(a.numel(), sums.tolist(), float(max_abs), counts.tolist(), ulp, block_d2, block_a2, nonfinite.tolist())
-
-
-def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether :func:`cpu_totals_many` takes this pair (float dtypes on the CPU already checked): both
-    contiguous, not empty and of at most SMALL elements (a larger pair keeps every thread busy alone)."""
-    return 0 < a.numel() <= SMALL and a.is_contiguous() and b.is_contiguous()
+            max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.ints[0, MAX_ULP])
+    ints[0, MAX_ULP] = max_ulp
+    one = pair_totals([a.numel()], [form.ulp], sums, np.array([max_abs]), ints, blocks, np.array([0, blocks.shape[1]]))
+    return one[0]
 
 
 def cpu_totals_many(
@@ -528,20 +511,16 @@ def cpu_totals_many(
 ) -> list[Totals]:
     """:func:`cpu_totals` of each pair ``(a, b, edges)``, bit for bit, in one run of the kernels over all of
     them, a pair a unit: for many small pairs, where the calls, not the elements, cost. Every pair has the
-    dtypes of the first and is :func:`batchable`; the bytes are copied side by side."""
+    dtypes of the first and is ``backends.batchable``; the bytes are copied side by side."""
     if not pairs:
         return []
     form = _format(pairs[0][0].dtype, pairs[0][1].dtype)
     starts, owner, first, edge_at = lay_out([(a.numel(), e) for a, _, e in pairs])
-    xa, xb = _bits(_end_to_end([a for a, _, _ in pairs]), form.mixed), _bits(_end_to_end([b for _, b, _ in pairs]), form.mixed)
+    xa = _bits(_end_to_end([a for a, _, _ in pairs]), form.mixed)
+    xb = _bits(_end_to_end([b for _, b, _ in pairs]), form.mixed)
     got = _run(xa, xb, form, atol, rtol, starts, first, first, owner, int(edge_at[-1]))
-    sums, counts, tops, max_ulp, nonfinite = (x.tolist() for x in (got.sums, got.counts, got.tops, got.max_ulp, got.nonfinite))
-    (d2, a2), at = map(tuple, got.blocks.tolist()), edge_at.tolist()  # tuples: a pair's slices are its Totals' own
-    return [
-        totals(a.numel(), sums[p], tops[p], counts[p], max_ulp[p] if form.ulp else None, d2[at[p] : at[p + 1]],
-               a2[at[p] : at[p + 1]], nonfinite[p])  # fmt: skip
-        for p, (a, b, _) in enumerate(pairs)
-    ]
+    numels = [a.numel() for a, _, _ in pairs]
+    return pair_totals(numels, [form.ulp] * len(pairs), got.sums, got.tops, got.ints, got.blocks, edge_at)
 
 
 def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -572,13 +551,18 @@ def cpu_range_rows(
     one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`ROW`): the rows are
     then the whole pair's, bit for bit. A whole pair of at most ``small.NUMPY_MAX`` elements has the rows of
     ``small.py``, as it has measured whole."""
-    if edges[-1] <= NUMPY_MAX:
-        return range_rows(a, b, atol=atol, rtol=rtol, edges=edges, start=start)
-    form = _format(a.dtype, b.dtype)
-    got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)
-    max_ulp = int(got.max_ulp[0]) if form.ulp else None
-    nan_a, nan_b, inf_same = got.nonfinite[0].tolist()
-    return np.ascontiguousarray(got.rows[:, :5]), got.counts[0], float(got.tops.max()), max_ulp, (nan_a, nan_b, inf_same)
+    if edges[-1] <= NUMPY_MAX:  # small.py's rows (they start where the whole pair's do)
+        x, y, dist = read(a, b)
+        rows, rows_i = rows_of(x, y, dist, atol, rtol, plan(tuple(edges), start, a.numel())[0])
+        ints, max_abs, ulp = rows_i.sum(axis=0), rows[:, MAX_EXACT].max(), dist is not None
+        ints[MAX_ULP] = rows_i[:, MAX_ULP].max()
+    else:
+        form = _format(a.dtype, b.dtype)
+        got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)
+        rows, ints, max_abs, ulp = got.rows, got.ints[0], got.tops.max(), form.ulp
+    nan_a, nan_b, inf_same = ints[NAN_A:].tolist()
+    max_ulp = int(ints[MAX_ULP]) if ulp else None
+    return np.ascontiguousarray(rows[:, :5]), ints[:MAX_ULP], float(max_abs), max_ulp, (nan_a, nan_b, inf_same)
 
 
 def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:

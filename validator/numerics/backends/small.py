@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/first_compare_bench.md)
 ROW = 2048  # elements a row of partials covers (one row of float32 sums and counts in cpu.py)
 GROUP = 1 << 16  # elements: many pairs are read this many at a time (their float64 copies stay in cache)
+SMALL = 1 << 18  # elements: cpu.py's passes over at most this many run on the calling thread (backends.batchable)
 # a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d|; rows_i (int64) finite in both, passed,
 # non-finite in a, in b, mismatched, the largest ULP distance, NaN in a, in b, the same infinity in both
 _SIGNED = {2: np.int16, 1: np.int8, 4: np.int32}
@@ -70,16 +71,6 @@ _TABLES = {
 }
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements in row-major order, one dense run (a copy only where they are not)."""
-    import torch
-
-    flat = t.reshape(-1)
-    if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
-        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    return flat
-
-
 def stored(t: Array) -> tuple[np.ndarray, str]:
     """``t``'s elements, flat in row-major order, in their storage form (``host.STORAGE``: bfloat16 and
     float8 as their bits), and its dtype's name; a CPU torch tensor's without a copy where it is dense."""
@@ -87,7 +78,9 @@ def stored(t: Array) -> tuple[np.ndarray, str]:
         return t.bits.reshape(-1), t.dtype
     import torch
 
-    flat, name = _flat(t), _dtype_name(t.dtype)
+    flat, name = t.reshape(-1), _dtype_name(t.dtype)
+    if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
+        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
     if name in ("float64", "float32", "float16"):
         return flat.numpy(), name
     raw = flat.view(torch.int16 if flat.element_size() == 2 else torch.uint8).numpy()
@@ -194,20 +187,36 @@ def chain(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
     return out
 
 
-def add_up(rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[
-    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
-]:  # fmt: skip
-    """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d|, the five counts,
-    the largest ULP distance and the NaN and matched-infinity counts; and per edge block (``owner``: each
-    row's, of ``n_blocks``) its d² and a² (``[2, n_blocks]``), each a chain of its rows."""
+def add_up(
+    rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d| and the int columns
+    of its rows added (``[pairs, 9]``, as a row's: the largest ULP distance the largest of its rows'); and
+    per edge block (``owner``: each row's, of ``n_blocks``) its d² and a² (``[2, n_blocks]``), each a chain
+    of its rows."""
     at = first[:-1]
-    sums, tops = chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, 5], at)
-    counts, max_ulp = np.add.reduceat(rows_i, at), np.maximum.reduceat(rows_i[:, 5], at)
+    ints = np.add.reduceat(rows_i, at)
+    ints[:, 5] = np.maximum.reduceat(rows_i[:, 5], at)
     blocks = np.zeros((2, n_blocks))
     cut = np.flatnonzero(np.diff(owner)) + 1  # owner never decreases: a block's rows lie together
     seg = np.concatenate(([0], cut, [len(owner)]))
     blocks[:, owner[seg[:-1]]] = chain(rows_f[:, [2, 0]], seg).T
-    return sums, tops, counts[:, :5], max_ulp, counts[:, 6:], blocks
+    return chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, 5], at), ints, blocks
+
+
+def pair_totals(
+    numels: Sequence[int], ulps: Sequence[bool], sums: np.ndarray, tops: np.ndarray, ints: np.ndarray,
+    blocks: np.ndarray, edge_at: np.ndarray,
+) -> list[Totals]:  # fmt: skip
+    """The ``Totals`` of each pair p of ``numels[p]`` elements from what its pass added up (:func:`add_up`,
+    ``cpu._run``): its sums, its largest |d|, its int columns (its largest ULP distance reported where
+    ``ulps[p]``) and the d² and a² of its edge blocks edge_at[p] .. edge_at[p+1] of ``blocks``."""
+    sums_l, tops_l, ints_l, at = (v.tolist() for v in (sums, tops, ints, edge_at))
+    d2, a2 = map(tuple, blocks.tolist())  # tuples: a pair's slices are its Totals' own
+    return [
+        Totals(n, tuple(s), top, tuple(c[:5]), c[5] if ulp else None, d2[lo:hi], a2[lo:hi], tuple(c[6:]))
+        for n, ulp, s, top, c, lo, hi in zip(numels, ulps, sums_l, tops_l, ints_l, at, at[1:])
+    ]
 
 
 def lay_out(pairs: Sequence[tuple[int, Sequence[int]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -226,7 +235,7 @@ def lay_out(pairs: Sequence[tuple[int, Sequence[int]]]) -> tuple[np.ndarray, np.
     return starts, owner, first, edge_at
 
 
-def _read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Both sides' float64 values and their ULP distances (None without ULP metrics)."""
     (bits_a, name_a), (bits_b, name_b) = stored(a), stored(b)
     dist = None
@@ -235,9 +244,7 @@ def _read(a: Array, b: Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     return values(bits_a, name_a), values(bits_b, name_b), dist
 
 
-def small_totals_many(
-    pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float
-) -> list[Totals]:
+def small_totals_many(pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, atol: float, rtol: float) -> list[Totals]:
     """The totals of each pair ``(a, b, edges)`` (float dtypes on the CPU; ``edges``: see ``common.Totals``),
     the pairs read end to end, each row on its own: a pair's bits are those it has alone."""
     if not pairs:
@@ -254,22 +261,14 @@ def small_totals_many(
                 size, begin = 0, i
             size += a.numel()
         return out + small_totals_many(pairs[begin:], atol=atol, rtol=rtol)
-    read = [_read(a, b) for a, b, _ in pairs]
+    got = [read(a, b) for a, b, _ in pairs]
     starts, owner, first, edge_at = lay_out([(a.numel(), e) for a, _, e in pairs])
-    x, y = np.concatenate([r[0] for r in read]), np.concatenate([r[1] for r in read])
-    ulp = any(r[2] is not None for r in read)  # a pair without ULP metrics: zeros, not reported
-    dist = np.concatenate([np.zeros(len(r[0]), np.int64) if r[2] is None else r[2] for r in read]) if ulp else None
+    x, y = np.concatenate([r[0] for r in got]), np.concatenate([r[1] for r in got])
+    ulps = [r[2] is not None for r in got]  # a pair without ULP metrics: zeros, not reported
+    dist = np.concatenate([np.zeros(len(r[0]), np.int64) if r[2] is None else r[2] for r in got]) if any(ulps) else None
     rows_f, rows_i = rows_of(x, y, dist, atol, rtol, starts)
-    sums, tops, counts, max_ulp, nonfinite, blocks = add_up(rows_f, rows_i, first, owner, int(edge_at[-1]))
-    sums_l, tops_l, counts_l, ulp_l, nf_l, (d2, a2) = (
-        v.tolist() for v in (sums, tops, counts, max_ulp, nonfinite, blocks)
-    )
-    out = []
-    for p, ((a, _, _), (_, _, dp)) in enumerate(zip(pairs, read)):
-        lo, hi = edge_at[p], edge_at[p + 1]
-        out.append(Totals(a.numel(), tuple(sums_l[p]), tops_l[p], tuple(counts_l[p]), None if dp is None else ulp_l[p],
-                          tuple(d2[lo:hi]), tuple(a2[lo:hi]), tuple(nf_l[p])))  # fmt: skip
-    return out
+    added = add_up(rows_f, rows_i, first, owner, int(edge_at[-1]))
+    return pair_totals([a.numel() for a, _, _ in pairs], ulps, *added, edge_at)
 
 
 def _empty(a: Array, b: Array, edges: Sequence[int]) -> Totals:
@@ -281,16 +280,3 @@ def _empty(a: Array, b: Array, edges: Sequence[int]) -> Totals:
 def small_totals(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int] = ()) -> Totals:
     """:func:`small_totals_many` of one pair."""
     return small_totals_many([(a, b, edges)], atol=atol, rtol=rtol)[0]
-
-
-def range_rows(a: Array, b: Array, *, atol: float, rtol: float, edges: Sequence[int],
-               start: int) -> tuple[np.ndarray, np.ndarray, float, int | None, tuple[int, int, int]]:  # fmt: skip
-    """``cpu.cpu_range_rows`` of a range of a pair of at most NUMPY_MAX elements (its rows are the whole
-    pair's: they start where the whole pair's do)."""
-    x, y, dist = _read(a, b)
-    starts, owner = plan(tuple(edges), start, a.numel())
-    rows_f, rows_i = rows_of(x, y, dist, atol, rtol, starts)
-    counts = rows_i.sum(axis=0)
-    nan_a, nan_b, inf_same = counts[6:].tolist()
-    max_ulp = None if dist is None else int(rows_i[:, 5].max())
-    return np.ascontiguousarray(rows_f[:, :5]), counts[:5], float(rows_f[:, 5].max()), max_ulp, (nan_a, nan_b, inf_same)

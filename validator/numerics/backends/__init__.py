@@ -81,17 +81,15 @@ def totals_of(
     """The totals of ``a`` (reference) against ``b`` (inputs already checked), in one read of the pair.
     ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
     a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""
-    if isinstance(a, HostArray) and isinstance(b, HostArray) and a.numel() <= NUMPY_MAX:
+    backend = backend_for(a, b)
+    if backend == "cpu" and a.numel() <= NUMPY_MAX:  # HostArrays as they are: no torch import for two of them
         return small_totals(a, b, atol=atol, rtol=rtol, edges=edges)
     a, b = as_torch(a), as_torch(b)  # a HostArray beside a tensor, or a large one
-    backend = backend_for(a, b)
     if backend == "cuda":
         cuda = _cuda()
         assert cuda is not None
         got: Totals = cuda.cuda_totals(a, b, atol=atol, rtol=rtol, chunk_elems=chunk_elems, edges=edges)
         return got
-    if backend == "cpu" and a.numel() <= NUMPY_MAX:
-        return small_totals(a, b, atol=atol, rtol=rtol, edges=edges)
     if backend == "cpu":
         from validator.numerics.backends.cpu import cpu_totals
 

@@ -68,11 +68,6 @@ def ulp_distance(ca: torch.Tensor, cb: torch.Tensor, spec: tuple[torch.dtype, in
     return (ordinal(ca).to(wide) - ordinal(cb)).abs_()
 
 
-def nearest_rank(n: int) -> int:
-    """1-based rank of the 99th percentile: ceil(0.99 n), in exact integer arithmetic."""
-    return (99 * n + 99) // 100
-
-
 def _at_rank(hist: torch.Tensor, rank: int) -> tuple[int, int]:
     """(bin, count before it) of the first bin whose cumulative count reaches ``rank`` (1-based)."""
     cum = hist.cumsum(0)
@@ -99,7 +94,8 @@ def p99_ulp(pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]], s
     if n == 0:
         return 0
     assert hist is not None
-    top, before = _at_rank(hist, nearest_rank(n))
+    rank = (99 * n + 99) // 100  # 1-based rank of the 99th percentile: ceil(0.99 n), in exact integer arithmetic
+    top, before = _at_rank(hist, rank)
     if not wide:
         return top
     low: torch.Tensor | None = None
@@ -107,4 +103,4 @@ def p99_ulp(pieces: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]], s
         got = torch.bincount(dist[(dist >> 16) == top] & 0xFFFF, minlength=1 << 16)
         low = got if low is None else low + got
     assert low is not None
-    return (top << 16) + _at_rank(low, nearest_rank(n) - before)[0]
+    return (top << 16) + _at_rank(low, rank - before)[0]

@@ -41,8 +41,9 @@ pairs take the reference (``backends.backend_for``).
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numba
@@ -430,19 +431,6 @@ def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
     return stored(t)[0].view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
 
 
-def _chunks(a: torch.Tensor, b: torch.Tensor, chunk_elems: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first element, a's elements, b's) of the pair as the pass reads it (:func:`_bits`): a contiguous pair
-    whole, one that is not in contiguous copies of ``chunk_elems``, each with rows of its own."""
-    mixed = _format(a.dtype, b.dtype).mixed
-    if a.is_contiguous() and b.is_contiguous():
-        yield 0, _bits(a, mixed), _bits(b, mixed)
-        return
-    start = 0
-    for ca, cb in chunk_pairs(a, b, chunk_elems):
-        yield start, _bits(ca, mixed), _bits(cb, mixed)
-        start += ca.numel()
-
-
 class _Run(NamedTuple):
     """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
     |d|; per pair the sums and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest ULP
@@ -489,18 +477,20 @@ def cpu_totals(
     a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float, chunk_elems: int = 1 << 22, edges: Sequence[int] = ()
 ) -> Totals:
     """The totals of ``a`` against ``b``, both float dtypes on the CPU (``edges``: see ``common.Totals``).
-    A non-contiguous pair is measured in contiguous pieces, whose sums are added in float64."""
+    A contiguous pair is read whole; one that is not in contiguous copies of pieces of ``chunk_elems``
+    (``reference.chunk_pairs``), each with rows of its own, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
     sums, ints, blocks = np.zeros((1, 5)), np.zeros((1, 9), np.int64), np.zeros((2, len(edges) - 1))
-    max_abs, max_ulp = 0.0, 0
-    for start, xa, xb in _chunks(a, b, chunk_elems):
-        if xa.size:
-            got = _one(xa, xb, form, atol, rtol, edges, start)
-            sums += got.sums
-            ints += got.ints
-            blocks += got.blocks
-            max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.ints[0, MAX_ULP])
+    max_abs, max_ulp, start = 0.0, 0, 0
+    whole = a.is_contiguous() and b.is_contiguous()
+    for ca, cb in chunk_pairs(a, b, max(1, a.numel()) if whole else chunk_elems):
+        got = _one(_bits(ca, form.mixed), _bits(cb, form.mixed), form, atol, rtol, edges, start)
+        start += ca.numel()
+        sums += got.sums
+        ints += got.ints
+        blocks += got.blocks
+        max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.ints[0, MAX_ULP])
     ints[0, MAX_ULP] = max_ulp
     one = pair_totals([a.numel()], [form.ulp], sums, np.array([max_abs]), ints, blocks, np.array([0, blocks.shape[1]]))
     return one[0]
@@ -527,15 +517,12 @@ def _end_to_end(ts: list[torch.Tensor]) -> torch.Tensor:
     """The elements of the (contiguous) tensors one after another, flat: a view of the memory they lie in when
     they already lie so inside the first one's storage (a batch of stored tensors read side by side:
     ``runs.reassembly.materialize_many``), else a copy."""
-    first = ts[0]
-    at, end = first.data_ptr(), first.untyped_storage().data_ptr() + first.untyped_storage().nbytes()
-    for t in ts:
-        if t.data_ptr() != at or t.dtype != first.dtype:
-            return torch.cat([t.reshape(-1) for t in ts])
-        at += t.nbytes
-    if at > end:
-        return torch.cat([t.reshape(-1) for t in ts])
-    return first.as_strided((sum(t.numel() for t in ts),), (1,))
+    first, storage = ts[0], ts[0].untyped_storage()
+    at = list(itertools.accumulate((t.nbytes for t in ts), initial=first.data_ptr()))  # where each would begin
+    adjacent = all(t.data_ptr() == p and t.dtype == first.dtype for t, p in zip(ts, at))
+    if adjacent and at[-1] <= storage.data_ptr() + storage.nbytes():
+        return first.as_strided((sum(t.numel() for t in ts),), (1,))
+    return torch.cat([t.reshape(-1) for t in ts])
 
 
 # ---------------------------------------------------------------- ranges of a pair (validator.numerics.ranges)

@@ -149,18 +149,8 @@ def rows_of(x: np.ndarray, y: np.ndarray, dist: np.ndarray | None, atol: float, 
             return rows_f, rows_i
         nan_a, nan_b, equal = np.isnan(x0), np.isnan(y0), x0 == y0
         same = ~both & (equal | (nan_a & nan_b))  # NaN/NaN, +Inf/+Inf or -Inf/-Inf
-        counted = (
-            both,
-            (passed & both) | same,
-            ~fin_a,
-            ~fin_b,
-            ~both & ~same,
-            None,
-            nan_a,
-            nan_b,
-            np.isinf(x0) & equal,
-        )
-        for i, c in enumerate(counted):
+        cols = (both, (passed & both) | same, ~fin_a, ~fin_b, ~both & ~same, None, nan_a, nan_b, np.isinf(x0) & equal)
+        for i, c in enumerate(cols):
             if c is not None:
                 rows_i[:, i] = np.add.reduceat(c, at, dtype=np.int64)
     return rows_f, rows_i
@@ -174,13 +164,12 @@ def chain(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
     pairs = len(first) - 1
     lengths = np.diff(first)
     longest = int(lengths.max(initial=0))
+    out = np.zeros((pairs, rows.shape[1]))
     if pairs <= longest:  # few pairs of many rows: each pair's chain on its own
-        out = np.zeros((pairs, rows.shape[1]))
         for p in range(pairs):
             if lengths[p]:
                 out[p] = np.cumsum(rows[first[p] : first[p + 1]], axis=0)[-1] + 0.0
         return out
-    out = np.zeros((pairs, rows.shape[1]))
     for k in range(longest):  # many pairs of few rows: the k-th row of every pair that has one
         has = np.flatnonzero(lengths > k)
         out[has] += rows[first[has] + k]

@@ -69,15 +69,7 @@ def as_torch(t: Array) -> torch.Tensor:
     return t.to_torch() if isinstance(t, HostArray) else t
 
 
-def totals_of(
-    a: Array,
-    b: Array,
-    *,
-    atol: float,
-    rtol: float,
-    chunk_elems: int,
-    edges: Sequence[int] = (),
-) -> Totals:
+def totals_of(a: Array, b: Array, *, atol: float, rtol: float, chunk_elems: int, edges: Sequence[int] = ()) -> Totals:
     """The totals of ``a`` (reference) against ``b`` (inputs already checked), in one read of the pair.
     ``edges``: element offsets (0 first, ``numel`` last, in row-major order) of the blocks whose d² and
     a² the same pass sums (``Totals.block_d2``, ``block_a2``); one block by default."""

@@ -26,10 +26,10 @@ the last with zeros after it):
 A row whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. A pair with a float64 side takes the same fused path with float64 per element (its tolerance
-test and largest |d| checked as above). ``max_abs``: float32
-rounding is monotonic, so the exact largest |d| is among the positions of the largest float32 |d|;
-each unit reads the rows that hold its largest again in float64, unless their ULP distances show their
-float32 differences exact (``common.exact_ulp``). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
+test and largest |d| checked as above). ``max_abs``: float32 rounding is monotonic, so the exact largest |d|
+is among the positions of the largest float32 |d|; each unit reads the rows that hold its largest again in
+float64, unless their ULP distances show their float32 differences exact (``common.exact_ulp``). A pass over
+at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
 Each row of elements writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
@@ -355,10 +355,11 @@ def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
 
 @njit(cache=True, nogil=True)
 def _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u):
-    """The partials of every row (row i: elements starts[i] .. starts[i+1]; its f: a², b²,
-    d², |d|, a·d, exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched,
-    max ULP, NaN in a, in b, the same infinity in both), for unit u of rows units[u] .. units[u+1]: its exact largest |d| into tops[u] (the largest over a pair's units is the pair's: the exact value is in
-    a row that holds the pair's largest float32 |d|, whose unit reads it again)."""
+    """The partials of every row (row i: elements starts[i] .. starts[i+1]; its f: a², b², d², |d|, a·d,
+    exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched, max ULP, NaN in a, in b,
+    the same infinity in both), for unit u of rows units[u] .. units[u+1]: its exact largest |d| into tops[u]
+    (the largest over a pair's units is the pair's: the exact value is in a row that holds the pair's largest
+    float32 |d|, whose unit reads it again)."""
     cnt, scratch = np.empty(3, np.int64), np.empty((2, ROW), np.uint32)
     for row in range(units[u], units[u + 1]):
         ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
@@ -534,9 +535,9 @@ def cpu_range_rows(
     """The pass of :func:`cpu_totals` over elements ``start .. start + n`` of a pair (``a``, ``b``: those
     ``n > 0`` elements, row-major; ``edges``: the whole pair's), before anything is added across rows: (the
     rows of partials a², b², d², |d|, a·d, ``[rows, 5]``; the five counts; the exact largest |d|; the largest
-    ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the first element of
-    one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`ROW`): the rows are
-    then the whole pair's, bit for bit. A whole pair of at most ``small.NUMPY_MAX`` elements has the rows of
+    ULP distance, None without ULP metrics; NaN in a, in b, the same infinity in both). ``start`` must be the
+    first element of one of the whole pair's rows (a block edge, or an edge plus a multiple of :data:`ROW`): the
+    rows are then the whole pair's, bit for bit. A whole pair of at most ``small.NUMPY_MAX`` elements has the rows of
     ``small.py``, as it has measured whole."""
     if edges[-1] <= NUMPY_MAX:  # small.py's rows (they start where the whole pair's do)
         x, y, dist = read(a, b)

@@ -8,12 +8,12 @@ its constants set or its source changed:
 - ``FLUSH`` (tiles whose float32 per-lane sums go into float64 at once) at 64, 32 and 16: a group that holds a NaN
   or Inf is read again by its program, so a smaller group bounds what one NaN costs its program, and adds
   reductions to every program;
-- ``pipelined``: that second read with Triton's software pipelining (``STAGES``) instead of one tile at a time;
-- ``by fix kernel``: no second read in the pass; the row is marked and the second kernel redoes it in float64;
+- ``second read pipelined``: that second read with Triton's software pipelining (``STAGES``) instead of one tile at a time;
+- ``second read by the fix kernel``: no second read in the pass; the row is marked and the second kernel redoes it in float64;
 - ``PROGRAMS`` (with ``FIX_ROWS`` keeping the second kernel at 1,024 programs) at 2,048 and 4,096: shorter programs,
   so that a program holding a NaN holds fewer tiles to read again.
 
-bf16 pairs of ``engine_bench.CLASSES`` (8192x7168 near 1e-3, drift 5e-2, nonfinite, bf16 vs fp32; 1 GiB per tensor
+Pairs of ``engine_bench.CLASSES`` (8192x7168 near 1e-3, drift 5e-2, nonfinite, bf16 vs fp32; 1 GiB per tensor
 near 1e-3 and nonfinite, 64 row blocks as a comparison measures them). The alternatives are timed in turn, four
 calls of each on each pair per round, 12 rounds, so that no alternative gets a warmer cache or a quieter card; each
 call ends with its result on the host. Prints the median per call and GB/s (both tensors' bytes), and checks that
@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from benchmarks.engine_ab import load_module  # noqa: E402
 from benchmarks.engine_bench import CLASSES  # noqa: E402
 from validator.numerics import floors  # noqa: E402
+from validator.numerics.backends import Totals  # noqa: E402
 
 SOURCE = ROOT / "validator" / "numerics" / "backends" / "cuda.py"
 REREAD = "TILE, BITS, A8, B8, F64, BAND, 1, MASKED, 1,"  # the pass's second read of a group: one tile in flight
@@ -49,26 +50,26 @@ def _by_fix_kernel(text: str) -> str:
     return text[:start] + "            if fine == 0:\n                over += 1\n" + text[end:]
 
 
-def variants(tmp: Path) -> dict[str, ModuleType]:
+def variants(tmp: Path) -> dict[str, Any]:
     text = SOURCE.read_text()
     assert text.count(REREAD) == 1, "cuda.py's second read has changed: update this benchmark"
     sources = {
         "this checkout": text,
-        "pipelined": text.replace(REREAD, REREAD.replace("BAND, 1,", "BAND, STAGES,")),
-        "by fix kernel": _by_fix_kernel(text),
+        "second read pipelined": text.replace(REREAD, REREAD.replace("BAND, 1,", "BAND, STAGES,")),
+        "second read by the fix kernel": _by_fix_kernel(text),
     }
     constants = {"FLUSH": [64, 32, 16]}
-    out: dict[str, ModuleType] = {}
+    out: dict[str, Any] = {}
     for name, src in sources.items():
         path = tmp / f"cuda_{len(out)}.py"
         path.write_text(src)
         for flush in constants["FLUSH"]:
             label = name if flush == 64 else f"{name}, FLUSH {flush}"
-            module = load_module(str(path), f"cuda_tuning_{len(out)}")
+            module: Any = load_module(str(path), f"cuda_tuning_{len(out)}")
             module.FLUSH = flush
             out[label] = module
     for programs, fix_rows in ((2048, 2), (4096, 4)):
-        module = load_module(str(tmp / "cuda_0.py"), f"cuda_tuning_{len(out)}")
+        module = load_module(str(tmp / "cuda_0.py"), f"cuda_tuning_{len(out)}")  # (Any: declared above)
         module.PROGRAMS, module.FIX_ROWS = programs, fix_rows
         out[f"PROGRAMS {programs}, FIX_ROWS {fix_rows}"] = module
     return out
@@ -88,13 +89,13 @@ def main() -> None:
             pairs.append((f"{label} {cls}", a.view(shape), b.view(shape), floors._edges(shape)))
     with tempfile.TemporaryDirectory() as tmp:
         modules = variants(Path(tmp))
-        first: dict[str, object] = {}
+        first: dict[str, Totals] = {}
         for label, module in modules.items():  # compile each, and check its results against this checkout's
             for name, a, b, edges in pairs:
                 got = module.cuda_totals(a, b, atol=1e-5, rtol=1e-3, chunk_elems=1 << 26, edges=edges)
                 ref = first.setdefault(name, got)
-                exact = [(t.counts, t.max_abs, t.max_ulp, t.nonfinite) for t in (got, ref)]  # type: ignore[attr-defined]
-                sums = zip(got.sums + got.block_d2, ref.sums + ref.block_d2)  # type: ignore[attr-defined]
+                exact = [(t.counts, t.max_abs, t.max_ulp, t.nonfinite) for t in (got, ref)]
+                sums = zip(got.sums + got.block_d2, ref.sums + ref.block_d2)
                 rel = max(abs(p - q) / max(abs(q), 1e-300) for p, q in sums)
                 assert exact[0] == exact[1] and rel < 1e-6, f"{label} differs on {name}: {rel:.1e}"
         times: dict[tuple[str, str], list[float]] = {(label, name): [] for label in modules for name, *_ in pairs}

@@ -48,9 +48,9 @@ FIX_ROWS = 1  # rows per program of the second kernel
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
 FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
-# TILE, MIN_TILES, NUM_WARPS, STAGES: tuning constants, set by timing alternatives on an H200; FLUSH, PROGRAMS,
-# FIX_ROWS: timed against alternatives by benchmarks/cuda_tuning.py (benchmarks/engine_bench.md). Results do not
-# depend on them beyond float32 rounding inside a program
+# TILE, MIN_TILES, NUM_WARPS, STAGES: tuning constants, set by timing alternatives on an H200; FLUSH and PROGRAMS
+# (with FIX_ROWS): timed against alternatives by benchmarks/cuda_tuning.py (benchmarks/engine_bench.md). Results do
+# not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)

@@ -10,7 +10,9 @@ one call of each in turn, ``--reps`` rounds. Prints per version the least CPU ti
 (``time.process_time``: every thread of the process) and the best wall GB/s (both tensors' bytes); then
 a 64-element pair, the best of 5 rounds of 200 calls, in microseconds per call; and whether both versions
 gave the same results, field for field. The other module must import from this checkout's
-``validator.numerics.backends`` (it is loaded by path, as a module of its own).
+``validator.numerics.backends`` (it is loaded by path, as a module of its own), so ``REV`` must be 558e906 or later:
+an older ``cpu.py`` imports names from ``small.py`` that it no longer has (for an A/B across that commit, time
+two checkouts with ``engine_bench.py --sections cpu`` instead).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Every backend against float64 NumPy on the classes of pair the engine's benchmark times
 (``benchmarks/engine_bench.py``: near-identical, drifting at 1e-2 and 5e-2, with NaN/Inf, bf16 against float32, and
 the projection probe's partial-bf16 capture against its float64 reference), as a comparison measures them: rows of
-7168 elements, the row blocks of ``floors._edges``. Two sizes: numba's pass on the calling thread and on its threads
-(``small.SMALL`` elements and more)."""
+7168 elements, the row blocks of ``floors._edges``. Three sizes: one row (the CPU's NumPy pass, at most
+``small.NUMPY_MAX`` elements), and numba's pass on the calling thread and on its threads (``small.SMALL`` elements
+and more)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from validator.numerics import floors
 from validator.numerics.backends import Totals
 from validator.numerics.backends.cpu import cpu_totals
 from validator.numerics.backends.reference import reference_totals
-from validator.numerics.backends.small import SMALL, small_totals
+from validator.numerics.backends.small import NUMPY_MAX, SMALL, small_totals
 from validator.numerics.metrics import metrics_from_totals
 
 ATOL, RTOL = 1e-5, 1e-3
-SHAPES = {"serial": (8, 7168), "parallel": (40, 7168)}
-assert SHAPES["serial"][0] * 7168 <= SMALL < SHAPES["parallel"][0] * 7168
+SHAPES = {"numpy": (1, 7168), "serial": (8, 7168), "parallel": (40, 7168)}
+assert 7168 <= NUMPY_MAX < SHAPES["serial"][0] * 7168 <= SMALL < SHAPES["parallel"][0] * 7168
 Backend = Callable[[torch.Tensor, torch.Tensor, list[int]], Totals]
 
 
@@ -70,4 +71,6 @@ def test_a_comparison_measures_every_class_as_numpy_does(cls: str) -> None:
     x, y = a.double().reshape(-1), b.double().reshape(-1)
     ok = torch.isfinite(x) & torch.isfinite(y)
     d2 = [float(((y - x)[lo:hi][ok[lo:hi]] ** 2).sum()) for lo, hi in zip(edges, edges[1:])]
+    a2 = [float((x[lo:hi][ok[lo:hi]] ** 2).sum()) for lo, hi in zip(edges, edges[1:])]
     assert blocks.d2.tolist() == pytest.approx(d2, rel=1e-6)
+    assert blocks.a2.tolist() == pytest.approx(a2, rel=1e-6)

@@ -15,7 +15,7 @@ import json
 import numba
 import torch
 from validator.numerics import ranges, resample_compiled
-from validator.numerics.backends import cpu
+from validator.numerics.backends import cpu, small
 from validator.numerics.floors import BlockSums, bootstrap_intervals, measure_blocks, measure_blocks_many, rounding_sums
 from validator.numerics.warm import FORMATS, warm_up
 
@@ -31,7 +31,7 @@ before = signatures()
 g = torch.Generator().manual_seed(0)
 for name in FORMATS:
     dtype = getattr(torch, name)
-    for n in (1000, 20000, cpu.SMALL + 5000):  # the NumPy pass, numba on the calling thread, on its threads
+    for n in (1000, 20000, small.SMALL + 5000):  # the NumPy pass, numba on the calling thread, on its threads
         a = torch.randn(n // 50, 50, generator=g)
         b = a * (1 + 0.3 * torch.randn(a.shape, generator=g))
         b[0, :3] = torch.tensor([float("nan"), float("inf"), 1e30])
@@ -49,7 +49,7 @@ for name in FORMATS:
     rounding_sums(a, name) if name != "float64" else None
     pairs = [(a[i : i + 200].to(dtype), b[i : i + 200].to(dtype)) for i in range(0, 2000, 200)]  # above NUMPY_MAX
     measure_blocks_many(pairs[:3])  # a small batch, on the calling thread
-    measure_blocks_many(pairs * 60)  # a batch above cpu.SMALL, on numba's threads
+    measure_blocks_many(pairs * 60)  # a batch above small.SMALL, on numba's threads
 after = signatures()
 print(json.dumps({"lines": lines, "formats": list(FORMATS),
                   "new": {k: sorted(after[k] - before.get(k, set())) for k in after if after[k] - before.get(k, set())}}))

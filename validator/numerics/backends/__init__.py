@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-__all__ = ["Totals", "backend_for", "totals_of", "totals_of_many", "info"]
+__all__ = ["Totals", "backend_for", "batchable", "totals_of", "totals_of_many", "info"]
 
 
 @functools.cache

@@ -57,7 +57,7 @@ from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.backends.small import NUMPY_MAX, ROW, SMALL, lay_out, pair_totals, plan, read, rows_of, stored
 from validator.numerics.numba_cache import first_call
 
-GROUP = 32  # rows per prange iteration (ROW, from small.py with SMALL: elements a row of partials covers)
+GROUP = 32  # rows per prange iteration (ROW, from small.py: elements a row of partials covers)
 SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
 SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest

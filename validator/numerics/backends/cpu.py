@@ -54,16 +54,29 @@ from numba.extending import overload
 
 from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
-from validator.numerics.backends.small import NUMPY_MAX, ROW, SMALL, lay_out, pair_totals, plan, read, rows_of, stored
+from validator.numerics.backends.small import (
+    MAX_ULP,
+    NAN_A,
+    NUMPY_MAX,
+    ROW,
+    SMALL,
+    add_ints,
+    lay_out,
+    pair_totals,
+    plan,
+    read,
+    rows_of,
+    stored,
+)
 from validator.numerics.numba_cache import first_call
 
 GROUP = 32  # rows per prange iteration (ROW, from small.py: elements a row of partials covers)
 SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
 SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
-# float32 |d| (MAX32); c (int64) finite in both, passed, non-finite in a, in b, mismatched, the largest ULP distance
-# (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
-MAX_EXACT, MAX32, MAX_ULP, NAN_A = 5, 6, 5, 6
+# float32 |d| (MAX32); c (int64) small.py's int columns: finite in both, passed, non-finite in a, in b, mismatched,
+# the largest ULP distance (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
+MAX_EXACT, MAX32 = 5, 6
 # ROW, GROUP, SPAN, SHORT_SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW, SPAN and
 # SHORT_SPAN fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
 # 64 elements each); nothing else in a result depends on them
@@ -460,9 +473,7 @@ def _run(
     _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
-    ints = np.add.reduceat(part_i, first[:-1])
-    ints[:, MAX_ULP] = np.maximum.reduceat(part_i[:, MAX_ULP], first[:-1])
-    return _Run(part_f, tops, sums, ints, blocks)
+    return _Run(part_f, tops, sums, add_ints(part_i, first), blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -482,17 +493,17 @@ def cpu_totals(
     (``reference.chunk_pairs``), each with rows of its own, whose sums are added in float64."""
     edges = tuple(edges) or (0, a.numel())
     form = _format(a.dtype, b.dtype)
-    sums, ints, blocks = np.zeros((1, 5)), np.zeros((1, 9), np.int64), np.zeros((2, len(edges) - 1))
-    max_abs, max_ulp, start = 0.0, 0, 0
+    sums, blocks = np.zeros((1, 5)), np.zeros((2, len(edges) - 1))
+    pieces, max_abs, start = [np.zeros((1, 9), np.int64)], 0.0, 0  # (a zero row: an empty pair's int columns)
     whole = a.is_contiguous() and b.is_contiguous()
     for ca, cb in chunk_pairs(a, b, max(1, a.numel()) if whole else chunk_elems):
         got = _one(_bits(ca, form.mixed), _bits(cb, form.mixed), form, atol, rtol, edges, start)
         start += ca.numel()
         sums += got.sums
-        ints += got.ints
         blocks += got.blocks
-        max_abs, max_ulp = max(max_abs, got.tops.max()), max(max_ulp, got.ints[0, MAX_ULP])
-    ints[0, MAX_ULP] = max_ulp
+        pieces.append(got.ints)
+        max_abs = max(max_abs, got.tops.max())
+    ints = add_ints(np.concatenate(pieces), np.array([0, len(pieces)]))
     one = pair_totals([a.numel()], [form.ulp], sums, np.array([max_abs]), ints, blocks, np.array([0, blocks.shape[1]]))
     return one[0]
 
@@ -542,8 +553,7 @@ def cpu_range_rows(
     if edges[-1] <= NUMPY_MAX:  # small.py's rows (they start where the whole pair's do)
         x, y, dist = read(a, b)
         rows, rows_i = rows_of(x, y, dist, atol, rtol, plan(tuple(edges), start, a.numel())[0])
-        ints, max_abs, ulp = rows_i.sum(axis=0), rows[:, MAX_EXACT].max(), dist is not None
-        ints[MAX_ULP] = rows_i[:, MAX_ULP].max()
+        ints, max_abs, ulp = add_ints(rows_i, np.array([0, len(rows_i)]))[0], rows[:, MAX_EXACT].max(), dist is not None
     else:
         form = _format(a.dtype, b.dtype)
         got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)

@@ -38,8 +38,10 @@ NUMPY_MAX = 1 << 13  # elements: pairs no larger are read here (benchmarks/first
 ROW = 2048  # elements a row of partials covers (one row of float32 sums and counts in cpu.py)
 GROUP = 1 << 16  # elements: many pairs are read this many at a time (their float64 copies stay in cache)
 SMALL = 1 << 18  # elements: cpu.py's passes over at most this many run on the calling thread (backends.batchable)
-# a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d|; rows_i (int64) finite in both, passed,
-# non-finite in a, in b, mismatched, the largest ULP distance, NaN in a, in b, the same infinity in both
+# a row's partials: rows_f (float64) a², b², d², |d|, a·d, the largest |d| (TOP); rows_i (int64) finite in both,
+# passed, non-finite in a, in b, mismatched, the largest ULP distance (MAX_ULP), then from NAN_A on NaN in a, in b,
+# the same infinity in both (cpu.py's rows have these columns too)
+TOP, MAX_ULP, NAN_A = 5, 5, 6
 _SIGNED = {2: np.int16, 1: np.int8, 4: np.int32}
 _MASK = {n: (1 << (8 * n - 1)) - 1 for n in _SIGNED}  # the bits but the sign's
 
@@ -139,10 +141,10 @@ def rows_of(x: np.ndarray, y: np.ndarray, dist: np.ndarray | None, atol: float, 
         ad = np.abs(d)
         for i, v in enumerate((x * x, y * y, d * d, ad, x * d)):
             rows_f[:, i] = np.add.reduceat(v, at)
-        rows_f[:, 5] = np.maximum.reduceat(ad, at)
+        rows_f[:, TOP] = np.maximum.reduceat(ad, at)
         passed = ad <= atol + rtol * np.abs(x)
         if dist is not None:
-            rows_i[:, 5] = np.maximum.reduceat(dist if clean else np.where(both, dist, 0), at)
+            rows_i[:, MAX_ULP] = np.maximum.reduceat(dist if clean else np.where(both, dist, 0), at)
         if clean:
             rows_i[:, 0] = np.diff(starts)
             rows_i[:, 1] = np.add.reduceat(passed, at, dtype=np.int64)
@@ -179,18 +181,22 @@ def chain(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
 def add_up(
     rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d| and the int columns
-    of its rows added (``[pairs, 9]``, as a row's: the largest ULP distance the largest of its rows'); and
-    per edge block (``owner``: each row's, of ``n_blocks``) its d² and a² (``[2, n_blocks]``), each a chain
-    of its rows."""
-    at = first[:-1]
-    ints = np.add.reduceat(rows_i, at)
-    ints[:, 5] = np.maximum.reduceat(rows_i[:, 5], at)
+    """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d| and its int columns
+    (:func:`add_ints`); and per edge block (``owner``: each row's, of ``n_blocks``) its d² and a²
+    (``[2, n_blocks]``), each a chain of its rows."""
     blocks = np.zeros((2, n_blocks))
     cut = np.flatnonzero(np.diff(owner)) + 1  # owner never decreases: a block's rows lie together
     seg = np.concatenate(([0], cut, [len(owner)]))
     blocks[:, owner[seg[:-1]]] = chain(rows_f[:, [2, 0]], seg).T
-    return chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, 5], at), ints, blocks
+    return chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, TOP], first[:-1]), add_ints(rows_i, first), blocks
+
+
+def add_ints(rows_i: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The int columns of each pair's rows (pair p: rows first[p] .. first[p+1]) as one row of them
+    (``[pairs, 9]``): the counts added, the largest ULP distance the largest."""
+    ints: np.ndarray = np.add.reduceat(rows_i, first[:-1])
+    ints[:, MAX_ULP] = np.maximum.reduceat(rows_i[:, MAX_ULP], first[:-1])
+    return ints
 
 
 def pair_totals(
@@ -203,7 +209,9 @@ def pair_totals(
     sums_l, tops_l, ints_l, at = (v.tolist() for v in (sums, tops, ints, edge_at))
     d2, a2 = map(tuple, blocks.tolist())  # tuples: a pair's slices are its Totals' own
     return [
-        Totals(n, tuple(s), top, tuple(c[:5]), c[5] if ulp else None, d2[lo:hi], a2[lo:hi], tuple(c[6:]))
+        Totals(
+            n, tuple(s), top, tuple(c[:MAX_ULP]), c[MAX_ULP] if ulp else None, d2[lo:hi], a2[lo:hi], tuple(c[NAN_A:])
+        )
         for n, ulp, s, top, c, lo, hi in zip(numels, ulps, sums_l, tops_l, ints_l, at, at[1:])
     ]
 

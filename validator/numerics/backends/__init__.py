@@ -48,17 +48,17 @@ def _cuda() -> ModuleType | None:
 
 def backend_for(a: Array, b: Array) -> str:
     """Which backend :func:`totals_of` uses for this pair: ``"cuda"``, ``"cpu"`` or ``"reference"``."""
-    if isinstance(a, HostArray) and isinstance(b, HostArray):  # float dtypes in host memory
+    tensors = [t for t in (a, b) if not isinstance(t, HostArray)]  # a HostArray: a float dtype in host memory
+    if not tensors:
         return "cpu"
-    a, b = as_torch(a), as_torch(b)
     from validator.numerics.backends.common import FLOAT_DTYPES
     from validator.numerics.backends.reference import compute_device
 
-    if a.dtype not in FLOAT_DTYPES or b.dtype not in FLOAT_DTYPES:
+    if any(t.dtype not in FLOAT_DTYPES for t in tensors):
         return "reference"
-    if a.is_cpu and b.is_cpu:  # compute_device's CPU, without making a device (~2 us a pair)
+    if all(t.is_cpu for t in tensors):  # compute_device's CPU, without making a device (~2 us a pair)
         return "cpu"
-    device = compute_device(a, b)
+    device = compute_device(tensors[0], tensors[-1])
     if device.type == "cuda" and _cuda() is not None:
         return "cuda"
     return "cpu" if device.type == "cpu" else "reference"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numba
@@ -132,19 +132,25 @@ def edges(n: int) -> list[int]:
 
 
 def assert_blocks(t: Totals, a: torch.Tensor, b: torch.Tensor, at: list[int]) -> None:
-    """Totals.block_d2 / block_a2 against float64 NumPy over the positions finite in both, and
-    Totals.nonfinite (NaN in a, in b, the same infinity in both)."""
+    """Totals.block_d2 / block_a2 and Totals.nonfinite: :func:`assert_block_sums`."""
+    assert_block_sums(t.block_d2, t.block_a2, t.nonfinite, a, b, at)
+
+
+def assert_block_sums(block_d2: Sequence[float], block_a2: Sequence[float], nonfinite: tuple[int, int, int],
+                      a: torch.Tensor, b: torch.Tensor, at: list[int]) -> None:  # fmt: skip
+    """Each block's d² and a² (blocks at[i] .. at[i+1]) against float64 NumPy over the positions finite in both,
+    and the NaN in a, in b and the same infinity in both."""
     x, y = a.double().reshape(-1).numpy(), b.double().reshape(-1).numpy()
     with np.errstate(invalid="ignore"):
         same_inf = int(np.count_nonzero(np.isinf(x) & (x == y)))
-    assert t.nonfinite == (int(np.isnan(x).sum()), int(np.isnan(y).sum()), same_inf), t.nonfinite
+    assert tuple(nonfinite) == (int(np.isnan(x).sum()), int(np.isnan(y).sum()), same_inf), nonfinite
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
     with np.errstate(over="ignore"):
         d2 = [float(np.sum((y[lo:hi] - x[lo:hi]) ** 2)) for lo, hi in zip(at, at[1:])]
         a2 = [float(np.sum(x[lo:hi] ** 2)) for lo, hi in zip(at, at[1:])]
     rel = 1e-12 if torch.float64 in (a.dtype, b.dtype) else 1e-6
-    assert np.allclose(t.block_d2, d2, rtol=rel, atol=0) and np.allclose(t.block_a2, a2, rtol=rel, atol=0)
+    assert np.allclose(block_d2, d2, rtol=rel, atol=0) and np.allclose(block_a2, a2, rtol=rel, atol=0)
 
 
 CASES = cases()

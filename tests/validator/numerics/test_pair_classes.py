@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.engine_bench import CLASSES
-from tests.validator.numerics.test_backends import assert_blocks
+from tests.validator.numerics.test_backends import assert_block_sums, assert_blocks
 from tests.validator.numerics.test_metrics import _assert_matches, _np_metrics
 from validator.numerics import floors
 from validator.numerics.backends import Totals
@@ -67,10 +67,5 @@ def test_a_comparison_measures_every_class_as_numpy_does(cls: str) -> None:
     m, blocks = floors.measure_blocks(a, b)
     a, b = a.cpu(), b.cpu()
     _assert_matches(m, _np_metrics(a, b, ATOL, RTOL))
-    edges = list(floors._edges(shape))
-    x, y = a.double().reshape(-1), b.double().reshape(-1)
-    ok = torch.isfinite(x) & torch.isfinite(y)
-    d2 = [float(((y - x)[lo:hi][ok[lo:hi]] ** 2).sum()) for lo, hi in zip(edges, edges[1:])]
-    a2 = [float((x[lo:hi][ok[lo:hi]] ** 2).sum()) for lo, hi in zip(edges, edges[1:])]
-    assert blocks.d2.tolist() == pytest.approx(d2, rel=1e-6)
-    assert blocks.a2.tolist() == pytest.approx(a2, rel=1e-6)
+    nonfinite = (blocks.nan_a, blocks.nan_b, blocks.inf_matched)
+    assert_block_sums(blocks.d2, blocks.a2, nonfinite, a, b, list(floors._edges(shape)))

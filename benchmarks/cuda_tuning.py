@@ -58,19 +58,17 @@ def variants(tmp: Path) -> dict[str, Any]:
         "second read pipelined": text.replace(REREAD, REREAD.replace("BAND, 1,", "BAND, STAGES,")),
         "second read by the fix kernel": _by_fix_kernel(text),
     }
-    constants = {"FLUSH": [64, 32, 16]}
+    paths = {name: tmp / f"cuda_{i}.py" for i, name in enumerate(sources)}
     out: dict[str, Any] = {}
     for name, src in sources.items():
-        path = tmp / f"cuda_{len(out)}.py"
-        path.write_text(src)
-        for flush in constants["FLUSH"]:
-            label = name if flush == 64 else f"{name}, FLUSH {flush}"
-            module: Any = load_module(str(path), f"cuda_tuning_{len(out)}")
-            module.FLUSH = flush
-            out[label] = module
+        paths[name].write_text(src)
+        for flush in (64, 32, 16):  # 64: this checkout's FLUSH
+            module = load_module(str(paths[name]), f"cuda_tuning_{len(out)}")
+            module.FLUSH = flush  # type: ignore[attr-defined]
+            out[name if flush == 64 else f"{name}, FLUSH {flush}"] = module
     for programs, fix_rows in ((2048, 2), (4096, 4)):
-        module = load_module(str(tmp / "cuda_0.py"), f"cuda_tuning_{len(out)}")  # (Any: declared above)
-        module.PROGRAMS, module.FIX_ROWS = programs, fix_rows
+        module = load_module(str(paths["this checkout"]), f"cuda_tuning_{len(out)}")
+        module.PROGRAMS, module.FIX_ROWS = programs, fix_rows  # type: ignore[attr-defined]
         out[f"PROGRAMS {programs}, FIX_ROWS {fix_rows}"] = module
     return out
 

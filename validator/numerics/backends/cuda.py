@@ -26,7 +26,7 @@ maxima taken). Integer sums do not depend on order.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -383,12 +383,14 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, nseg):
         tl.store(seg_out_ptr + cols - A2 + 1, total_f, mask=cols == A2)
 
 
-def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Contiguous pieces on ``device`` (the kernels read them flat): the whole pair when it is already there
-    and contiguous."""
+def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> tuple[list[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+    """The sizes of the contiguous pieces on ``device`` the kernel reads flat (the whole pair when it is already
+    there and contiguous), and the pieces, each made as it is read (one piece's copy held at a time)."""
     if a.device == b.device == device and a.is_contiguous() and b.is_contiguous():
-        return [(a, b)] if a.numel() else []
-    return [(ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems)]
+        return [a.numel()] if a.numel() else [], iter([(a, b)])
+    ma, mb = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (a, b))
+    sizes = [ca.numel() for ca, _ in chunk_pairs(ma, mb, chunk_elems)]  # the same cuts, nothing copied
+    return sizes, ((ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems))
 
 
 @functools.lru_cache(maxsize=64)
@@ -442,11 +444,11 @@ def cuda_totals(
     device = compute_device(a, b)
     spec = ulp_spec(a.dtype, b.dtype)
     edges = tuple(edges) or (0, a.numel())
-    pieces = _chunks(a, b, device, chunk_elems)
-    if not pieces:
+    sizes, pieces = _pieces(a, b, device, chunk_elems)
+    if not sizes:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
-    plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
+    plan = _plan(tuple(sizes), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
     args = _constants(a.dtype, b.dtype, plan.align, band)

@@ -1,8 +1,6 @@
 """The GPU backend's tuning constants and its handling of NaN/Inf, timed against alternatives in one process.
 
     PYTHONPATH=$PWD python3 benchmarks/cuda_tuning.py
-    git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
-    PYTHONPATH=$PWD python3 benchmarks/cuda_tuning.py /tmp/old_cuda.py  # another version beside them
 
 Each alternative is this checkout's ``validator/numerics/backends/cuda.py`` loaded as a module of its own, with
 its constants set or its source changed:
@@ -11,10 +9,9 @@ its constants set or its source changed:
   or Inf is read again by its program, so a smaller group bounds what one NaN costs its program, and adds
   reductions to every program;
 - ``second read pipelined``: that second read with Triton's software pipelining (``STAGES``) instead of one tile at a time;
-- ``PROGRAMS`` at 2,048 and 4,096: shorter programs, so that a program holding a NaN holds fewer tiles to read
-  again;
-- any other version of ``cuda.py`` named on the command line (``REV``: a git revision whose ``cuda_totals`` takes
-  these arguments), as it is.
+- ``second read by the fix kernel``: no second read in the pass; the row is marked and the second kernel redoes it in float64;
+- ``PROGRAMS`` (with ``FIX_ROWS`` keeping the second kernel at 1,024 programs) at 2,048 and 4,096: shorter programs,
+  so that a program holding a NaN holds fewer tiles to read again.
 
 Pairs of ``engine_bench.CLASSES`` (8192x7168 near 1e-3, drift 5e-2, nonfinite, bf16 vs fp32; 1 GiB per tensor
 near 1e-3 and nonfinite, 64 row blocks as a comparison measures them). The alternatives are timed in turn, four
@@ -46,12 +43,20 @@ REREAD = "TILE, BITS, A8, B8, F64, BAND, 1, MASKED, 1,"  # the pass's second rea
 ROUNDS, CALLS = 12, 4
 
 
-def variants(tmp: Path, others: list[str]) -> dict[str, Any]:
+def _by_fix_kernel(text: str) -> str:
+    """The pass without its second read: a group that is not fine marks the row for the second kernel."""
+    start = text.index("            if fine == 0:\n")
+    end = text.index("            s_a2, s_b2, s_d2, s_abs, s_ad = s_a2 + qa")
+    return text[:start] + "            if fine == 0:\n                over += 1\n" + text[end:]
+
+
+def variants(tmp: Path) -> dict[str, Any]:
     text = SOURCE.read_text()
     assert text.count(REREAD) == 1, "cuda.py's second read has changed: update this benchmark"
     sources = {
         "this checkout": text,
         "second read pipelined": text.replace(REREAD, REREAD.replace("BAND, 1,", "BAND, STAGES,")),
+        "second read by the fix kernel": _by_fix_kernel(text),
     }
     paths = {name: tmp / f"cuda_{i}.py" for i, name in enumerate(sources)}
     out: dict[str, Any] = {}
@@ -61,12 +66,10 @@ def variants(tmp: Path, others: list[str]) -> dict[str, Any]:
             module = load_module(str(paths[name]), f"cuda_tuning_{len(out)}")
             module.FLUSH = flush  # type: ignore[attr-defined]
             out[name if flush == 64 else f"{name}, FLUSH {flush}"] = module
-    for programs in (2048, 4096):
+    for programs, fix_rows in ((2048, 2), (4096, 4)):
         module = load_module(str(paths["this checkout"]), f"cuda_tuning_{len(out)}")
-        module.PROGRAMS = programs  # type: ignore[attr-defined]
-        out[f"PROGRAMS {programs}"] = module
-    for path in others:
-        out[path] = load_module(path, f"cuda_tuning_{len(out)}")
+        module.PROGRAMS, module.FIX_ROWS = programs, fix_rows  # type: ignore[attr-defined]
+        out[f"PROGRAMS {programs}, FIX_ROWS {fix_rows}"] = module
     return out
 
 
@@ -83,7 +86,7 @@ def main() -> None:
             a, b = CLASSES[cls](shape[0] * shape[1], "cuda")
             pairs.append((f"{label} {cls}", a.view(shape), b.view(shape), floors._edges(shape)))
     with tempfile.TemporaryDirectory() as tmp:
-        modules = variants(Path(tmp), sys.argv[1:])
+        modules = variants(Path(tmp))
         first: dict[str, Totals] = {}
         for label, module in modules.items():  # compile each, and check its results against this checkout's
             for name, a, b, edges in pairs:

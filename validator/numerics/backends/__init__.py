@@ -4,8 +4,8 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
 
 - ``reference.py``: the definition, streamed float64 torch (integer and bool inputs, MPS, other
   accelerators, and CUDA without Triton);
-- ``cuda.py``: one fused Triton kernel per pair on a CUDA GPU (float dtypes), whose programs redo in float64
-  what float32 could not decide;
+- ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes), and a second kernel for what
+  float32 could not decide;
 - ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
   pairs several per pass (:func:`totals_of_many`), with the same bits; ``small.py``: pairs of at most
   ``small.NUMPY_MAX`` elements on the CPU, CPU tensors or ``host.HostArray`` (small tensors read from files

@@ -2,31 +2,34 @@
 programs.
 
 A pair's elements are cut into programs by its size and edges alone, so a pair gives the same bits on
-every call. One kernel, ``_pass_kernel``, then one small read back to the host. Each program reads its elements
-of both tensors once and keeps per-lane sums (a², b², d², |d|, a·d; float32, float64 where a side is float64), the
-largest |d|, two counts of the tolerance test and the largest ULP distance; it reduces them once and writes one
-row of partials (see ``ROW_WIDTH``). Whole tiles are read without a mask (a few instructions an element fewer), a
-last part-tile under one. NaN/Inf are left out of the sums where they are met: a group of ``FLUSH`` tiles whose
-float32 sums come out not finite (or past float32's comfortable range, ``common.SAFE_LO``, ``SAFE_HI``) is read
-again with them left out and counted. The largest |d| is exact: with a float32 |d|, each lane also keeps the
-rounding error of the largest it met (Knuth's two-sum: b - a is exactly d + e), and float32 rounding is monotonic,
-so the largest |d| + e over the lanes is the exact largest, as float64 rounds it. Where the pass could still
-differ from the float64 reference, the program reads its elements again in float64, as the reference rounds them:
+every call. Two kernels, then one small read back to the host:
 
-- squares outside float32's comfortable range with NaN/Inf left out, or too small: the whole row, NaN/Inf
-  masked and counted;
-- the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count (float64
-  pairs count it as the reference does).
+1. ``_pass_kernel``: each program reads its elements of both tensors once and keeps per-lane sums (a², b², d²,
+   |d|, a·d; float32, float64 where a side is float64), the largest |d|, two counts of the tolerance test and
+   the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW_WIDTH``). Whole tiles are
+   read without a mask (a few instructions an element fewer), a last part-tile under one. NaN/Inf are left out
+   of the sums where they are met; each lane remembers the tile of its last one, and one load of those lanes
+   at the end counts their kinds. Where the pass could differ from the float64 reference it marks the row:
+   - a lane that met two or more NaN/Inf, float8 NaN/Inf (by the bits), or float32 squares outside float32's
+     comfortable range (``common.SAFE_LO``, ``SAFE_HI``): the whole row;
+   - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count
+     (float64 pairs count it as the reference does);
+   - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
+     float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is
+     exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
+     a row whose distances stay within that bound holds an exact largest |d|, any other is marked.
+2. ``_fix_kernel``: the programs of marked rows read their elements again and redo what was marked in
+   float64, as the reference rounds it; the others only read their row. The program that finishes the last
+   row of a segment (a block of the edges, or its part in one piece) adds that segment's d² and a², and the last
+   program to finish adds all rows; each in a fixed order (sums and counts added, maxima taken).
 
-The program that finishes the last row of a segment (a block of the edges, or its part in one piece) adds that
-segment's d² and a², and the last program to finish adds all rows; each in a fixed order (sums and counts added,
-maxima taken). Integer sums do not depend on order.
+Integer sums do not depend on order.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,29 +37,31 @@ import torch
 import triton
 import triton.language as tl
 
-from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, blocks_meeting, ulp_spec
+from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, blocks_meeting, exact_ulp, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 TILE = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
 PROGRAMS = 1024  # programs of a pair at most (one per block of the edges at least)
 NUM_WARPS = 4
+FIX_ROWS = 1  # rows per program of the second kernel
 STAGES = 3  # tiles in flight per program (Triton's software pipelining)
 FLUSH = 64  # tiles whose float32 per-lane sums are added into float64 at once (the sums' accuracy)
 VECTOR = 16  # elements: programs start and end on multiples of this where the block edges allow
-# TILE, MIN_TILES, NUM_WARPS, STAGES: tuning constants, set by timing alternatives on an H200; FLUSH and PROGRAMS:
-# timed against alternatives by benchmarks/cuda_tuning.py (benchmarks/engine_bench.md). Results do
+# TILE, MIN_TILES, NUM_WARPS, STAGES: tuning constants, set by timing alternatives on an H200; FLUSH and PROGRAMS
+# (with FIX_ROWS): timed against alternatives by benchmarks/cuda_tuning.py (benchmarks/engine_bench.md). Results do
 # not depend on them beyond float32 rounding inside a program
 _BITS = {1: 8, 2: 16, 4: 32}  # element size -> bits of the ULP ordinal
 _F8 = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _LO, _HI = tl.constexpr(SAFE_LO), tl.constexpr(SAFE_HI)
-_CHUNK = tl.constexpr(32)  # rows the last program adds at once (its registers are the whole kernel's)
-# the columns of a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the largest |d|, then
-# finite in both, passed, non-finite in a, in b, mismatched, max ULP, NaN in a, in b, the same infinity in both
-A2, B2, D2, ABS, AD, TOP = (tl.constexpr(i) for i in range(6))
-BOTH, PASSED, NF_A, NF_B, MISMATCH, MAX_ULP, NAN_A, NAN_B, INF_SAME = (tl.constexpr(i) for i in range(6, 15))
-ROW_WIDTH = 16  # one column to spare: rows stay 128 bytes
-_ROW = tl.constexpr(ROW_WIDTH)
+_CHUNK = tl.constexpr(256)  # rows read at once
+# the columns of a row of partials, float64 (counts as int64 bits): a², b², d², |d|, a·d, the exact largest |d|
+# (-1: still to find), the largest float32 |d| (-1: the row is redone in float64), then finite in both, passed,
+# non-finite in a, in b, mismatched, max ULP, NaN in a, in b, the same infinity in both; -1 in a count marks
+# work for _fix_kernel
+A2, B2, D2, ABS, AD, MAX_EXACT, MAX32 = (tl.constexpr(i) for i in range(7))
+BOTH, PASSED, NF_A, NF_B, MISMATCH, MAX_ULP, NAN_A, NAN_B, INF_SAME = (tl.constexpr(i) for i in range(7, 16))
+ROW_WIDTH = 16
 
 
 @triton.jit
@@ -163,17 +168,17 @@ def _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top):
     tl.store(row + D2, s_d2.to(tl.float64))
     tl.store(row + ABS, s_abs.to(tl.float64))
     tl.store(row + AD, s_ad.to(tl.float64))
-    tl.store(row + TOP, top.to(tl.float64))
+    tl.store(row + MAX_EXACT, top.to(tl.float64))
 
 
 @triton.jit
-def _layout(buf_ptr, head, nseg):
-    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits; zeros at first) keeps what: the totals
-    (a ROW_WIDTH), the segments' d² and a², the count of finished programs and each segment's count of finished
-    rows, then from ``head`` (a multiple of ROW_WIDTH) on the rows of partials. Returns the rows, segments and
-    counts."""
+def _layout(buf_ptr, nseg):
+    """Where a call's one buffer (float64 at buf_ptr, its counts int64 bits) keeps what: the totals (a ROW_WIDTH),
+    the segments' d² and a², the count of finished programs and each segment's count of finished rows, then
+    from a multiple of ROW_WIDTH on the rows of partials. Returns the rows, segments and counts."""
+    head = (16 + 3 * nseg + 1 + 15) // 16 * 16  # ROW_WIDTH = 16
     ibuf_ptr = buf_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    return buf_ptr + head, buf_ptr + _ROW, ibuf_ptr + _ROW + 2 * nseg
+    return buf_ptr + head, buf_ptr + 16, ibuf_ptr + 16 + 2 * nseg
 
 
 @triton.jit
@@ -194,11 +199,10 @@ def _group(
     """Tiles t0 .. t1 of a program: per-lane sums (a², b², d², |d|, a·d) and maxima, reduced once. Without
     CHECK the tiles are read as finite (the fast path: a NaN/Inf shows as a sum that is not finite); with
     CHECK, NaN/Inf are left out and counted: positions not finite in a, in b, in either, NaN in a, in b, the
-    same non-finite value in both (NaN or one infinity), and, of those, the same infinity. The largest |d| is
-    exact (float32: each lane's largest |d| and the largest rounding error e among its elements of that |d|)."""
+    same non-finite value in both (NaN or one infinity), and, of those, the same infinity."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     v_a2 = tl.zeros([TILE], dtype=CT)
-    v_b2, v_d2, v_abs, v_ad, v_top, v_e = v_a2, v_a2, v_a2, v_a2, v_a2, v_a2
+    v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
     v_lo = tl.zeros([TILE], dtype=tl.int32)
     v_hi, v_bad, v_nfa, v_nfb, v_out, v_nan_a, v_nan_b, v_same, v_inf = (v_lo,) * 9
     v_ulp = tl.zeros([TILE], dtype=tl.int64 if BITS == 32 else tl.int32)
@@ -229,11 +233,6 @@ def _group(
         v_d2 += d * d
         v_abs += ad
         v_ad += xa * d
-        if not F64:  # b - a = d + e exactly (two-sum, no products to fuse), e taken with |d|'s sign
-            back = d - xb
-            e = (xb - (d - back)) - (xa + back)
-            e = tl.where(d < 0, -e, e)
-            v_e = tl.where(ad > v_top, e, tl.where(ad == v_top, tl.maximum(v_e, e), v_e))
         v_top = tl.maximum(v_top, ad)
         aa = tl.abs(xa)
         if F64:  # the reference's own float64 test
@@ -248,7 +247,7 @@ def _group(
             v_ulp = tl.maximum(v_ulp, dist)
     return (
         tl.sum(v_a2).to(tl.float64), tl.sum(v_b2).to(tl.float64), tl.sum(v_d2).to(tl.float64),
-        tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64), tl.max(v_top.to(tl.float64) + v_e.to(tl.float64)),
+        tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64), tl.max(v_top).to(tl.float64),
         tl.sum(v_lo), tl.sum(v_hi), tl.max(v_ulp).to(tl.int64), tl.max(v_bad), tl.sum(v_nfa), tl.sum(v_nfb),
         tl.sum(v_out), tl.sum(v_nan_a),
         tl.sum(v_nan_b), tl.sum(v_same), tl.sum(v_inf),
@@ -257,16 +256,20 @@ def _group(
 
 @triton.jit
 def _pass_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, head, first, programs, nseg,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
-    BAND: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
+    BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row ``first + pid`` of the rows (see ROW_WIDTH, :func:`_layout`): this program's partials; then, as the last
-    of its segment or of all ``programs``, their sums (:func:`_tally`)."""
+    """Row ``first + pid`` of the rows (see ROW_WIDTH, :func:`_layout`): this program's partials, or its marks. With
+    ``zero``, program 0 also clears the counts of finished programs and rows, for _fix_kernel."""
+    part_ptr, _, count_ptr = _layout(buf_ptr, nseg)
     start, n = _span(seg_ptr, K, tl.program_id(0), ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
-    r = first + tl.program_id(0)
-    row = buf_ptr + head + r * _ROW
+    row = part_ptr + (first + tl.program_id(0)) * 16
+    if (tl.program_id(0) == 0) & (zero != 0):
+        for c0 in tl.range(0, nseg + 1, 256):
+            c = c0 + tl.arange(0, 256)
+            tl.store(count_ptr + c, tl.zeros([256], dtype=tl.int64), mask=c < nseg + 1)
     atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)
     a_lo, r_lo = tl.load(tol_ptr + 2).to(tl.float32), tl.load(tol_ptr + 3).to(tl.float32)
     a_hi, r_hi = tl.load(tol_ptr + 4).to(tl.float32), tl.load(tol_ptr + 5).to(tl.float32)
@@ -302,47 +305,97 @@ def _pass_kernel(
             c_lo, c_hi, c_out = c_lo + qlo, c_hi + qhi, c_out + qout
             c_nfa, c_nfb = c_nfa + qnfa, c_nfb + qnfb
             c_nan_a, c_nan_b, c_same, c_inf = c_nan_a + qnan_a, c_nan_b + qnan_b, c_same + qsame, c_inf + qinf
-    tiles = tl.cdiv(n, TILE)
     if F64:
         c_pass = c_lo + c_same
-        redo = over != 0
+        clean = over == 0
+        top_exact = top
     else:
         if BAND:
             c_pass = tl.where(c_lo == c_hi, c_lo + c_same, -1)
         else:  # tolerances past the band's range: counted in float64
             c_pass = c_lo * 0 - 1
-        # tiny squares (or all zeros, which float64 handles too) lose precision in float32
+        # tiny squares (or all zeros, which float64 handles too) lose precision in float32; _fix_kernel's count
+        # of the tolerance test reads finite rows only
         tiny = (s_a2 < _LO) | (s_b2 < _LO) | ((s_d2 < _LO) & (top != 0))
-        redo = (over != 0) | tiny | ((c_pass < 0) & (c_out != 0))
-    if redo:  # the whole row again in float64, NaN/Inf masked and counted as the reference does
+        clean = (over == 0) & ~tiny & ((c_pass >= 0) | (c_out == 0))
+        top_exact = tl.where(top_ulp <= EXACT_ULP, top, -1.0)
+    _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top_exact)
+    tl.store(row + MAX32, tl.where(clean, top, -1.0))
+    _counts(row, tl.where(clean, n - c_out, -1), c_pass, c_nfa, c_nfb, c_out - c_same, top_ulp, c_nan_a, c_nan_b, c_inf)
+
+
+@triton.jit
+def _fix_row(
+    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+):  # fmt: skip
+    """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64 by
+    :func:`_group` over all the row's tiles: the whole row with NaN/Inf left out and counted, or its count of
+    the tolerance test (a marked count is in a row of finite values only), or its exact largest |d|."""
+    start, n = _span(seg_ptr, K, pid, ALIGN)
+    a_ptr, b_ptr = a_ptr + start, b_ptr + start
+    cols = tl.arange(0, 16)
+    tiles = tl.cdiv(n, TILE)
+    if tl.sum(tl.where(cols == BOTH, mine, 0)) < 0:  # the whole row: masked as the reference does
         qa, qb, qd, qabs, qad, qtop, qlo, _, qulp, _, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
             a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, BITS, A8, B8, 1, 0, 1, 1, 1,
         )  # fmt: skip
         _floats(row, qa, qb, qd, qabs, qad, qtop)
         _counts(row, n - qout, qlo + qsame, qnfa, qnfb, qout - qsame, qulp, qnan_a, qnan_b, qinf)
     else:
-        if c_pass < 0:  # the tolerance test again in float64 (the row's values are all finite)
-            _, _, _, _, _, _, c_pass, _, _, _, _, _, _, _, _, _, _ = _group(
+        if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
+            _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
                 a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, 1, 1, 0,
             )  # fmt: skip
-        _floats(row, s_a2, s_b2, s_d2, s_abs, s_ad, top)
-        _counts(row, n - c_out, c_pass, c_nfa, c_nfb, c_out - c_same, top_ulp, c_nan_a, c_nan_b, c_inf)
-    _tally(buf_ptr, head, r, K, programs, nseg)
+            _put(row, PASSED, passed)
+        if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
+            top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
+            g = tl.cast(-1.0, tl.float64)
+            # g: the largest float32 |d| of all rows (the pass wrote them; each such row reads them all, fine for
+            # the at most PROGRAMS + one per block rows of a pair)
+            for r0 in tl.range(0, programs, _CHUNK, num_stages=3):
+                r = r0 + tl.arange(0, _CHUNK)
+                g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + MAX32, mask=r < programs, other=-1.0)))
+            if (top == g) & (g > 0):
+                g32 = g.to(tl.float32)
+                best = tl.zeros([TILE], dtype=tl.float64)
+                for t in tl.range(tiles):
+                    a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
+                    xa, xb = a.to(tl.float32), b.to(tl.float32)
+                    hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
+                    best = tl.maximum(best, tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0))
+                tl.store(row + MAX_EXACT, tl.max(best))
 
 
 @triton.jit
-def _tally(buf_ptr, head, r, K, programs, nseg):
-    """After row r is written: the last program to finish a segment's K rows adds their d² and a² (:func:`_segment`),
-    the last of all ``programs`` adds the rows (:func:`_finish`)."""
-    part_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, head, nseg)
-    if nseg > 1:  # the row's writes, then its segment's count (release: the segment's last sees them all)
-        s = r // K
-        tl.debug_barrier()
-        if tl.atomic_add(count_ptr + 1 + s, 1, sem="acq_rel") == K - 1:
-            tl.debug_barrier()
-            _segment(part_ptr, seg_out_ptr, s, K)
+def _fix_kernel(
+    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
+    TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
+    again in float64 (:func:`_fix_row`). The last program to finish a segment's K rows adds their d² and a²
+    (:func:`_segment`); the last of the ``fixers`` programs to finish adds the rows (:func:`_finish`)."""
+    part_ptr, seg_out_ptr, count_ptr = _layout(buf_ptr, nseg)
+    cols = tl.arange(0, 16)
+    atol, rtol = tl.load(tol_ptr), tl.load(tol_ptr + 1)  # float64 (a float argument would be float32)
+    for j in tl.range(ROWS):
+        pid = tl.program_id(0) * ROWS + j
+        if pid < rows:
+            row = part_ptr + (first + pid) * 16
+            mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks work
+            if tl.min(mine) < 0:
+                _fix_row(
+                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, TILE, BITS, A8, B8, ALIGN,
+                )  # fmt: skip
+            if nseg > 1:  # the row's writes, then its segment's count (release: the segment's last sees them all)
+                s = (first + pid) // K
+                tl.debug_barrier()
+                if tl.atomic_add(count_ptr + 1 + s, 1, sem="acq_rel") == K - 1:
+                    tl.debug_barrier()
+                    _segment(part_ptr, seg_out_ptr, s, K)
     tl.debug_barrier()  # this program's writes, then the count (release: the last program sees them all)
-    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == programs - 1:
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
         tl.debug_barrier()
         _finish(part_ptr, programs, buf_ptr, seg_out_ptr, nseg)
 
@@ -366,10 +419,10 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, nseg):
     """Adds the rows in a fixed order into out (a ROW_WIDTH: sums and counts added, maxima taken); one segment's
     d² and a² are the totals'. Reads past L1 (``.cg``): the rows were written on other multiprocessors."""
     cols = tl.arange(0, 16)
-    is_max = (cols == TOP) | (cols == MAX_ULP)
+    is_max = (cols == MAX_EXACT) | (cols == MAX32) | (cols == MAX_ULP)
     acc_f = tl.zeros([_CHUNK, 16], dtype=tl.float64)
     acc_i = tl.zeros([_CHUNK, 16], dtype=tl.int64)
-    for start in tl.range(0, programs, _CHUNK):
+    for start in tl.range(0, programs, _CHUNK, num_stages=3):
         r = start + tl.arange(0, _CHUNK)
         v = tl.load(part_ptr + r[:, None] * 16 + cols[None, :], mask=(r < programs)[:, None], other=0.0, cache_modifier=".cg")
         vi = v.to(tl.int64, bitcast=True)
@@ -383,14 +436,12 @@ def _finish(part_ptr, programs, out_ptr, seg_out_ptr, nseg):
         tl.store(seg_out_ptr + cols - A2 + 1, total_f, mask=cols == A2)
 
 
-def _pieces(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> tuple[list[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]:
-    """The sizes of the contiguous pieces on ``device`` the kernel reads flat (the whole pair when it is already
-    there and contiguous), and the pieces, each made as it is read (one piece's copy held at a time)."""
+def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Contiguous pieces on ``device`` (the kernels read them flat): the whole pair when it is already there
+    and contiguous."""
     if a.device == b.device == device and a.is_contiguous() and b.is_contiguous():
-        return [a.numel()] if a.numel() else [], iter([(a, b)])
-    ma, mb = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (a, b))
-    sizes = [ca.numel() for ca, _ in chunk_pairs(ma, mb, chunk_elems)]  # the same cuts, nothing copied
-    return sizes, ((ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems))
+        return [(a, b)] if a.numel() else []
+    return [(ca.to(device).contiguous(), cb.to(device).contiguous()) for ca, cb in chunk_pairs(a, b, chunk_elems)]
 
 
 @functools.lru_cache(maxsize=64)
@@ -428,14 +479,15 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
 
 
 @functools.lru_cache(maxsize=64)
-def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: bool) -> dict[str, Any]:
-    """The compile-time arguments of the pass for such a pair, built once."""
+def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compile-time arguments of the pass and of the fix kernel for such a pair, built once."""
     bits = _BITS[dtype_a.itemsize] if ulp_spec(dtype_a, dtype_b) else 0
+    common = {"TILE": TILE, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "ALIGN": align}
+    common["num_warps"] = NUM_WARPS
+    exact = exact_ulp(dtype_a) if bits else -1
     f64 = torch.float64 in (dtype_a, dtype_b)
-    return {
-        "TILE": TILE, "BITS": bits, "A8": _F8.get(dtype_a, 0), "B8": _F8.get(dtype_b, 0), "F64": f64, "BAND": band,
-        "STAGES": STAGES, "FLUSH": FLUSH, "ALIGN": align, "num_warps": NUM_WARPS,
-    }  # fmt: skip
+    pass_args = {"F64": f64, "BAND": band, "EXACT_ULP": exact, "STAGES": STAGES, "FLUSH": FLUSH, **common}
+    return pass_args, {"ROWS": FIX_ROWS, **common}
 
 
 def cuda_totals(
@@ -444,23 +496,27 @@ def cuda_totals(
     device = compute_device(a, b)
     spec = ulp_spec(a.dtype, b.dtype)
     edges = tuple(edges) or (0, a.numel())
-    sizes, pieces = _pieces(a, b, device, chunk_elems)
-    if not sizes:
+    pieces = _chunks(a, b, device, chunk_elems)
+    if not pieces:
         zeros = (0.0,) * (len(edges) - 1)
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
-    plan = _plan(tuple(sizes), edges, device)
+    plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
-    args = _constants(a.dtype, b.dtype, plan.align, band)
+    pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
     head = -(-(ROW_WIDTH + 3 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
-    buf = torch.zeros(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
+    buf = torch.empty(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
     tol = _tolerances(atol, rtol, device)
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, head, first, total, nseg, **args)
+        _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, first, nseg, first == 0, **pass_args)
+        first += rows
+    first, fixers = 0, sum(-(-rows // FIX_ROWS) for rows in plan.rows)
+    for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
+        _fix_kernel[(-(-rows // FIX_ROWS),)](ca, cb, se, K, rows, tol, buf, first, total, fixers, nseg, **fix_args)
         first += rows
     res = buf[:head].cpu().numpy().view(np.int64)
-    floats, ints = res[: TOP.value + 1].view(np.float64).tolist(), res[:ROW_WIDTH].tolist()  # the totals' row
+    floats, ints = res[: MAX_EXACT.value + 1].view(np.float64).tolist(), res[:ROW_WIDTH].tolist()  # the totals' row
     seg = res[ROW_WIDTH : ROW_WIDTH + 2 * nseg].view(np.float64)
     if owner == list(range(len(edges) - 1)):  # a segment per block
         block_d2, block_a2 = seg[0::2].tolist(), seg[1::2].tolist()
@@ -470,4 +526,4 @@ def cuda_totals(
     max_ulp = ints[MAX_ULP.value] if spec is not None else None
     sums, counts = tuple(floats[A2.value : AD.value + 1]), tuple(ints[BOTH.value : MISMATCH.value + 1])
     nonfinite = tuple(ints[NAN_A.value : INF_SAME.value + 1])
-    return Totals(a.numel(), sums, floats[TOP.value], counts, max_ulp, tuple(block_d2), tuple(block_a2), nonfinite)
+    return Totals(a.numel(), sums, max(floats[MAX_EXACT.value], 0.0), counts, max_ulp, tuple(block_d2), tuple(block_a2), nonfinite)

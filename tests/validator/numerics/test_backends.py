@@ -108,7 +108,7 @@ def cases() -> dict[str, Case]:
         a, b = pair(dt, 4096, seed=8)
         a[7], b[7], a[100], b[100] = big, -tiny, big, -2 * tiny
         out[f"inexact-differences-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
-    a, b = pair(torch.float32, 4096, seed=8)  # float32 |b - a| ties at 2**24, exactly 2**24 + 0.25 and + 0.5
+    a, b = pair(torch.float32, 4096, seed=8)  # float32 |b - a| ties at 2**24; exactly 2**24 + 0.25, + 0.5, + 0.375
     a[7], b[7], a[100], b[100], a[2000], b[2000] = 2.0**24, -0.25, 2.0**24, -0.5, -(2.0**24), 0.375
     out["inexact-differences-float32"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly

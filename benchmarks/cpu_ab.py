@@ -5,7 +5,7 @@
 
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
 points ``cpu_totals`` and ``cuda_totals``). Both modules' ``cpu_totals`` run on the same bf16 pairs (``engine_bench.make_pair``, ``--elems`` Mi
-elements per tensor; ``--dtypes``: the same values in other float dtypes) on ``--threads`` numba threads,
+elements per tensor; ``--dtypes``: the same values in other float dtypes) on ``--threads`` threads,
 one call of each in turn, ``--reps`` rounds. Prints per version the least CPU time per element pair
 (``time.process_time``: every thread of the process) and the best wall GB/s (both tensors' bytes); then
 a 64-element pair, the best of 5 rounds of 200 calls, in microseconds per call; and whether both versions
@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     versions = {"other": load_module(args.other, "other_cpu"), "this checkout": this}
-    numba.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)  # (a version whose pass runs on numba's threads)
+    for m in versions.values():
+        getattr(m, "set_threads", lambda n: None)(args.threads)  # (one that runs on its own pool)
     same = True
     for mi in (int(x) for x in args.elems.split(",")):
         a, b = make_pair(mi << 20, "cpu")

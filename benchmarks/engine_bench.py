@@ -253,15 +253,15 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--classes", default=",".join(CLASSES), help="comma-separated pair classes (default: all)")
-    p.add_argument("--threads", type=int, help="torch and numba CPU threads (default: theirs)")
+    p.add_argument("--threads", type=int, help="torch and CPU engine threads (default: theirs)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     sections, classes = args.sections.split(","), args.classes.split(",")
     if args.threads:
-        import numba
+        from validator.numerics.backends.cpu import set_threads
 
         torch.set_num_threads(args.threads)
-        numba.set_num_threads(args.threads)
+        set_threads(args.threads)
     out: dict[str, Any] = {
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
@@ -281,7 +281,7 @@ def main() -> None:
         out["numba"] = numba.__version__
         print(
             f"== CPU: {out['machine']}, {out['cpu_threads']} torch threads, numba {numba.__version__} "
-            f"({out['engine']['cpu_threads']} threads), torch {torch.__version__}",
+            f"(the engine on {out['engine']['cpu_threads']} threads), torch {torch.__version__}",
             flush=True,
         )
         elems = [int(e) for e in args.cpu_elems.split(",")]

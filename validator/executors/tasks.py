@@ -80,20 +80,19 @@ def measure_batch(measure: Callable[[LogicalTensor, LogicalTensor, bool], Measur
 
 
 def use_assigned_cpus() -> None:
-    """The engine's numba threads: as many as the CPUs Ray assigned to the task."""
+    """The CPU engine's threads: as many as the CPUs Ray assigned to the task."""
     try:
-        import numba
         import ray
 
         if not ray.is_initialized():  # not in a Ray worker (a test calling a task's body)
             return
         context: Any = ray.get_runtime_context()
-        config: Any = numba.config
         cpus = context.get_assigned_resources().get("CPU", 1.0)
-        numba.set_num_threads(max(1, min(int(cpus), config.NUMBA_NUM_THREADS)))
     except (ImportError, ValueError, RuntimeError, AssertionError):  # not in a task (Ray asserts it)
-        pass
+        return
+    from validator.numerics.backends.cpu import set_threads
 
+    set_threads(int(cpus))
 
 
 def checked(results: list[Any]) -> list[Any]:

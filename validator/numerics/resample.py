@@ -6,13 +6,11 @@ every resample, every pair and every machine (a BLAS matrix-vector product picks
 one product and one sum per block, in float64, then the formulas below: IEEE arithmetic with one rounding
 each, so the NumPy code here and numba's compiled loops (``resample_compiled.py``) give the same bits
 (``tests/validator/numerics/test_resample.py``). A call over few pairs' blocks (at most :data:`NUMPY_WORK`
-pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported, unless numba is loaded
-already; a larger one in the compiled loops, which read each draw once for every pair.
+pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported; a larger one in the compiled
+loops, which read each draw once for every pair.
 """
 
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 
@@ -84,10 +82,11 @@ def _sums(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> tuple[np.ndarra
 
 
 def _compiled(size: int) -> bool:
-    """Whether a call over ``size`` pairs x blocks runs in the compiled loops: above NUMPY_WORK, or wherever
-    numba is loaded already (a large pair's pass loaded it: its loops then cost less than NumPy's). The bits
-    are the same either way."""
-    return size > NUMPY_WORK or "numba" in sys.modules
+    """Whether a call over ``size`` pairs x blocks runs in the compiled loops: above NUMPY_WORK, where they save
+    more than their first compile costs (about 1 s on the 2-core dev box, where NumPy takes 0.5 ms a pair of 64
+    blocks). Not for a few large pairs, whose pass loads numba: the first comparison of two large files would
+    wait for that compile too. The bits are the same either way."""
+    return size > NUMPY_WORK
 
 
 def _finite_or_inf(v: np.ndarray) -> np.ndarray:

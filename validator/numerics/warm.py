@@ -4,7 +4,7 @@ Pairs of at most ``backends.small.NUMPY_MAX`` elements, and bootstraps over few 
 compile. Larger ones run numba's kernels, which compile for a set of argument types at their first call and keep
 the machine code in numba's on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later
 process loads it instead. On a machine whose cache is empty, the first comparison of a large pair of a format
-waits for the compiler: 10-20 s for bfloat16 on the 2-core dev box. :func:`warm_up` makes those first calls, for
+waits for the compiler: 3-5 s for bfloat16 on the 2-core dev box (``benchmarks/first_compare_bench.md``). :func:`warm_up` makes those first calls, for
 every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a
 kernel's cached code when its source file changes, so run it after each install or upgrade, as the user (and with
 the ``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and
@@ -21,7 +21,7 @@ FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "fl
 
 def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
     """Calls every numba kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
-    calling thread (a pair above ``small.NUMPY_MAX``) and on numba's threads (a pair above ``small.SMALL``), alone
+    calling thread (a pair above ``small.NUMPY_MAX``) and on the engine's threads (a pair above ``small.SMALL``), alone
     and against float32 and float64 on either side (a pair of two formats, read as stored), the batched pass,
     and the bootstrap's compiled resampling of many pairs, without a floor and with a paired, an independent and
     an empty one. ``report`` gets a line per format. Returns the seconds it took."""

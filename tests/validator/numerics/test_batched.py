@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 import pytest
 import torch
@@ -24,7 +23,7 @@ from validator.judging.compare import (
     measure_tensors,
     measure_tensors_many,
 )
-from validator.numerics.backends import Totals, batchable, small, totals_of, totals_of_many
+from validator.numerics.backends import Totals, batchable, cpu, small, totals_of, totals_of_many
 from validator.numerics.backends.cpu import cpu_totals, cpu_totals_many
 from validator.numerics.backends.small import NUMPY_MAX, small_totals
 from validator.numerics.floors import block_edges, measure_blocks, measure_blocks_many
@@ -77,13 +76,13 @@ def test_compare_cpu_many_equals_compare_cpu_bitwise_on_every_thread_count() -> 
         pairs = [(a, b, e) for a, b, e in mixed_pairs() if a.dtype == b.dtype == dt and batchable(a, b)]
         assert len(pairs) >= 5, dt
         one = [cpu_totals(a, b, atol=1e-5, rtol=1e-3, edges=e) for a, b, e in pairs]
-        for threads in (1, 2):
-            saved = numba.get_num_threads()
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        for threads in (1, 2, 5):
+            saved = cpu.threads()
+            cpu.set_threads(threads)
             try:
                 many: list[Totals] = cpu_totals_many(pairs, atol=1e-5, rtol=1e-3)
             finally:
-                numba.set_num_threads(saved)
+                cpu.set_threads(saved)
             assert bits(many) == bits(one), (dt, threads)
 
 

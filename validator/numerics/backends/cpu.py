@@ -10,11 +10,10 @@ its first use; ``backends.totals_of`` sends a pair of at most ``small.NUMPY_MAX`
 pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
 A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
-bootstrap resamples); ``prange`` hands units of rows to numba's threads: :data:`GROUP` rows of one pair
+bootstrap resamples); units of rows go to a pool of threads (:func:`_call`): :data:`GROUP` rows of one pair
 (:func:`cpu_totals`), or a whole small pair (:func:`cpu_totals_many`). Each row is read once, in spans of
-:data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge in spans of
-:data:`SHORT_SPAN`,
-the last with zeros after it):
+:data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge is read
+from a copy with zeros after it up to a whole span):
 
 - sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
@@ -27,9 +26,9 @@ A row whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, sq
 float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
 masked and counted. A pair with a float64 side takes the same fused path with float64 per element (its tolerance
 test and largest |d| checked as above). ``max_abs``: float32 rounding is monotonic, so the exact largest |d|
-is among the positions of the largest float32 |d|; each unit reads the rows that hold its largest again in
-float64, unless their ULP distances show their float32 differences exact (``common.exact_ulp``). A pass over
-at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
+is among the positions of the largest float32 |d|; after the pass NumPy reads the rows that hold a pair's
+largest again in float64, unless their ULP distances show their float32 differences exact (``common.exact_ulp``)
+(:func:`_tops`). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
 Each row of elements writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
@@ -42,14 +41,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple, cast
 
 import numba
 import numpy as np
 import torch
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
@@ -70,45 +69,53 @@ from validator.numerics.backends.small import (
 )
 from validator.numerics.numba_cache import first_call
 
-GROUP = 32  # rows per prange iteration (ROW, from small.py: elements a row of partials covers)
-SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
-SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
+GROUP = 32  # rows per unit (ROW, from small.py: elements a row of partials covers)
+SPAN = 512  # elements: a row is read in spans of this many, each span's float32 sums added in float64
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
 # float32 |d| (MAX32); c (int64) small.py's int columns: finite in both, passed, non-finite in a, in b, mismatched,
 # the largest ULP distance (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
 MAX_EXACT, MAX32 = 5, 6
-# ROW, GROUP, SPAN, SHORT_SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW, SPAN and
-# SHORT_SPAN fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
+# ROW, GROUP, SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW and SPAN fix what each float32
+# sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
 # 64 elements each); nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
 _BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
-_LOCK = threading.Lock()
-# numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
-# is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
-# many small pairs compared 10-40% slower; benchmarks/many_pairs_bench.md). Set before the first parallel call.
-numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+_THREADS = [int(numba.config.NUMBA_NUM_THREADS)]  # type: ignore[attr-defined]  # (the cores, or NUMBA_NUM_THREADS)
 
 
 def threads() -> int:
-    """The threads one comparison runs on (numba's)."""
-    return int(numba.get_num_threads())
+    """The threads one comparison runs on."""
+    return _THREADS[0]
 
 
-def _call(n: int, parallel: Callable[..., None], serial: Callable[..., None], *args: object) -> None:
-    """A kernel over ``n`` elements: ``serial(*args)`` for at most SMALL of them, on the calling thread
-    (waking numba's threads costs more than such a pass: 0.2 ms against 0.015 for one small pair on the
-    2-core dev box), else ``parallel(*args)``, one call at a time (the "workqueue" threading layer must not be
-    entered from two threads at once, and a call already keeps every core busy), its prange iterations
-    handed out one at a time. Both run the same code; results depend on none of it. The first call for a
-    pair of dtypes runs under ``numba_cache.first_call``."""
-    kernel = serial if n <= SMALL else parallel
-    with first_call((kernel, args[0].dtype, args[1].dtype)):  # type: ignore[attr-defined]
-        if n <= SMALL:
-            serial(*args)
+def set_threads(n: int) -> None:
+    """Run each comparison on ``n`` threads from now on (a Ray task: the CPUs it was given); results depend on
+    none of it."""
+    _THREADS[0] = max(1, int(n))
+
+
+@functools.cache
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(n, thread_name_prefix="validator-cpu")
+
+
+def _call(n: int, *args: Any) -> None:
+    """:func:`_pass` over ``n`` elements: on the calling thread for at most SMALL of them (handing work to other
+    threads costs more than such a pass: 0.2 ms against 0.015 for one small pair on the 2-core dev box), else its
+    units in 4 pieces a thread, on :func:`threads` threads of a pool (the kernel releases the GIL), taken in
+    turn as threads come free. Every unit writes its own rows: results depend on none of it. The first call
+    for a pair of dtypes runs under ``numba_cache.first_call``."""
+    k, kernel = threads() if n > SMALL else 1, cast("Callable[..., None]", _pass)
+    with first_call((_pass, args[0].dtype, args[1].dtype)):
+        if k == 1:
+            kernel(*args)
             return
-        with _LOCK, numba.parallel_chunksize(1):
-            parallel(*args)
+        units = args[6]
+        cuts = np.unique(np.linspace(0, len(units) - 1, 4 * k + 1).astype(np.int64)).tolist()
+        head, tail = args[:6], args[7:]
+        for _ in _pool(k).map(lambda lo, hi: kernel(*head, units[lo : hi + 1], *tail), cuts[:-1], cuts[1:]):
+            pass  # (a unit's error is raised here)
 
 
 @functools.cache
@@ -244,49 +251,30 @@ def _lanes_of(n: int) -> Callable[..., None]:
     return lanes_of_n
 
 
-_lanes = _lanes_of(SPAN)  # a whole row, SPAN elements at a time
-_short_span = _lanes_of(SHORT_SPAN)  # a span of a row cut short by an edge
+_lanes = _lanes_of(SPAN)  # a row, SPAN elements at a time
 
 
 @njit(cache=True)
-def _short(va, vb, xa, xb, tol, f, cnt):
-    """A row of fewer than ROW elements in spans of SHORT_SPAN (the last with zeros up to SHORT_SPAN, which add
-    nothing but to the tolerance counts); returns how many zeros."""
-    m = xa.size
-    whole = m - m % SHORT_SPAN
-    for p in range(0, whole, SHORT_SPAN):
-        q = p + SHORT_SPAN
-        _short_span(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
-    return 0 if whole == m else _tail(va, vb, xa, xb, tol, f, cnt, whole)
-
-
-@njit(cache=True)
-def _tail(va, vb, xa, xb, tol, f, cnt, whole):
-    """:func:`_short`'s last piece, from element ``whole`` on, with zeros up to SHORT_SPAN (a function of its own:
-    inlined in _short, its buffers cost every row 0.2-0.3 us, the time of 256 elements)."""
-    m = xa.size
-    qa, qb = np.zeros(SHORT_SPAN, va.dtype), np.zeros(SHORT_SPAN, vb.dtype)
-    pa, pb = np.zeros(SHORT_SPAN, xa.dtype), np.zeros(SHORT_SPAN, xb.dtype)
-    for j in range(m - whole):  # element by element: a slice assignment compiles numba's shape-error messages
-        qa[j], qb[j], pa[j], pb[j] = va[whole + j], vb[whole + j], xa[whole + j], xb[whole + j]
-    _short_span(qa, qb, pa, pb, tol, f, cnt)
-    return whole + SHORT_SPAN - m
-
-
-@njit(cache=True)
-def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
-    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. False: the row needs
-    float64 (c untouched)."""
+def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
+    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. A row cut short by an edge
+    is read from ``pad_a``, ``pad_b`` with zeros after it up to a whole span (they add nothing but to the
+    tolerance counts). False: the row needs float64 (c untouched)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
-    va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
     pad = 0
     if m == ROW:
+        va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
         for p in range(0, ROW, SPAN):
             _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
-    else:
-        pad = _short(va, vb, xa, xb, tol, f, cnt)
+    else:  # element by element: a slice assignment compiles numba's shape-error messages
+        end = -(-m // SPAN) * SPAN
+        for j in range(end):
+            pad_a[j], pad_b[j] = (xa[j], xb[j]) if j < m else (0, 0)
+        va, vb = _values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1])
+        for p in range(0, end, SPAN):
+            _lanes(va[p : p + SPAN], vb[p : p + SPAN], pad_a[p : p + SPAN], pad_b[p : p + SPAN], tol, f, cnt)
+        pad = end - m
     top = f[MAX32]
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
@@ -300,7 +288,7 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, f, c):
         for j in range(m):
             x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
             passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
-    f[MAX_EXACT] = 0.0  # the exact max: found at the end of _unit
+    f[MAX_EXACT] = 0.0  # the exact max: found after the pass (_tops)
     c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, top_ulp if ulp else 0
     c[6], c[7], c[8] = 0, 0, 0
     return True
@@ -343,57 +331,25 @@ def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
     c[6], c[7], c[8] = nan_a, nan_b, inf_same
 
 
-@njit(cache=True)
-def _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, first, stop):
-    """The exact largest |d| over rows first .. stop: that of the rows whose largest float32 |d| is the
-    largest (float32 rounding is monotonic), read again in float64, unless the row's ULP distances stay
-    within ``exact`` (``common.exact_ulp``: its float32 differences are exact)."""
-    best = top32 = 0.0  # (loops: NumPy's max compiles to more than it saves here)
-    for row in range(first, stop):
-        best, top32 = max(best, part_f[row, MAX_EXACT]), max(top32, part_f[row, MAX32])
-    if top32 > 0:
-        top = 0  # the bits of the largest |d|: they order as the values, and an integer max vectorizes
-        for row in range(first, stop):
-            if part_f[row, MAX32] != top32:
-                continue
-            if part_i[row, MAX_ULP] <= exact:  # its float32 differences are exact, and so its largest
-                best = max(best, top32)
-            else:
-                for j in range(starts[row], starts[row + 1]):
-                    d = abs(np.float64(_float(xb[j], tb)) - np.float64(_float(xa[j], ta)))
-                    top = max(top, int(np.float64(d).view(np.int64)))
-        best = max(best, np.int64(top).view(np.float64))
-    return best
-
-
 @njit(cache=True, nogil=True)
-def _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u):
+def _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u):
     """The partials of every row (row i: elements starts[i] .. starts[i+1]; its f: a², b², d², |d|, a·d,
     exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched, max ULP, NaN in a, in b,
-    the same infinity in both), for unit u of rows units[u] .. units[u+1]: its exact largest |d| into tops[u]
-    (the largest over a pair's units is the pair's: the exact value is in a row that holds the pair's largest
-    float32 |d|, whose unit reads it again)."""
+    the same infinity in both), for unit u of rows units[u] .. units[u+1]."""
     cnt, scratch = np.empty(3, np.int64), np.empty((2, ROW), np.uint32)
+    pad_a, pad_b = np.empty(ROW, xa.dtype), np.empty(ROW, xb.dtype)
     for row in range(units[u], units[u + 1]):
         ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
         f, c = part_f[row], part_i[row]
-        if not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, f, c):
+        if not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
             _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c)
-    tops[u] = _exact_max(xa, xb, ta, tb, starts, part_f, part_i, exact, units[u], units[u + 1])
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _pass(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops):
-    """:func:`_unit` of every unit, a prange iteration each."""
-    for u in prange(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u)
 
 
 @njit(cache=True, nogil=True)
-def _pass_serial(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops):
-    """:func:`_pass` on the calling thread."""
+def _pass(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i):
+    """:func:`_unit` of every unit of rows units[0] .. units[-1]."""
     for u in range(len(units) - 1):
-        _unit(xa, xb, ta, tb, ulp, starts, units, tol, exact, part_f, part_i, tops, u)
+        _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u)
 
 
 @njit(cache=True)
@@ -445,10 +401,40 @@ def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
     return stored(t)[0].view(np.uint16 if mixed and t.dtype.itemsize == 2 else _BITS[t.dtype])
 
 
+def _float64(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """The float64 values of elements read as :func:`_bits` gives them (16- and 8-bit formats through their
+    table, exactly as the kernels read them)."""
+    if bits.dtype == np.float64:
+        return bits
+    if bits.dtype == np.uint32:
+        return bits.view(np.float32).astype(np.float64)
+    looked_up: np.ndarray = _table(dtype)[bits.view(np.uint16) if bits.itemsize == 2 else bits]
+    return looked_up.view(np.float32).astype(np.float64)
+
+
+def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, part_f: np.ndarray,
+          part_i: np.ndarray, first: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Each pair's exact largest |d| (pair p: rows first[p] .. first[p+1]). Float32 rounding is monotonic, so it is
+    in a row whose largest float32 |d| is the pair's largest: that value itself where the row's ULP distances keep
+    its float32 differences exact (``common.exact_ulp``), else the row read again in float64. Rows redone in
+    float64 (:func:`_masked`) hold their exact largest already."""
+    exact = exact_ulp(form.a) if form.ulp else -1
+    best = np.maximum.reduceat(part_f[:, MAX_EXACT], first[:-1])
+    top32 = np.maximum.reduceat(part_f[:, MAX32], first[:-1])
+    pair = np.repeat(np.arange(len(first) - 1), np.diff(first))
+    for row in np.flatnonzero((part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)).tolist():
+        p, lo, hi = pair[row], starts[row], starts[row + 1]
+        if part_i[row, MAX_ULP] <= exact:
+            best[p] = max(best[p], top32[p])
+        else:
+            best[p] = max(best[p], np.abs(_float64(xb[lo:hi], form.b) - _float64(xa[lo:hi], form.a)).max())
+    return best
+
+
 class _Run(NamedTuple):
-    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per unit the exact largest
-    |d|; per pair the sums and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest ULP
-    distance the largest of its rows'); the block d² and a²."""
+    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per pair its exact largest
+    |d| (:func:`_tops`), its sums and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest
+    ULP distance the largest of its rows'); the block d² and a²."""
 
     rows: np.ndarray
     tops: np.ndarray
@@ -462,18 +448,15 @@ def _run(
     starts: np.ndarray, units: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int,
 ) -> _Run:  # fmt: skip
     """The pass over pairs laid end to end in ``xa``, ``xb`` (read as ``form``), and its totals: row i is elements
-    starts[i] .. starts[i+1] (the last start: the end), unit u (a prange iteration) rows units[u] ..
+    starts[i] .. starts[i+1] (the last start: the end), unit u rows units[u] ..
     units[u+1], pair p rows first[p] .. first[p+1]; row i's d² and a² go to edge block owner[i] of ``n_blocks``."""
-    exact = exact_ulp(form.a) if form.ulp else -1  # the ULP distances bound the exponent gap
-    ta, tb = _table(form.a), _table(form.b)
     rows = len(starts) - 1
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 9), np.int64)
-    tops = np.empty(len(units) - 1)
-    args = (xa, xb, ta, tb, form.ulp, starts, units, _tolerances(atol, rtol), exact)
-    _call(int(starts[-1]), _pass, _pass_serial, *args, part_f, part_i, tops)
+    args = (xa, xb, _table(form.a), _table(form.b), form.ulp, starts, units, _tolerances(atol, rtol))
+    _call(int(starts[-1]), *args, part_f, part_i)
     sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
     _add_rows(part_f, owner, first, sums, blocks)
-    return _Run(part_f, tops, sums, add_ints(part_i, first), blocks)
+    return _Run(part_f, _tops(xa, xb, form, starts, part_f, part_i, first), sums, add_ints(part_i, first), blocks)
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -502,7 +485,7 @@ def cpu_totals(
         sums += got.sums
         blocks += got.blocks
         pieces.append(got.ints)
-        max_abs = max(max_abs, got.tops.max())
+        max_abs = max(max_abs, got.tops[0])
     ints = add_ints(np.concatenate(pieces), np.array([0, len(pieces)]))
     one = pair_totals([a.numel()], [form.ulp], sums, np.array([max_abs]), ints, blocks, np.array([0, blocks.shape[1]]))
     return one[0]
@@ -557,7 +540,7 @@ def cpu_range_rows(
     else:
         form = _format(a.dtype, b.dtype)
         got = _one(_bits(a, form.mixed), _bits(b, form.mixed), form, atol, rtol, tuple(edges), start)
-        rows, ints, max_abs, ulp = got.rows, got.ints[0], got.tops.max(), form.ulp
+        rows, ints, max_abs, ulp = got.rows, got.ints[0], got.tops[0], form.ulp
     nan_a, nan_b, inf_same = ints[NAN_A:].tolist()
     max_ulp = int(ints[MAX_ULP]) if ulp else None
     return np.ascontiguousarray(rows[:, :5]), ints[:MAX_ULP], float(max_abs), max_ulp, (nan_a, nan_b, inf_same)

@@ -12,9 +12,9 @@ A side is a CPU torch tensor or a ``host.HostArray`` (a small tensor read from a
 float8 as their bits): both are read through their storage form (:func:`stored`), so they give the same bits,
 and a comparison of HostArrays never imports torch.
 
-Here every element is read in float64, as the reference reads it (``reference.py``, ``docs/metrics.md``):
-a row's sums are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count
-are exact. Many pairs are read end to end, each row summed on its own, so a pair's bits do not depend on the
+Here every element is read in float64, as ``docs/metrics.md`` defines the metrics (:func:`rows_of` is that
+definition in code: ``reference.py``, the float64 reference every backend is held to, runs it too): a row's sums
+are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count are exact. Many pairs are read end to end, each row summed on its own, so a pair's bits do not depend on the
 pairs beside it.
 """
 
@@ -75,7 +75,8 @@ _TABLES = {
 
 def stored(t: Array) -> tuple[np.ndarray, str]:
     """``t``'s elements, flat in row-major order, in their storage form (``host.STORAGE``: bfloat16 and
-    float8 as their bits), and its dtype's name; a CPU torch tensor's without a copy where it is dense."""
+    float8 as their bits; integers and bool as themselves), and its dtype's name; a CPU torch tensor's without a
+    copy where it is dense."""
     if isinstance(t, HostArray):
         return t.bits.reshape(-1), t.dtype
     import torch
@@ -83,7 +84,7 @@ def stored(t: Array) -> tuple[np.ndarray, str]:
     flat, name = t.reshape(-1), _dtype_name(t.dtype)
     if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
         flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    if name in ("float64", "float32", "float16"):
+    if name not in STORAGE or name in ("float64", "float32", "float16"):  # (integers and bool: the reference's)
         return flat.numpy(), name
     raw = flat.view(torch.int16 if flat.element_size() == 2 else torch.uint8).numpy()
     return raw.view(STORAGE[name]), name
@@ -106,7 +107,7 @@ def values(bits: np.ndarray, name: str) -> np.ndarray:
         if name == "bfloat16":  # its bits are the high half of a float32's
             high: np.ndarray = bits.astype(np.uint32) << 16
             return high.view(np.float32).astype(np.float64)
-        return bits.astype(np.float64)  # float32, float16
+        return bits.astype(np.float64)  # float32, float16, integers, bool
 
 
 def ordinals(bits: np.ndarray) -> np.ndarray:
@@ -249,7 +250,7 @@ def small_totals_many(pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, at
     if any(a.numel() == 0 for a, _, _ in pairs):  # an empty pair has no rows: its totals are zeros
         whole = [(a, b, e) for a, b, e in pairs if a.numel()]
         done = iter(small_totals_many(whole, atol=atol, rtol=rtol))
-        return [next(done) if a.numel() else _empty(a, b, e) for a, b, e in pairs]
+        return [next(done) if a.numel() else empty_totals(a, b, e) for a, b, e in pairs]
     if len(pairs) > 1 and sum(a.numel() for a, _, _ in pairs) > GROUP:  # read GROUP elements of pairs at a time
         out, size, begin = [], 0, 0
         for i, (a, _, _) in enumerate(pairs):
@@ -268,7 +269,8 @@ def small_totals_many(pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, at
     return pair_totals([a.numel() for a, _, _ in pairs], ulps, *added, edge_at)
 
 
-def _empty(a: Array, b: Array, edges: Sequence[int]) -> Totals:
+def empty_totals(a: Array, b: Array, edges: Sequence[int]) -> Totals:
+    """The totals of a pair of no elements: zeros."""
     zeros = (0.0,) * max(1, len(edges) - 1)
     ulp = has_ulp(stored(a)[1], stored(b)[1])
     return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, 0 if ulp else None, zeros, zeros)

@@ -416,18 +416,20 @@ def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, par
           part_i: np.ndarray, first: np.ndarray) -> np.ndarray:  # fmt: skip
     """Each pair's exact largest |d| (pair p: rows first[p] .. first[p+1]). Float32 rounding is monotonic, so it is
     in a row whose largest float32 |d| is the pair's largest: that value itself where the row's ULP distances keep
-    its float32 differences exact (``common.exact_ulp``), else the row read again in float64. Rows redone in
-    float64 (:func:`_masked`) hold their exact largest already."""
-    exact = exact_ulp(form.a) if form.ulp else -1
+    its float32 differences exact (``common.exact_ulp``), else the row read again in float64 (:data:`GROUP` rows
+    of elements at a time). Rows redone in float64 (:func:`_masked`) hold their exact largest already."""
     best = np.maximum.reduceat(part_f[:, MAX_EXACT], first[:-1])
     top32 = np.maximum.reduceat(part_f[:, MAX32], first[:-1])
     pair = np.repeat(np.arange(len(first) - 1), np.diff(first))
-    for row in np.flatnonzero((part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)).tolist():
-        p, lo, hi = pair[row], starts[row], starts[row + 1]
-        if part_i[row, MAX_ULP] <= exact:
-            best[p] = max(best[p], top32[p])
-        else:
-            best[p] = max(best[p], np.abs(_float64(xb[lo:hi], form.b) - _float64(xa[lo:hi], form.a)).max())
+    holds = (part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)
+    inexact = part_i[:, MAX_ULP] > (exact_ulp(form.a) if form.ulp else -1)
+    np.maximum.at(best, pair[holds & ~inexact], part_f[holds & ~inexact, MAX32])
+    redo = np.flatnonzero(holds & inexact)
+    runs = np.split(redo, np.flatnonzero(np.diff(redo) != 1) + 1)  # consecutive rows: one span of elements
+    for rows in (run[i : i + GROUP] for run in runs for i in range(0, len(run), GROUP)):
+        lo, hi = starts[rows[0]], starts[rows[-1] + 1]
+        d = np.abs(_float64(xb[lo:hi], form.b) - _float64(xa[lo:hi], form.a))
+        np.maximum.at(best, pair[rows], np.maximum.reduceat(d, starts[rows] - lo))
     return best
 
 

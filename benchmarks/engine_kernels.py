@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py                   # this checkout's backend
     git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
+    PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py --timeline       # this checkout's timeline alone
 
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
 points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``,
@@ -11,7 +12,8 @@ differences of 1e-3 and of 5%): the median and fastest of 40 calls of ``cuda_tot
 ``floors.measure_blocks`` on 8192x7168 with differences of 1e-2 (the call a comparison makes, with its 64 row
 blocks); then, after every call is timed, the GPU time of each kernel and copy over 10 calls of ``cuda_totals``
 (and of ``measure_blocks``); then, this checkout only, where the host's time goes in 200 calls of ``cuda_totals``
-on 8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``).
+on 8192x7168 (``cProfile``; the call waits for the GPU in ``Tensor.cpu``), and when each step of a
+``compare_tensors`` call on 8192x7168 begins and ends, on the host and on the GPU (:func:`timeline`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import cProfile
 import pstats
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -110,12 +114,69 @@ def profile_host(n: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
+def timeline(n: int, noise: float) -> None:
+    """When each step of ``compare_tensors`` begins and ends on the host (µs from the call, median of 50 calls
+    from an idle GPU): ``cuda_totals``, the two kernel launches, ``Tensor.cpu`` (it waits for the GPU); and on the
+    GPU, from the call until the pass kernel is queued (``gpu idle``) and from then until the second kernel is
+    done (``gpu busy``, the pass's launch included), from CUDA events recorded around them."""
+    a, b = make_pair(n, "cuda", noise=noise)
+    marks: dict[str, float] = {}
+    events: dict[str, torch.cuda.Event] = {}
+
+    def timed(name: str, fn: Callable[..., Any], event: str = "") -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if event == "before":
+                events[name] = torch.cuda.Event(enable_timing=True)
+                events[name].record()
+            marks[f"{name} begins"] = time.perf_counter()
+            out = fn(*args, **kwargs)
+            marks[f"{name} ends"] = time.perf_counter()
+            if event == "after":
+                events[name] = torch.cuda.Event(enable_timing=True)
+                events[name].record()
+            return out
+
+        return call
+
+    saved = this._pass_kernel.run, this._fix_kernel.run, this.cuda_totals, torch.Tensor.cpu
+    this._pass_kernel.run = timed("pass launch", this._pass_kernel.run, "before")  # type: ignore[method-assign]
+    this._fix_kernel.run = timed("fix launch", this._fix_kernel.run, "after")  # type: ignore[method-assign]
+    this.cuda_totals = timed("cuda_totals", this.cuda_totals)
+    torch.Tensor.cpu = timed("Tensor.cpu", torch.Tensor.cpu)  # type: ignore[method-assign]
+    rows = []
+    try:
+        for i in range(60):
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            compare_tensors(a, b)
+            row = {k: (v - t0) * 1e6 for k, v in marks.items()}
+            row["compare_tensors ends"] = (time.perf_counter() - t0) * 1e6
+            row["gpu idle"] = start.elapsed_time(events["pass launch"]) * 1e3
+            row["gpu busy"] = events["pass launch"].elapsed_time(events["fix launch"]) * 1e3
+            if i >= 10:  # after ten calls
+                rows.append(row)
+    finally:
+        this._pass_kernel.run, this._fix_kernel.run, this.cuda_totals, torch.Tensor.cpu = saved  # type: ignore[method-assign]
+    print(f"timeline, {n} elements, noise {noise:g} (µs from the call; median of {len(rows)} calls):")
+    for key in sorted(rows[0], key=lambda k: statistics.median(r[k] for r in rows) if "gpu" not in k else 1e9):
+        print(f"  {key:22s} {statistics.median(r[key] for r in rows):7.1f}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--timeline"]:  # the timeline alone
+        for noise in (1e-3, 0.05):
+            timeline(8192 * 7168, noise)
+        return
     cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
     time_all(cuda)
     profile_all(cuda)
     if cuda is this:
         profile_host(8192 * 7168)
+        for noise in (1e-3, 0.05):
+            timeline(8192 * 7168, noise)
 
 
 if __name__ == "__main__":

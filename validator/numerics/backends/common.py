@@ -39,6 +39,14 @@ SAFE_LO, SAFE_HI = 2.0**-100, 2.0**100
 SIGNIFICAND = {torch.bfloat16: 8, torch.float16: 11, torch.float8_e4m3fn: 4, torch.float8_e5m2: 3}
 
 
+def tolerances(atol: float, rtol: float) -> tuple[list[float], bool]:
+    """atol, rtol and the float32 band around them (atol and rtol moved EPS down, then up, atol by TINY more),
+    and whether a float32 pass may count the tolerance test with the band (else it counts it in float64)."""
+    lo, hi = 1 - EPS, 1 + EPS
+    band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI
+    return [atol, rtol, atol * lo - TINY, rtol * lo, atol * hi + TINY, rtol * hi], band
+
+
 def ulp_spec(dtype_a: torch.dtype, dtype_b: torch.dtype) -> tuple[torch.dtype, int] | None:
     """ULP_DTYPES' entry of a pair with ULP metrics (one dtype, one of ULP_DTYPES), else None."""
     return ULP_DTYPES.get(dtype_a) if dtype_a == dtype_b else None

@@ -51,7 +51,7 @@ import torch
 from numba import njit, types
 from numba.extending import overload
 
-from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, exact_ulp, ulp_spec
+from validator.numerics.backends.common import SAFE_HI, SAFE_LO, Totals, exact_ulp, tolerances, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
 from validator.numerics.backends.small import (
     MAX_ULP,
@@ -388,10 +388,9 @@ def _format(dtype_a: torch.dtype, dtype_b: torch.dtype) -> _Format:
 
 @functools.lru_cache(maxsize=64)
 def _tolerances(atol: float, rtol: float) -> np.ndarray:
-    """atol, rtol, the float32 band around them (common.EPS, TINY), and whether the band is used."""
-    band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
-    lo, hi = 1 - EPS, 1 + EPS
-    return np.array([atol, rtol, atol * lo - TINY, rtol * lo, atol * hi + TINY, rtol * hi, band])
+    """``common.tolerances``, and whether the band is used, as the kernels read them."""
+    values, band = tolerances(atol, rtol)
+    return np.array([*values, band])
 
 
 def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from validator.numerics.backends.common import EPS, SAFE_HI, SAFE_LO, TINY, Totals, blocks_meeting, exact_ulp, ulp_spec
+from validator.numerics.backends.common import SAFE_HI, SAFE_LO, Totals, blocks_meeting, exact_ulp, tolerances, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs, compute_device
 
 TILE = 1024  # elements per tile
@@ -445,10 +445,10 @@ def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device, chunk_elems:
 
 
 @functools.lru_cache(maxsize=64)
-def _tolerances(atol: float, rtol: float, device: torch.device) -> torch.Tensor:
-    """atol, rtol and the float32 band around them (common.EPS, TINY), on the device, once per pair of values."""
-    band = [atol * (1 - EPS) - TINY, rtol * (1 - EPS), atol * (1 + EPS) + TINY, rtol * (1 + EPS)]
-    return torch.tensor([atol, rtol, *band], dtype=torch.float64).to(device)
+def _tolerances(atol: float, rtol: float, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """``common.tolerances`` on the device, once per pair of values, and whether the band is used."""
+    values, band = tolerances(atol, rtol)
+    return torch.tensor(values, dtype=torch.float64).to(device), band
 
 
 class _Plan(NamedTuple):
@@ -502,11 +502,10 @@ def cuda_totals(
         return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
-    band = 0 <= rtol <= 2.0**20 and 0 <= atol <= SAFE_HI  # else the tolerance test is counted in float64
+    tol, band = _tolerances(atol, rtol, device)  # without the band the tolerance test is counted in float64
     pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
     head = -(-(ROW_WIDTH + 3 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
     buf = torch.empty(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
-    tol = _tolerances(atol, rtol, device)
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
         _pass_kernel[(rows,)](ca, cb, se, K, tol, buf, first, nseg, first == 0, **pass_args)

@@ -21,7 +21,7 @@ FORMATS = ("bfloat16", "float32", "float16", "float8_e4m3fn", "float8_e5m2", "fl
 
 def warm_up(report: Callable[[str], None] = lambda line: None) -> float:
     """Calls every numba kernel a comparison can reach, for each of :data:`FORMATS`: the engine's pass on the
-    calling thread (a pair above ``small.NUMPY_MAX``) and on the engine's threads (a pair above ``small.SMALL``), alone
+    calling thread (a pair above ``small.NUMPY_MAX``) and on numba's threads (a pair above ``small.SMALL``), alone
     and against float32 and float64 on either side (a pair of two formats, read as stored), the batched pass,
     and the bootstrap's compiled resampling of many pairs, without a floor and with a paired, an independent and
     an empty one. ``report`` gets a line per format. Returns the seconds it took."""

@@ -250,7 +250,7 @@ def test_thread_count_does_not_change_results() -> None:
 def test_cpu_bitwise_equal_across_thread_counts() -> None:
     for a, b in large_pairs():
         one = with_cpu_threads(1, lambda: compare_tensors(a, b).to_dict())
-        for n in (2, 2, 5):  # (5: more threads than this box has cores)
+        for n in (2, 2, 5):  # (5: as many as numba has, NUMBA_NUM_THREADS)
             assert with_cpu_threads(n, lambda: compare_tensors(a, b).to_dict()) == one, (a.dtype, n)
 
 

@@ -6,7 +6,7 @@ Three backends, chosen by where the tensors are and what they hold, never by a s
   MPS, other accelerators, and CUDA without Triton);
 - ``cuda.py``: one fused Triton pass per pair on a CUDA GPU (float dtypes), and a second kernel for what
   float32 could not decide;
-- ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on a pool of threads; small
+- ``cpu.py``: one fused numba pass per pair on the CPU (float dtypes), on numba's own threads; small
   pairs several per pass (:func:`totals_of_many`), with the same bits; ``small.py``: pairs of at most
   ``small.NUMPY_MAX`` elements on the CPU, CPU tensors or ``host.HostArray`` (small tensors read from files
   as NumPy), in NumPy float64, with nothing to compile (numba is imported only when a larger pair comes, and

@@ -10,7 +10,7 @@ its first use; ``backends.totals_of`` sends a pair of at most ``small.NUMPY_MAX`
 pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
 A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
-bootstrap resamples); units of rows go to a pool of threads (:func:`_call`): :data:`GROUP` rows of one pair
+bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`_call`): :data:`GROUP` rows of one pair
 (:func:`cpu_totals`), or a whole small pair (:func:`cpu_totals_many`). Each row is read once, in spans of
 :data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge is read
 from a copy with zeros after it up to a whole span):
@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, cast
 
 import numba
 import numpy as np
 import torch
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from validator.numerics.backends.common import SAFE_HI, SAFE_LO, Totals, exact_ulp, tolerances, ulp_spec
@@ -69,7 +69,7 @@ from validator.numerics.backends.small import (
 )
 from validator.numerics.numba_cache import first_call
 
-GROUP = 32  # rows per unit (ROW, from small.py: elements a row of partials covers)
+GROUP = 32  # rows per unit, a prange iteration (ROW, from small.py: elements a row of partials covers)
 SPAN = 512  # elements: a row is read in spans of this many, each span's float32 sums added in float64
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
 # float32 |d| (MAX32); c (int64) small.py's int columns: finite in both, passed, non-finite in a, in b, mismatched,
@@ -81,41 +81,38 @@ MAX_EXACT, MAX32 = 5, 6
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
 _BITS |= {torch.float8_e5m2: np.uint8, torch.float32: np.uint32, torch.float64: np.float64}
-_THREADS = [int(numba.config.NUMBA_NUM_THREADS)]  # type: ignore[attr-defined]  # (the cores, or NUMBA_NUM_THREADS)
+_LOCK = threading.Lock()
+# numba's own thread pool, whose idle threads wait without spinning (numba would pick an OpenMP runtime where one
+# is installed, and its threads spin after each pass, taking a core from the next pair's Python on a 2-core box:
+# many small pairs compared 10-40% slower; benchmarks/many_pairs_bench.md). Set before the first parallel call.
+numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 
 def threads() -> int:
-    """The threads one comparison runs on."""
-    return _THREADS[0]
+    """The threads one comparison on this thread runs on (numba's)."""
+    return int(numba.get_num_threads())
 
 
 def set_threads(n: int) -> None:
-    """Run each comparison on ``n`` threads from now on (a Ray task: the CPUs it was given); results depend on
-    none of it."""
-    _THREADS[0] = max(1, int(n))
-
-
-@functools.cache
-def _pool(n: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(n, thread_name_prefix="validator-cpu")
+    """Run this thread's comparisons on ``n`` of numba's threads (at most ``NUMBA_NUM_THREADS``, the cores unless
+    set; a Ray task: the CPUs it was given); results depend on none of it."""
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
 
 
 def _call(n: int, *args: Any) -> None:
-    """:func:`_pass` over ``n`` elements: on the calling thread for at most SMALL of them (handing work to other
-    threads costs more than such a pass: 0.2 ms against 0.015 for one small pair on the 2-core dev box), else its
-    units in 4 pieces a thread, on :func:`threads` threads of a pool (the kernel releases the GIL), taken in
-    turn as threads come free. Every unit writes its own rows: results depend on none of it. The first call
-    for a pair of dtypes runs under ``numba_cache.first_call``."""
-    k, kernel = threads() if n > SMALL else 1, cast("Callable[..., None]", _pass)
-    with first_call((_pass, args[0].dtype, args[1].dtype)):
-        if k == 1:
+    """:func:`_pass` over ``n`` elements on the calling thread for at most SMALL of them (waking numba's threads
+    costs more than such a pass: 0.2 ms against 0.015 for one small pair on the 2-core dev box), else
+    :func:`_pass_parallel`, one call at a time (the "workqueue" threading layer must not be entered from two
+    threads at once, and a call already keeps every core busy), its units handed out one at a time. Both run the
+    same code; results depend on none of it. The first call for a pair of dtypes runs under
+    ``numba_cache.first_call``."""
+    kernel = cast("Callable[..., None]", _pass if n <= SMALL else _pass_parallel)
+    with first_call((kernel, args[0].dtype, args[1].dtype)):
+        if n <= SMALL:
             kernel(*args)
             return
-        units = args[6]
-        cuts = np.unique(np.linspace(0, len(units) - 1, 4 * k + 1).astype(np.int64)).tolist()
-        head, tail = args[:6], args[7:]
-        for _ in _pool(k).map(lambda lo, hi: kernel(*head, units[lo : hi + 1], *tail), cuts[:-1], cuts[1:]):
-            pass  # (a unit's error is raised here)
+        with _LOCK, numba.parallel_chunksize(1):
+            kernel(*args)
 
 
 @functools.cache
@@ -349,6 +346,16 @@ def _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u):
 def _pass(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i):
     """:func:`_unit` of every unit of rows units[0] .. units[-1]."""
     for u in range(len(units) - 1):
+        _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pass_parallel(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i):
+    """:func:`_pass` on numba's threads, a unit a prange iteration. Its parfor lowering compiles :func:`_unit`
+    again (about 1.5 s of the first compile on the 2-core dev box); a pool of Python threads calling :func:`_pass`
+    compiles nothing more but ran 16 Mi-element pairs at half the GB/s on 16 cores (``cpu_ab.py`` on the H100
+    host: 16-18 GB/s against 35, one piece a thread 30; 4 Mi: 11 against 22)."""
+    for u in prange(len(units) - 1):
         _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u)
 
 

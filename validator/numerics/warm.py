@@ -4,7 +4,7 @@ Pairs of at most ``backends.small.NUMPY_MAX`` elements, and bootstraps over few 
 compile. Larger ones run numba's kernels, which compile for a set of argument types at their first call and keep
 the machine code in numba's on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later
 process loads it instead. On a machine whose cache is empty, the first comparison of a large pair of a format
-waits for the compiler: 3-5 s for bfloat16 on the 2-core dev box (``benchmarks/first_compare_bench.md``). :func:`warm_up` makes those first calls, for
+waits for the compiler: about 5 s for bfloat16 on the 2-core dev box (``benchmarks/first_compare_bench.md``). :func:`warm_up` makes those first calls, for
 every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a
 kernel's cached code when its source file changes, so run it after each install or upgrade, as the user (and with
 the ``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and

@@ -12,8 +12,8 @@ pass instead (nothing to compile), which writes the same rows of partials and ad
 A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
 bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`_call`): :data:`GROUP` rows of one pair
 (:func:`cpu_totals`), or a whole small pair (:func:`cpu_totals_many`). Each row is read once, in spans of
-:data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge is read
-from a copy with zeros after it up to a whole span):
+:data:`SPAN` elements, each one loop of constant length (:func:`_lanes_of`; a row cut short by an edge in spans of
+:data:`SHORT_SPAN`, the last from a copy with zeros after it):
 
 - sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
@@ -70,13 +70,14 @@ from validator.numerics.backends.small import (
 from validator.numerics.numba_cache import first_call
 
 GROUP = 32  # rows per unit, a prange iteration (ROW, from small.py: elements a row of partials covers)
-SPAN = 512  # elements: a row is read in spans of this many, each span's float32 sums added in float64
+SPAN = 512  # elements: a whole row is read in spans of this many, each span's float32 sums added in float64
+SHORT_SPAN = 256  # elements: a row cut short by an edge is read in spans of this many
 # a row's partials, in two arrays: f (float64) a², b², d², |d|, a·d, the exact largest |d| (MAX_EXACT) and the largest
 # float32 |d| (MAX32); c (int64) small.py's int columns: finite in both, passed, non-finite in a, in b, mismatched,
 # the largest ULP distance (MAX_ULP), then from NAN_A on NaN in a, in b and the same infinity in both
 MAX_EXACT, MAX32 = 5, 6
-# ROW, GROUP, SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW and SPAN fix what each float32
-# sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
+# ROW, GROUP, SPAN, SHORT_SPAN: chosen on the 2-core dev box (benchmarks/engine_bench.md). ROW, SPAN and SHORT_SPAN
+# fix what each float32 sum runs over, with the machine's vector width (AVX2: 8 float32 sums of a span,
 # 64 elements each); nothing else in a result depends on them
 # how each format's bits are read (the numba type chooses how _float and _dist read them)
 _BITS: dict[torch.dtype, type] = {torch.bfloat16: np.int16, torch.float16: np.uint16, torch.float8_e4m3fn: np.uint8}
@@ -248,30 +249,33 @@ def _lanes_of(n: int) -> Callable[..., None]:
     return lanes_of_n
 
 
-_lanes = _lanes_of(SPAN)  # a row, SPAN elements at a time
+_lanes = _lanes_of(SPAN)  # a whole row, SPAN elements at a time
+_short_lanes = _lanes_of(SHORT_SPAN)  # a row cut short by an edge
 
 
 @njit(cache=True)
 def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
-    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. A row cut short by an edge
-    is read from ``pad_a``, ``pad_b`` with zeros after it up to a whole span (they add nothing but to the
-    tolerance counts). False: the row needs float64 (c untouched)."""
+    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. A row cut short by an edge is
+    read in spans of SHORT_SPAN, its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but
+    to the tolerance counts). False: the row needs float64 (c untouched)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
+    va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
     pad = 0
-    if m == ROW:
-        va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
+    if m == ROW:  # (a constant trip count: the loop LLVM unrolls)
         for p in range(0, ROW, SPAN):
             _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
-    else:  # element by element: a slice assignment compiles numba's shape-error messages
-        end = -(-m // SPAN) * SPAN
-        for j in range(end):
-            pad_a[j], pad_b[j] = (xa[j], xb[j]) if j < m else (0, 0)
-        va, vb = _values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1])
-        for p in range(0, end, SPAN):
-            _lanes(va[p : p + SPAN], vb[p : p + SPAN], pad_a[p : p + SPAN], pad_b[p : p + SPAN], tol, f, cnt)
-        pad = end - m
+    else:  # a row cut short by an edge: spans of SHORT_SPAN, the last with zeros after it
+        whole = m - m % SHORT_SPAN
+        for p in range(0, whole, SHORT_SPAN):
+            q = p + SHORT_SPAN
+            _short_lanes(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
+        if whole < m:  # element by element: a slice assignment compiles numba's shape-error messages
+            for j in range(SHORT_SPAN):
+                pad_a[j], pad_b[j] = (xa[whole + j], xb[whole + j]) if whole + j < m else (0, 0)
+            _short_lanes(_values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1]), pad_a, pad_b, tol, f, cnt)
+            pad = whole + SHORT_SPAN - m
     top = f[MAX32]
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
     if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
@@ -334,7 +338,7 @@ def _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u):
     exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched, max ULP, NaN in a, in b,
     the same infinity in both), for unit u of rows units[u] .. units[u+1]."""
     cnt, scratch = np.empty(3, np.int64), np.empty((2, ROW), np.uint32)
-    pad_a, pad_b = np.empty(ROW, xa.dtype), np.empty(ROW, xb.dtype)
+    pad_a, pad_b = np.empty(SHORT_SPAN, xa.dtype), np.empty(SHORT_SPAN, xb.dtype)
     for row in range(units[u], units[u + 1]):
         ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
         f, c = part_f[row], part_i[row]
@@ -426,11 +430,13 @@ def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, par
     of elements at a time). Rows redone in float64 (:func:`_masked`) hold their exact largest already."""
     best = np.maximum.reduceat(part_f[:, MAX_EXACT], first[:-1])
     top32 = np.maximum.reduceat(part_f[:, MAX32], first[:-1])
-    pair = np.repeat(np.arange(len(first) - 1), np.diff(first))
+    pair = np.repeat(np.arange(len(first) - 1), np.diff(first)) if len(first) > 2 else np.zeros(len(starts) - 1, int)
     holds = (part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)
     inexact = part_i[:, MAX_ULP] > (exact_ulp(form.a) if form.ulp else -1)
-    np.maximum.at(best, pair[holds & ~inexact], part_f[holds & ~inexact, MAX32])
+    best = np.maximum(best, np.where(np.logical_or.reduceat(holds & ~inexact, first[:-1]), top32, 0.0))
     redo = np.flatnonzero(holds & inexact)
+    if not len(redo):
+        return best
     runs = np.split(redo, np.flatnonzero(np.diff(redo) != 1) + 1)  # consecutive rows: one span of elements
     for rows in (run[i : i + GROUP] for run in runs for i in range(0, len(run), GROUP)):
         lo, hi = starts[rows[0]], starts[rows[-1] + 1]

@@ -6,15 +6,18 @@ every resample, every pair and every machine (a BLAS matrix-vector product picks
 one product and one sum per block, in float64, then the formulas below: IEEE arithmetic with one rounding
 each, so the NumPy code here and numba's compiled loops (``resample_compiled.py``) give the same bits
 (``tests/validator/numerics/test_resample.py``). A call over few pairs' blocks (at most :data:`NUMPY_WORK`
-pairs x blocks) runs here in NumPy, with nothing compiled and numba not imported; a larger one in the compiled
-loops, which read each draw once for every pair.
+pairs x blocks, or :data:`LOADED_WORK` where numba is loaded already) runs here in NumPy, with nothing compiled
+and numba not imported; a larger one in the compiled loops, which read each draw once for every pair.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-NUMPY_WORK = 4096  # pairs x blocks: calls no larger run in NumPy (at 64 blocks, 1,000 resamples: about 0.5 ms a pair)
+NUMPY_WORK = 4096  # pairs x blocks: calls no larger run in NumPy (at 64 blocks, 1,000 resamples: about 0.1 ms a pair)
+LOADED_WORK = 1024  # pairs x blocks: where numba is loaded, calls larger than this run compiled (0.01 ms a pair)
 _CHUNK = 16  # pairs at a time: their [pairs, resamples] sums stay in cache
 
 
@@ -82,11 +85,12 @@ def _sums(counts: np.ndarray, d2: np.ndarray, a2: np.ndarray) -> tuple[np.ndarra
 
 
 def _compiled(size: int) -> bool:
-    """Whether a call over ``size`` pairs x blocks runs in the compiled loops: above NUMPY_WORK, where they save
-    more than their first compile costs (about 1 s on the 2-core dev box, where NumPy takes 0.5 ms a pair of 64
-    blocks). Not for a few large pairs, whose pass loads numba: the first comparison of two large files would
-    wait for that compile too. The bits are the same either way."""
-    return size > NUMPY_WORK
+    """Whether a call over ``size`` pairs x blocks runs in the compiled loops: above NUMPY_WORK, or above
+    LOADED_WORK where numba is loaded already (a pass over pairs above ``small.NUMPY_MAX`` loaded it), as for the
+    batches of 64 pairs of many stored tensors (7 ms a call in NumPy, 0.8 compiled). Not for a few large pairs
+    (16 of 64 blocks at most): their first comparison would wait for the loops' first compile (about 1 s on the
+    2-core dev box) to save a millisecond. The bits are the same either way."""
+    return size > NUMPY_WORK or (size > LOADED_WORK and "numba" in sys.modules)
 
 
 def _finite_or_inf(v: np.ndarray) -> np.ndarray:

@@ -66,7 +66,9 @@ from validator.numerics.backends.small import (
     read,
     rows_of,
     stored,
+    values,
 )
+from validator.numerics.host import STORAGE
 from validator.numerics.numba_cache import first_call
 
 GROUP = 32  # rows per unit, a prange iteration (ROW, from small.py: elements a row of partials covers)
@@ -412,14 +414,9 @@ def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
 
 
 def _float64(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """The float64 values of elements read as :func:`_bits` gives them (16- and 8-bit formats through their
-    table, exactly as the kernels read them)."""
-    if bits.dtype == np.float64:
-        return bits
-    if bits.dtype == np.uint32:
-        return bits.view(np.float32).astype(np.float64)
-    looked_up: np.ndarray = _table(dtype)[bits.view(np.uint16) if bits.itemsize == 2 else bits]
-    return looked_up.view(np.float32).astype(np.float64)
+    """The float64 values of elements read as :func:`_bits` gives them: ``small.values`` of their storage form."""
+    name = str(dtype).removeprefix("torch.")
+    return values(bits.view(STORAGE[name]), name)
 
 
 def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, part_f: np.ndarray,
@@ -430,7 +427,7 @@ def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, par
     of elements at a time). Rows redone in float64 (:func:`_masked`) hold their exact largest already."""
     best = np.maximum.reduceat(part_f[:, MAX_EXACT], first[:-1])
     top32 = np.maximum.reduceat(part_f[:, MAX32], first[:-1])
-    pair = np.repeat(np.arange(len(first) - 1), np.diff(first)) if len(first) > 2 else np.zeros(len(starts) - 1, int)
+    pair = np.repeat(np.arange(len(first) - 1), np.diff(first))
     holds = (part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)
     inexact = part_i[:, MAX_ULP] > (exact_ulp(form.a) if form.ulp else -1)
     best = np.maximum(best, np.where(np.logical_or.reduceat(holds & ~inexact, first[:-1]), top32, 0.0))

@@ -14,8 +14,8 @@ and a comparison of HostArrays never imports torch.
 
 Here every element is read in float64, as ``docs/metrics.md`` defines the metrics (:func:`rows_of` is that
 definition in code: ``reference.py``, the float64 reference every backend is held to, runs it too): a row's sums
-are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count are exact. Many pairs are read end to end, each row summed on its own, so a pair's bits do not depend on the
-pairs beside it.
+are NumPy's float64 sums of its elements finite in both sides; the largest |d| and every count are exact. Many
+pairs are read end to end, each row summed on its own, so a pair's bits do not depend on the pairs beside it.
 """
 
 from __future__ import annotations

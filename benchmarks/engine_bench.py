@@ -2,6 +2,7 @@
 
     python benchmarks/engine_bench.py                 # CPU section here, GPU section too on a CUDA machine
     python benchmarks/engine_bench.py --sections gpu --json out.json
+    python benchmarks/engine_bench.py --sections gpu --other-cuda /tmp/old_cuda.py   # and another cuda.py beside it
 
 Pair classes (``CLASSES``; a = reference, b = candidate, the sizes below per tensor):
 
@@ -21,6 +22,9 @@ tensor), the median time of one call, as a caller sees it (result on the host), 
 - ``engine``: ``validator.numerics.floors.measure_blocks(a, b)``: every metric and the row blocks' sums, in
   one read: what a comparison runs for each pair;
 - ``engine, p99``: ``compare_tensors(a, b, p99=True)``: with the exact p99 ULP, which is opt-in (near and drift only);
+- GPU, with ``--other-cuda PATH``: ``engine, other``: the same call on another version of
+  ``validator/numerics/backends/cuda.py`` (``git show REV:validator/numerics/backends/cuda.py > PATH``), timed
+  right after ``engine``;
 - GPU: ``torch.compile f32``: norms, dot, max |d|, mean |d| and the tolerance count in float32, compiled by
   ``torch.compile`` (one fused pass); ``device copy``: both tensors copied on the device (the memory's pace);
 - CPU: ``numpy float64``, ``numpy float32``: the same quantities in plain NumPy (float64 and float32).
@@ -155,8 +159,26 @@ def timed(fn: Callable[[], object], reps: int, device: str) -> float:
     return statistics.median(call_times(fn, reps, device))
 
 
+def on_backend(module: Any, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with ``module`` as the engine's CUDA backend (another version of cuda.py)."""
+
+    def call() -> object:
+        saved, kernels._cuda = kernels._cuda, lambda: module  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            kernels._cuda = saved  # type: ignore[method-assign]
+
+    return call
+
+
 def section(
-    device: str, shapes: list[tuple[str, tuple[int, ...]]], reps: int, classes: list[str], compiled: bool
+    device: str,
+    shapes: list[tuple[str, tuple[int, ...]]],
+    reps: int,
+    classes: list[str],
+    compiled: bool,
+    other: Any = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     fused = torch.compile(torch_f32) if compiled and device == "cuda" else None
@@ -168,6 +190,8 @@ def section(
             nbytes = n * (a.element_size() + b.element_size())
             m = compare_tensors(a, b, p99=True)
             impls: list[tuple[str, Callable[[], object], int]] = [("engine", lambda: measure_blocks(a, b), reps)]
+            if other is not None and device == "cuda":
+                impls.append(("engine, other", on_backend(other, lambda: measure_blocks(a, b)), reps))
             if cls.startswith(("near", "drift")):
                 impls.append(("engine, p99", lambda: compare_tensors(a, b, p99=True), max(3, reps // 4)))
             if device == "cuda":
@@ -255,6 +279,7 @@ def main() -> None:
     p.add_argument("--classes", default=",".join(CLASSES), help="comma-separated pair classes (default: all)")
     p.add_argument("--threads", type=int, help="torch and CPU engine threads (default: theirs)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--other-cuda", type=Path, help="another cuda.py, timed beside the engine on the GPU")
     args = p.parse_args()
     sections, classes = args.sections.split(","), args.classes.split(",")
     if args.threads:
@@ -274,7 +299,12 @@ def main() -> None:
         print(f"== GPU: {out['gpu']}, torch {torch.__version__}, triton {out['engine']['triton']}", flush=True)
         big = int(args.gib * (1 << 29))
         shapes = [("8192x7168", (8192, 7168)), (f"{args.gib:g} GiB per tensor", (big,))]
-        out["rows"] += section("cuda", shapes, args.reps, classes, not args.no_compile)
+        other = None
+        if args.other_cuda:
+            from benchmarks.engine_ab import load_module
+
+            other = load_module(str(args.other_cuda), "other_cuda")
+        out["rows"] += section("cuda", shapes, args.reps, classes, not args.no_compile, other)
     if "cpu" in sections:
         import numba
 

@@ -4,6 +4,7 @@
     git show REV:validator/numerics/backends/cuda.py > /tmp/old_cuda.py
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py /tmp/old_cuda.py  # another version's, loaded by path
     PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py --timeline       # this checkout's timeline alone
+    PYTHONPATH=$PWD python3 benchmarks/engine_kernels.py --timeline /tmp/old_cuda.py  # and the other's after it
 
 ``REV`` is the git revision to compare with (a commit, a tag, ``HEAD~1``; one whose backends name their entry
 points ``cpu_totals`` and ``cuda_totals``). bf16 pairs of 8192x7168 and 1 GiB per tensor (``engine_bench.make_pair``,
@@ -35,6 +36,7 @@ import torch  # noqa: E402
 
 from benchmarks.engine_ab import load_module  # noqa: E402
 from benchmarks.engine_bench import call_times, make_pair  # noqa: E402
+from validator.numerics import backends as kernels  # noqa: E402
 from validator.numerics.backends import cuda as this  # noqa: E402
 from validator.numerics.floors import measure_blocks  # noqa: E402
 from validator.numerics.metrics import compare_tensors  # noqa: E402
@@ -114,11 +116,13 @@ def profile_host(n: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
-def timeline(n: int, noise: float) -> None:
+def timeline(n: int, noise: float, cuda: ModuleType = this) -> None:
     """When each step of ``compare_tensors`` begins and ends on the host (µs from the call, median of 50 calls
     from an idle GPU): ``cuda_totals``, the two kernel launches, ``Tensor.cpu`` (it waits for the GPU); and on the
     GPU, from the call until the pass kernel is queued (``gpu idle``) and from then until the second kernel is
-    done (``gpu busy``, the pass's launch included), from CUDA events recorded around them."""
+    done (``gpu busy``, the pass's launch included), from CUDA events recorded around them. ``cuda``: the backend
+    ``compare_tensors`` runs (this checkout's, or another version's: its launches are ``_launch``, or else each
+    kernel's ``run``)."""
     a, b = make_pair(n, "cuda", noise=noise)
     marks: dict[str, float] = {}
     events: dict[str, torch.cuda.Event] = {}
@@ -138,11 +142,19 @@ def timeline(n: int, noise: float) -> None:
 
         return call
 
-    saved = this._pass_kernel.run, this._fix_kernel.run, this.cuda_totals, torch.Tensor.cpu
-    this._pass_kernel.run = timed("pass launch", this._pass_kernel.run, "before")  # type: ignore[method-assign]
-    this._fix_kernel.run = timed("fix launch", this._fix_kernel.run, "after")  # type: ignore[method-assign]
-    this.cuda_totals = timed("cuda_totals", this.cuda_totals)
+    saved = {name: getattr(cuda, name) for name in ("_launch", "cuda_totals") if hasattr(cuda, name)}
+    saved_runs = cuda._pass_kernel.run, cuda._fix_kernel.run
+    saved_cpu, saved_backend = torch.Tensor.cpu, kernels._cuda
+    if "_launch" in saved:  # one function launches both kernels
+        launches = {cuda._pass_kernel: timed("pass launch", saved["_launch"], "before")}
+        fix = timed("fix launch", saved["_launch"], "after")
+        cuda._launch = lambda kernel, *args: launches.get(kernel, fix)(kernel, *args)
+    else:
+        cuda._pass_kernel.run = timed("pass launch", cuda._pass_kernel.run, "before")
+        cuda._fix_kernel.run = timed("fix launch", cuda._fix_kernel.run, "after")
+    cuda.cuda_totals = timed("cuda_totals", cuda.cuda_totals)
     torch.Tensor.cpu = timed("Tensor.cpu", torch.Tensor.cpu)  # type: ignore[method-assign]
+    kernels._cuda = lambda: cuda  # type: ignore[assignment]
     rows = []
     try:
         for i in range(60):
@@ -159,16 +171,20 @@ def timeline(n: int, noise: float) -> None:
             if i >= 10:  # after ten calls
                 rows.append(row)
     finally:
-        this._pass_kernel.run, this._fix_kernel.run, this.cuda_totals, torch.Tensor.cpu = saved  # type: ignore[method-assign]
-    print(f"timeline, {n} elements, noise {noise:g} (µs from the call; median of {len(rows)} calls):")
+        for name, value in saved.items():
+            setattr(cuda, name, value)
+        cuda._pass_kernel.run, cuda._fix_kernel.run = saved_runs
+        torch.Tensor.cpu, kernels._cuda = saved_cpu, saved_backend  # type: ignore[method-assign]
+    print(f"timeline, {cuda.__name__}, {n} elements, noise {noise:g} (µs from the call; median of {len(rows)} calls):")
     for key in sorted(rows[0], key=lambda k: statistics.median(r[k] for r in rows) if "gpu" not in k else 1e9):
         print(f"  {key:22s} {statistics.median(r[key] for r in rows):7.1f}")
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--timeline"]:  # the timeline alone
-        for noise in (1e-3, 0.05):
-            timeline(8192 * 7168, noise)
+    if sys.argv[1:2] == ["--timeline"]:  # the timeline alone, then another version's
+        for module in [this, *(load_module(path) for path in sys.argv[2:3])]:
+            for noise in (1e-3, 0.05):
+                timeline(8192 * 7168, noise, module)
         return
     cuda = load_module(sys.argv[1]) if len(sys.argv) > 1 else this
     time_all(cuda)

@@ -126,3 +126,25 @@ def test_wheel_first_small_compare_compiles_nothing(installed: Path, tmp_path: P
     out = json.loads(_run(installed / "validator", "compare", "a.safetensors", "b.safetensors", "--json", cwd=tmp_path, env=env))
     assert out["pairs"][0]["metrics"]["rel_l2"] > 0, out["pairs"][0]
     assert not any(cache.rglob("*")), sorted(cache.rglob("*"))[:5]
+
+
+def test_wheel_first_large_compare_loads_the_compiled_kernels(installed: Path, tmp_path: Path) -> None:
+    """The wheel carries numba's cache of the CPU engine's kernels (setup.py compiles them into it), and the
+    first comparison of a pair too large for the NumPy pass loads them: nothing is compiled into the installed
+    package's cache (numba would add an entry to an index), and nothing into an empty folder."""
+    import torch
+    from safetensors.torch import save_file
+
+    (package,) = installed.parent.glob("lib/python*/site-packages/validator")
+    indexes = {p: p.read_bytes() for p in package.rglob("*.nbi")}
+    assert {"cpu._pass_parallel", "cpu._pass", "resample_compiled.ratios_many"} <= {
+        p.name.split("-")[0] for p in indexes
+    }, sorted(p.name for p in indexes)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(1024, 1024, generator=g).to(torch.bfloat16)
+    save_file({"x": a}, str(tmp_path / "a.safetensors"))
+    save_file({"x": (a.float() * (1 + 1e-2 * torch.randn(1024, 1024, generator=g))).to(torch.bfloat16)}, str(tmp_path / "b.safetensors"))
+    env = {k: v for k, v in _env(tmp_path / "home").items() if not k.startswith("NUMBA_")}
+    out = json.loads(_run(installed / "validator", "compare", "a.safetensors", "b.safetensors", "--json", cwd=tmp_path, env=env))
+    assert 5e-3 < out["pairs"][0]["metrics"]["rel_l2"] < 2e-2, out["pairs"][0]
+    assert {p: p.read_bytes() for p in package.rglob("*.nbi")} == indexes

@@ -1,16 +1,30 @@
-"""numba's on-disk cache, guarded across processes.
+"""numba's on-disk cache: guarded across processes, and loadable on another machine.
 
 numba numbers a new entry of a kernel's on-disk cache from the index it has just read, so two processes that
 compile two signatures of one kernel at the same moment (two dtypes, say) can both write the same file, and
 leave one signature's index entry pointing at the other's code. :func:`first_call` holds an exclusive lock on
 one file in the temporary directory around the first call of a kernel for a set of argument types in this
 process (the call that loads it from the cache, or compiles and saves it); later calls take no lock.
+
+numba keys a cached kernel on the Python and numba versions, a hash of the module's source and the CPU the code
+was built for: by default the host's own model and features, so a cache built on one machine loads on no other.
+:func:`portable_target` (called by the modules that compile, before they import numba) has numba build for the
+named level ``x86-64-v3`` (AVX2, FMA: Intel CPUs since Haswell, AMD since Zen) on every x86-64 host that has
+it. A cache built on any such machine then loads on every other, and the wheel can carry one (``setup.py``: a
+wheel built where numba and torch import compiles the kernels into it), so that the first comparison after
+``pip install`` waits for no compiler. The kernels' results then also come from the same machine code on all
+those hosts. It sets numba's ``NUMBA_CPU_NAME`` and ``NUMBA_CPU_FEATURES`` for the whole process, so only
+before numba is imported and only where neither is set; elsewhere numba builds for the host. numba reads the
+wheel's cache from ``__pycache__`` beside the installed modules where that folder is writable (a virtualenv's)
+and ``NUMBA_CACHE_DIR`` is unset; elsewhere it compiles into a cache of the user's (``validator warm``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import platform
+import sys
 import tempfile
 from collections.abc import Hashable, Iterator
 
@@ -19,6 +33,9 @@ try:
 except ImportError:  # not POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
+LEVEL = "x86-64-v3"
+# what x86-64-v3 asks of a CPU beyond x86-64, as LLVM names the features
+_LEVEL_FEATURES = "cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3 avx avx2 bmi bmi2 f16c fma lzcnt movbe xsave".split()
 _DONE: set[Hashable] = set()
 _PATH = os.path.join(tempfile.gettempdir(), "validator-numba-cache.lock")
 
@@ -37,3 +54,22 @@ def first_call(key: Hashable) -> Iterator[None]:
         _DONE.add(key)
     finally:
         os.close(fd)  # releases the lock
+
+
+def portable_target() -> str | None:
+    """Has numba build for :data:`LEVEL` (see the module), where numba is not imported yet, neither variable is
+    set and the host is an x86-64 CPU with every feature of the level. Returns the CPU name numba builds for
+    when it is one this function chose or would choose, else None (numba builds for the host)."""
+    if os.environ.get("NUMBA_CPU_NAME") == LEVEL and os.environ.get("NUMBA_CPU_FEATURES") == "":
+        return LEVEL
+    if "numba" in sys.modules or "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    import llvmlite.binding as ll  # numba's own LLVM binding (imports no numba)
+
+    have = ll.get_host_cpu_features()
+    if not all(have.get(feature, False) for feature in _LEVEL_FEATURES):
+        return None
+    os.environ["NUMBA_CPU_NAME"], os.environ["NUMBA_CPU_FEATURES"] = LEVEL, ""
+    return LEVEL

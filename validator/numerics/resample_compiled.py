@@ -12,7 +12,8 @@ block sums (``[pairs, n]``), in one call.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from validator.numerics.jit import njit
 
 
 @njit(cache=True)

@@ -5,10 +5,12 @@ compile. Larger ones run numba's kernels, which compile for a set of argument ty
 the machine code in numba's on-disk cache (``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``); a later
 process loads it instead. On a machine whose cache is empty, the first comparison of a large pair of a format
 waits for the compiler: about 5 s for bfloat16 on the 2-core dev box (``benchmarks/first_compare_bench.md``). :func:`warm_up` makes those first calls, for
-every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does). numba drops a
-kernel's cached code when its source file changes, so run it after each install or upgrade, as the user (and with
-the ``NUMBA_CACHE_DIR``) that will run the comparisons: a server's, say, whose read routes never import torch and
-so cannot warm it themselves. Nothing it computes is kept.
+every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does), and so does
+the build of a wheel that can import numba and torch (``setup.py``, ``scripts/wheel``), whose cache then travels in
+the wheel (``numba_cache.py``: where it loads). numba drops a kernel's cached code when its source file changes,
+so after an install whose cache does not load (another Python or numba version, a CPU without x86-64-v3, a
+wheel built without it), run it as the user (and with the ``NUMBA_CACHE_DIR``) that will run the comparisons: a
+server's, say, whose read routes never import torch and so cannot warm it themselves. Nothing it computes is kept.
 """
 
 from __future__ import annotations

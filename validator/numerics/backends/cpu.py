@@ -6,8 +6,9 @@ and float8 values come from a table of every bit pattern, built once from torch'
 as itself). A pair of two formats is read as it is stored, never converted: each side's values are exact
 in float32 (float64 for float64), and the sums are float64; its 16-bit sides are read through their table,
 so that the kernels are compiled for fewer pairs of types. numba compiles the pass for a pair of types at
-its first use; ``backends.totals_of`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy
-pass instead (nothing to compile), which writes the same rows of partials and adds them with the same chain.
+its first use, or loads it from its on-disk cache (which a wheel can carry: ``numerics/numba_cache.py``);
+``backends.totals_of`` sends a pair of at most ``small.NUMPY_MAX`` elements to ``small.py``'s NumPy pass instead
+(nothing to compile), which writes the same rows of partials and adds them with the same chain.
 
 A pair is read in rows of at most :data:`ROW` elements (none across an edge of ``edges``, whose blocks the
 bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`_call`): :data:`GROUP` rows of one pair
@@ -45,11 +46,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange, types
-from numba.extending import overload
 
 from validator.numerics.backends.common import SAFE_HI, SAFE_LO, Totals, exact_ulp, tolerances, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs
@@ -69,6 +67,7 @@ from validator.numerics.backends.small import (
     values,
 )
 from validator.numerics.host import STORAGE
+from validator.numerics.jit import njit, numba, overload, prange, types
 from validator.numerics.numba_cache import first_call
 
 GROUP = 32  # rows per unit, a prange iteration (ROW, from small.py: elements a row of partials covers)

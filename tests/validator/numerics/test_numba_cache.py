@@ -1,0 +1,89 @@
+"""validator.numerics.numba_cache.portable_target: the CPU numba builds the engine for, so that a cache built on one
+machine (a wheel's) loads on another. Each case runs in a fresh interpreter: the test process has imported numba."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import llvmlite.binding as ll
+import pytest
+
+from tests.paths import ROOT
+from validator.numerics.numba_cache import _LEVEL_FEATURES, LEVEL
+
+CHILD = r"""
+import json, os, sys
+if sys.argv[1] == "numba first":
+    import numba
+from validator.numerics import jit
+from validator.numerics.numba_cache import portable_target
+print(json.dumps({"cpu": jit.numba.config.CPU_NAME, "features": jit.numba.config.CPU_FEATURES,
+                  "again": portable_target(), "env": os.environ.get("NUMBA_CPU_NAME")}))
+"""
+
+
+def _child(case: str, **env: str) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")} | env
+    run = subprocess.run([sys.executable, "-c", CHILD, case], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out: dict[str, object] = json.loads(run.stdout.splitlines()[-1])
+    return out
+
+
+def _host_has_level() -> bool:
+    have = ll.get_host_cpu_features()
+    return platform.machine().lower() in ("x86_64", "amd64") and all(have.get(f, False) for f in _LEVEL_FEATURES)
+
+
+def test_the_engine_builds_for_the_level_where_the_host_has_it() -> None:
+    out = _child("plain")
+    if _host_has_level():
+        assert out == {"cpu": LEVEL, "features": "", "again": LEVEL, "env": LEVEL}
+    else:  # the host's own CPU, as numba chooses by default
+        assert out == {"cpu": None, "features": None, "again": None, "env": None}
+
+
+def test_a_cpu_the_user_names_is_kept() -> None:
+    out = _child("plain", NUMBA_CPU_NAME="generic")
+    assert out == {"cpu": "generic", "features": "", "again": None, "env": "generic"}
+
+
+def test_numba_imported_first_keeps_the_host_cpu() -> None:
+    """numba read its settings when it was imported: changing them later would key the cache on a CPU the
+    code was not built for."""
+    out = _child("numba first")
+    assert out == {"cpu": None, "features": None, "again": None, "env": None}
+
+
+@pytest.mark.skipif(not _host_has_level(), reason=f"the host CPU lacks {LEVEL}")
+def test_the_level_measures_what_the_host_cpu_measures() -> None:
+    """The engine's pass built for the level and for the host give the same counts, maxima and ULP distances,
+    and the same rel_l2 and cosine within the engine's stated accuracy (1e-6 relative): their float32 sums add
+    their vector lanes in another order (on an AVX-512 host, rel_l2 differs from the 9th digit)."""
+    code = r"""
+import json, sys, torch
+from validator.numerics.floors import measure_blocks
+g = torch.Generator().manual_seed(1)
+a = torch.randn(512, 1024, generator=g)
+out = []
+for noise in (1e-3, 5e-2):
+    b = a * (1 + noise * torch.randn(a.shape, generator=g))
+    b[3, 7] = float("nan")
+    m, _ = measure_blocks(a.bfloat16(), b.bfloat16())
+    out.append([m.rel_l2, m.cosine, m.max_abs, m.max_ulp, m.nonfinite_a, m.nonfinite_b, m.pass_ratio])
+print(json.dumps(out))
+"""
+    runs = []
+    for env in ({}, {"NUMBA_CPU_NAME": ll.get_host_cpu_name()}):
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")} | env
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs.append(json.loads(run.stdout.splitlines()[-1]))
+    level, host = runs
+    for x, y in zip(level, host):
+        assert x[0] == pytest.approx(y[0], rel=1e-6) and x[1] == pytest.approx(y[1], rel=1e-6)
+        assert x[2:] == y[2:]

@@ -8,15 +8,18 @@ process (the call that loads it from the cache, or compiles and saves it); later
 
 numba keys a cached kernel on the Python and numba versions, a hash of the module's source and the CPU the code
 was built for: by default the host's own model and features, so a cache built on one machine loads on no other.
-:func:`portable_target` (called by the modules that compile, before they import numba) has numba build for the
-named level ``x86-64-v3`` (AVX2, FMA: Intel CPUs since Haswell, AMD since Zen) on every x86-64 host that has
-it. A cache built on any such machine then loads on every other, and the wheel can carry one (``setup.py``: a
-wheel built where numba and torch import compiles the kernels into it), so that the first comparison after
-``pip install`` waits for no compiler. The kernels' results then also come from the same machine code on all
-those hosts. It sets numba's ``NUMBA_CPU_NAME`` and ``NUMBA_CPU_FEATURES`` for the whole process, so only
-before numba is imported and only where neither is set; elsewhere numba builds for the host. numba reads the
-wheel's cache from ``__pycache__`` beside the installed modules where that folder is writable (a virtualenv's)
-and ``NUMBA_CACHE_DIR`` is unset; elsewhere it compiles into a cache of the user's (``validator warm``).
+:func:`portable_target` (called before numba is imported: ``jit.py``) has numba build for a named level instead,
+the first of :data:`LEVELS` whose features the host has: ``x86-64-v4`` (AVX-512: Intel server CPUs since
+Skylake, AMD since Zen 4) or ``x86-64-v3`` (AVX2, FMA: Intel since Haswell, AMD since Zen). A cache built for a
+level on any machine then loads on every other that runs at that level, and the wheel can carry one for each
+level its build host runs (``setup.py``: a wheel built where numba and torch import compiles the kernels into it),
+so that the first comparison after ``pip install`` waits for no compiler. The kernels' results then come from the
+same machine code on all the hosts of a level (on the 2-core dev box the two levels gave the same bits, and the
+host's own build a rel_l2 1e-8 apart: ``benchmarks/cpu_level_ab.py``). It sets numba's ``NUMBA_CPU_NAME`` and
+``NUMBA_CPU_FEATURES`` for the whole process, so only before numba is imported and only where neither is set;
+elsewhere numba builds for the host. numba reads the wheel's cache from ``__pycache__`` beside the installed
+modules where that folder is writable (a virtualenv's) and ``NUMBA_CACHE_DIR`` is unset; elsewhere it compiles
+into a cache of the user's (``validator warm``).
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ try:
 except ImportError:  # not POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
-LEVEL = "x86-64-v3"
-# what x86-64-v3 asks of a CPU beyond x86-64, as LLVM names the features
-_LEVEL_FEATURES = "cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3 avx avx2 bmi bmi2 f16c fma lzcnt movbe xsave".split()
+# the CPU levels numba builds for, the most capable first, with what each asks of a CPU beyond x86-64 (as LLVM
+# names the features)
+_V3 = "cx16 sahf popcnt sse3 sse4.1 sse4.2 ssse3 avx avx2 bmi bmi2 f16c fma lzcnt movbe xsave".split()
+LEVELS: dict[str, list[str]] = {"x86-64-v4": [*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]}
+LEVELS["x86-64-v3"] = _V3
 _DONE: set[Hashable] = set()
 _PATH = os.path.join(tempfile.gettempdir(), "validator-numba-cache.lock")
 
@@ -56,20 +61,27 @@ def first_call(key: Hashable) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def portable_target() -> str | None:
-    """Has numba build for :data:`LEVEL` (see the module), where numba is not imported yet, neither variable is
-    set and the host is an x86-64 CPU with every feature of the level. Returns the CPU name numba builds for
-    when it is one this function chose or would choose, else None (numba builds for the host)."""
-    if os.environ.get("NUMBA_CPU_NAME") == LEVEL and os.environ.get("NUMBA_CPU_FEATURES") == "":
-        return LEVEL
-    if "numba" in sys.modules or "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
-        return None
+def levels() -> list[str]:
+    """The :data:`LEVELS` this host runs, the most capable first (none but on x86-64)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
+        return []
     import llvmlite.binding as ll  # numba's own LLVM binding (imports no numba)
 
     have = ll.get_host_cpu_features()
-    if not all(have.get(feature, False) for feature in _LEVEL_FEATURES):
+    return [name for name, needs in LEVELS.items() if all(have.get(feature, False) for feature in needs)]
+
+
+def portable_target() -> str | None:
+    """Has numba build for the first of :func:`levels` (see the module), where numba is not imported yet and
+    neither variable is set. Returns the level numba builds for (one this function chose, or one set in the two
+    variables as it sets them: a wheel's build compiles each level so), else None (numba builds for the host)."""
+    name = os.environ.get("NUMBA_CPU_NAME")
+    if name in LEVELS and os.environ.get("NUMBA_CPU_FEATURES") == "":
+        return name
+    if "numba" in sys.modules or name is not None or "NUMBA_CPU_FEATURES" in os.environ:
         return None
-    os.environ["NUMBA_CPU_NAME"], os.environ["NUMBA_CPU_FEATURES"] = LEVEL, ""
-    return LEVEL
+    here = levels()
+    if not here:
+        return None
+    os.environ["NUMBA_CPU_NAME"], os.environ["NUMBA_CPU_FEATURES"] = here[0], ""
+    return here[0]

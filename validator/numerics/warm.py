@@ -8,8 +8,8 @@ waits for the compiler: about 5 s for bfloat16 on the 2-core dev box (``benchmar
 every float format, so that no comparison waits: ``validator warm`` runs it (``scripts/setup`` does), and so does
 the build of a wheel that can import numba and torch (``setup.py``, ``scripts/wheel``), whose cache then travels in
 the wheel (``numba_cache.py``: where it loads). numba drops a kernel's cached code when its source file changes,
-so after an install whose cache does not load (another Python or numba version, a CPU without x86-64-v3, a
-wheel built without it), run it as the user (and with the ``NUMBA_CACHE_DIR``) that will run the comparisons: a
+so after an install whose cache does not load (another Python or numba version, a CPU of a level the wheel's
+build did not compile, a wheel built without it), run it as the user (and with the ``NUMBA_CACHE_DIR``) that will run the comparisons: a
 server's, say, whose read routes never import torch and so cannot warm it themselves. Nothing it computes is kept.
 """
 

@@ -282,9 +282,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
+    from validator.numerics.numba_cache import portable_target
     from validator.numerics.warm import warm_up
 
-    print("compiling the CPU comparison engine for each float format (numba; each line when done):", file=sys.stderr, flush=True)
+    cpu = portable_target() or "this host's CPU"  # (before numba is imported: warm_up imports it)
+    print(f"compiling the CPU comparison engine for each float format (numba, for {cpu}; each line when done):", file=sys.stderr, flush=True)
     seconds = warm_up(lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(f"the CPU engine is compiled for every float format ({seconds:.1f} s; numba's on-disk cache keeps it)")
     return 0

@@ -21,8 +21,10 @@ if sys.argv[1] == "numba first":
     import numba
 from validator.numerics import jit
 from validator.numerics.numba_cache import portable_target
+from numba.core.registry import cpu_target
+magic = cpu_target.target_context.codegen().magic_tuple()  # what numba keys a cached kernel's CPU on
 print(json.dumps({"cpu": jit.numba.config.CPU_NAME, "features": jit.numba.config.CPU_FEATURES,
-                  "again": portable_target(), "env": os.environ.get("NUMBA_CPU_NAME")}))
+                  "again": portable_target(), "env": os.environ.get("NUMBA_CPU_NAME"), "key": magic[1:]}))
 """
 
 
@@ -50,29 +52,33 @@ def test_levels_are_named_most_capable_first() -> None:
 
 
 def test_the_engine_builds_for_the_best_level_the_host_has() -> None:
+    """numba keys the cache on the level's name with no feature of the host's: a cache built for the level on
+    one host is the cache of every host of the level."""
     out = _child("plain")
     here = _host_levels()
     if here:
-        assert out == {"cpu": here[0], "features": "", "again": here[0], "env": here[0]}
+        assert out == {"cpu": here[0], "features": "", "again": here[0], "env": here[0], "key": [here[0], ""]}
     else:  # the host's own CPU, as numba chooses by default
-        assert out == {"cpu": None, "features": None, "again": None, "env": None}
+        assert out | {"key": None} == {"cpu": None, "features": None, "again": None, "env": None, "key": None}
+        assert out["key"][0] == ll.get_host_cpu_name()  # type: ignore[index]
 
 
 def test_a_level_set_as_the_wheel_build_sets_it_is_kept() -> None:
     out = _child("plain", NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
-    assert out == {"cpu": "x86-64-v3", "features": "", "again": "x86-64-v3", "env": "x86-64-v3"}
+    assert out == {"cpu": "x86-64-v3", "features": "", "again": "x86-64-v3", "env": "x86-64-v3", "key": ["x86-64-v3", ""]}
 
 
 def test_a_cpu_the_user_names_is_kept() -> None:
     out = _child("plain", NUMBA_CPU_NAME="generic")
-    assert out == {"cpu": "generic", "features": "", "again": None, "env": "generic"}
+    assert out == {"cpu": "generic", "features": "", "again": None, "env": "generic", "key": ["generic", ""]}
 
 
 def test_numba_imported_first_keeps_the_host_cpu() -> None:
     """numba read its settings when it was imported: changing them later would key the cache on a CPU the
     code was not built for."""
     out = _child("numba first")
-    assert out == {"cpu": None, "features": None, "again": None, "env": None}
+    assert out | {"key": None} == {"cpu": None, "features": None, "again": None, "env": None, "key": None}
+    assert out["key"][0] == ll.get_host_cpu_name()  # type: ignore[index]
 
 
 @pytest.mark.skipif(not _host_levels(), reason="the host CPU runs none of the levels")

@@ -1,4 +1,4 @@
-"""The first comparisons after ``pip install``: whole-process times in a fresh virtualenv.
+"""The first comparisons after ``pip install``: whole-process times in a fresh virtualenv, for every pair class.
 
     python benchmarks/first_compare_bench.py --dir /tmp/first-compare
 
@@ -7,16 +7,17 @@ CPU engine's kernels into it) and installs it, not editable, into a fresh virtua
 this environment's site-packages (a .pth line). Then, outside the checkout, one after another, each a whole
 process of the venv's ``validator`` console script:
 
-1. ``validator compare`` of two small .safetensors files (bf16 64 x 64: the NumPy pass, ``backends/small.py``),
-   the first time and again;
+1. ``validator compare`` of two small .safetensors files (bf16 64 x 64, drift 1e-2: the NumPy pass,
+   ``backends/small.py``), the first time and again;
 2. ``validator runs`` (an empty store): the command the small compare is held against;
-3. ``validator compare`` of two larger files (bf16 1024 x 1024: numba's kernels, loaded from the wheel's cache),
-   the first time and again;
-4. the same with numba's cache pointed at an empty folder (``NUMBA_CACHE_DIR``): what the first comparison costs
-   where the wheel's cache does not load (another Python, numba version or CPU level; a wheel built without it),
-   the first time and again.
+3. ``validator compare`` of two 1024 x 1024 files of each pair class of ``engine_bench.py`` (near 1e-3, drift
+   1e-2 and 5e-2, nonfinite, bf16 vs fp32, the projection probe's bf16 vs float64: numba's kernels, loaded from
+   the wheel's cache), each the first time, then drift 1e-2 again;
+4. the same first comparisons with numba's cache pointed at an empty folder of each class's own
+   (``NUMBA_CACHE_DIR``): what a first comparison costs where the wheel's cache does not load (another Python,
+   numba version or CPU level; a wheel built without it).
 
-Prints each time and how many compiled entries the installed package's cache and the empty folder hold after
+Prints each time and how many compiled entries the installed package's cache and the empty folders hold after
 each step (a step that compiled adds some).
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.engine_bench import CLASSES  # noqa: E402  (the pair classes every engine benchmark measures)
 from tests.wheel_venv import install_wheel  # noqa: E402  (the venv a user's pip install leaves)
 
 
@@ -43,16 +45,15 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def make_pair(folder: Path, rows: int, cols: int) -> tuple[Path, Path]:
-    import torch
+def save_pair(folder: Path, name: str, rows: int, cols: int) -> tuple[Path, Path]:
+    """Two .safetensors files of ``engine_bench.CLASSES[name]``, rows x cols."""
     from safetensors.torch import save_file
 
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
-    b = (a.float() * (1 + 1e-2 * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
-    paths = folder / f"a-{rows}x{cols}.safetensors", folder / f"b-{rows}x{cols}.safetensors"
-    save_file({"x": a}, str(paths[0]))
-    save_file({"x": b}, str(paths[1]))
+    a, b = CLASSES[name](rows * cols, "cpu")
+    stem = f"{name.replace(' ', '-')}-{rows}x{cols}"
+    paths = folder / f"a-{stem}.safetensors", folder / f"b-{stem}.safetensors"
+    save_file({"x": a.reshape(rows, cols).contiguous()}, str(paths[0]))
+    save_file({"x": b.reshape(rows, cols).contiguous()}, str(paths[1]))
     return paths
 
 
@@ -66,31 +67,32 @@ def main() -> None:
     t0 = time.perf_counter()
     bin_dir = install_wheel(work)
     print(f"wheel built and installed in a fresh virtualenv: {time.perf_counter() - t0:.1f} s")
-    small, large = make_pair(work, 64, 64), make_pair(work, 1024, 1024)
+    small = save_pair(work, "drift 1e-2", 64, 64)
+    large = {name: save_pair(work, name, 1024, 1024) for name in CLASSES}
     (package,) = (work / "venv").glob("lib/python*/site-packages/validator")
     empty = work / "numba-cache"
-    empty.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VALIDATOR_", "NUMBA_")) and k != "PYTHONPATH"}
     env |= {"VALIDATOR_HOME": str(work / "home")}
-    elsewhere = env | {"NUMBA_CACHE_DIR": str(empty)}
-    validator = bin_dir / "validator"
     steps = [
         ("compare 64x64 bf16 files, first", ["compare", *small], env),
         ("compare 64x64 bf16 files, again", ["compare", *small], env),
         ("runs", ["runs"], env),
-        ("compare 1024x1024 bf16 files, first", ["compare", *large], env),
-        ("compare 1024x1024 bf16 files, again", ["compare", *large], env),
-        ("compare 1024x1024 bf16 files, cache elsewhere, first", ["compare", *large], elsewhere),
-        ("compare 1024x1024 bf16 files, cache elsewhere, again", ["compare", *large], elsewhere),
-    ]
+        *((f"compare 1024x1024 {name}, first", ["compare", *pair], env) for name, pair in large.items()),
+        ("compare 1024x1024 drift 1e-2, again", ["compare", *large["drift 1e-2"]], env),
+        *(
+            (f"compare 1024x1024 {name}, cache elsewhere, first", ["compare", *pair],
+             env | {"NUMBA_CACHE_DIR": str(empty / str(i))})
+            for i, (name, pair) in enumerate(large.items())
+        ),
+    ]  # fmt: skip
+    validator = bin_dir / "validator"
     print(f"compiled entries in the wheel: {sum(1 for _ in package.rglob('*.nbc'))}")
     for label, argv, step_env in steps:
         began = time.perf_counter()
         run(validator, *argv, cwd=work, env=step_env)
         took = time.perf_counter() - began
         installed, other = sum(1 for _ in package.rglob("*.nbc")), sum(1 for _ in empty.rglob("*.nbc"))
-        print(f"{label}: {took:.2f} s (compiled entries: installed package {installed}, empty folder {other})")
-
+        print(f"{label}: {took:.2f} s (compiled entries: installed package {installed}, empty folders {other})")
 
 if __name__ == "__main__":
     main()

@@ -3,8 +3,9 @@ numba's default, the host's own CPU model and features, alternating whole proces
 
     python benchmarks/cpu_level_ab.py [--rounds 4] [--levels x86-64-v3,x86-64-v4]
 
-Each process measures bf16 pairs of 16 Mi and 64 Mi elements at relative noise 1e-3, 1e-2 and 5e-2
-(``floors.measure_blocks``, as a comparison calls it; one call first, then the median of 15), with numba's cache
+Each process measures pairs of 16 Mi and 64 Mi elements of every class of ``engine_bench.CLASSES`` (near 1e-3,
+drift 1e-2 and 5e-2, nonfinite, bf16 vs fp32, the projection capture; ``floors.measure_blocks``, as a comparison
+calls it, in rows of 4,096; one call first, then the median of 15), with numba's cache
 in a folder of its own for each build (the first round compiles). Prints each process's medians, then the
 fastest per build and pair, and whether the two builds gave the same metrics.
 """
@@ -24,16 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, time
 import numpy as np
-import torch
+from benchmarks.engine_bench import CLASSES
 from validator.numerics.floors import measure_blocks
 
-g = torch.Generator().manual_seed(0)
 times, metrics = {}, {}
 for n in (1 << 24, 1 << 26):
-    a = torch.randn(n // 4096, 4096, generator=g)
-    for noise in (1e-3, 1e-2, 5e-2):
-        x, y = a.bfloat16(), (a * (1 + noise * torch.randn(a.shape, generator=g))).bfloat16()
-        key = f"{n >> 20} Mi, noise {noise:g}"
+    for name, make in CLASSES.items():
+        x, y = (t.reshape(-1, 4096) for t in make(n, "cpu"))
+        key = f"{n >> 20} Mi, {name}"
         m, _ = measure_blocks(x, y)
         took = []
         for _ in range(15):
@@ -41,10 +40,9 @@ for n in (1 << 24, 1 << 26):
             measure_blocks(x, y)
             took.append(time.perf_counter() - t)
         times[key] = float(np.median(took)) * 1e3
-        metrics[key] = [m.rel_l2, m.cosine, m.max_abs, m.max_ulp, m.pass_ratio]
+        metrics[key] = [m.rel_l2, m.cosine, m.max_abs, m.max_ulp, m.pass_ratio, m.nonfinite_a, m.nonfinite_b]
 print(json.dumps({"times": times, "metrics": metrics}))
 """
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

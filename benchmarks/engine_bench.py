@@ -92,6 +92,15 @@ def _noisy(
     return a.to(dtype), b
 
 
+def engine_info() -> dict[str, Any]:
+    """What the engine has here: numba's threads, CUDA, and Triton's version where the GPU backend imports."""
+    from validator.numerics.backends.cpu import threads
+
+    cuda = kernels._cuda()
+    triton = None if cuda is None else cuda.triton.__version__
+    return {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": triton}
+
+
 def make_pair(n: int, device: str, seed: int = 0, noise: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 pair of n normal values, b = a * (1 + noise * normal) (1e-3: ULP distances 0-2)."""
     return _noisy(n, device, noise, seed)
@@ -291,7 +300,7 @@ def main() -> None:
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
-        "engine": kernels.info(),
+        "engine": engine_info(),
         "rows": [],
     }
     if "gpu" in sections and torch.cuda.is_available():

@@ -117,8 +117,9 @@ def measure(
     totals = totals_of(a, b, atol=float(atol), rtol=float(rtol), chunk_elems=chunk_elems, edges=edges)
     metrics = metrics_from_totals(totals, a.dtype, b.dtype, atol, rtol)
     if p99:  # in torch (a second read of the pair)
-        from validator.numerics.backends.common import p99_ulp, ulp_spec
+        from validator.numerics.backends.common import ulp_spec
         from validator.numerics.backends.reference import chunk_pairs
+        from validator.numerics.p99 import p99_ulp
 
         ta, tb = as_torch(a), as_torch(b)
         spec = ulp_spec(ta.dtype, tb.dtype)

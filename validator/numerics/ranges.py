@@ -7,7 +7,7 @@ gives for the whole pair, bit for bit (validator.executors measures huge pairs t
 
 Why it is exact: the CPU engine (``backends.cpu``) writes one row of float64 partials (a², b², d², |d|, a·d)
 per at most :data:`ROW` elements, rows laid from each row-block edge, and adds the rows of the whole pair in
-one chain (``cpu.merge_rows`` runs the same code). A range that starts where one of the whole pair's rows starts (:func:`is_cut`) has exactly those
+one chain (``small.chain``, the code the passes add their rows with). A range that starts where one of the whole pair's rows starts (:func:`is_cut`) has exactly those
 rows; :func:`measure_range` returns them, not their sum, and :func:`merge` runs the chain over all the
 ranges' rows as the whole pass does (and rebuilds the block sums from them, so a cut may fall inside a row
 block). Counts are integers (they add), the largest |d| and ULP distance are exact per range (the
@@ -31,8 +31,8 @@ import torch
 
 from validator.numerics.backends import backend_for
 from validator.numerics.backends.common import FLOAT_DTYPES, Totals
-from validator.numerics.backends.cpu import cpu_range_rows, merge_rows, row_plan
-from validator.numerics.backends.small import ROW
+from validator.numerics.backends.cpu import cpu_range_rows, row_plan
+from validator.numerics.backends.small import ROW, block_sums, chain
 from validator.numerics.floors import BlockSums, _edges, _rows
 from validator.numerics.metrics import MetricInputError, TensorMetrics, metrics_from_totals
 
@@ -131,7 +131,8 @@ def merge_totals(parts: Sequence[RangePartials]) -> Totals:
     shape, numel = _check_cover(parts)
     edges = _edges(shape)
     _, owner = row_plan(edges, numel)
-    sums, blocks = merge_rows(np.concatenate([p.rows for p in parts]), owner, len(edges) - 1)
+    rows = np.concatenate([p.rows for p in parts])
+    sums, blocks = chain(rows, np.array([0, len(rows)]))[0], block_sums(rows, owner, len(edges) - 1)
     counts = np.array([p.counts for p in parts], np.int64).sum(0)
     max_abs = max(p.max_abs for p in parts)
     max_ulp = None if parts[0].max_ulp is None else max(p.max_ulp or 0 for p in parts)

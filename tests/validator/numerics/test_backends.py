@@ -302,7 +302,7 @@ def test_cpu_pairs_from_several_threads_at_once() -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_p99_on_request_matches_numpy(case: str) -> None:
-    # the opt-in exact p99 (common.p99_ulp), in pieces of any size, against NumPy's nearest rank
+    # the opt-in exact p99 (numerics.p99.p99_ulp), in pieces of any size, against NumPy's nearest rank
     a, b, atol, rtol = CASES[case]
     ref = _np_metrics(a, b, atol, rtol)
     for chunk in (1000, 1 << 22):
@@ -327,6 +327,17 @@ def test_tolerance_boundary_passes_like_float64() -> None:
         assert cpu_totals(a, b, atol=1e-5, rtol=1e-3).counts == expected
         # rtol past 2**20: every block counted in float64
         assert cpu_totals(a, b, atol=1e-5, rtol=2.0**21).counts == reference_totals(a, b, 1e-5, 2.0**21, 1 << 22).counts
+
+
+def test_zero_atol_counts_exact_zeros_like_float64() -> None:
+    # atol 0: the float32 band's low atol is below 0, and an exact 0 difference still passes (relu-like
+    # pairs, half their elements 0 on both sides, some equal and some past the tolerance)
+    g = torch.Generator().manual_seed(12)
+    a = torch.relu(torch.randn(100_000, generator=g)).to(torch.bfloat16)
+    b = (a.double() * (1 + 2e-3 * torch.randn(100_000, generator=g, dtype=torch.float64))).to(torch.bfloat16)
+    b[::7] = a[::7]
+    for rtol in (0.0, 1e-3):
+        assert cpu_totals(a, b, atol=0.0, rtol=rtol).counts == reference_totals(a, b, 0.0, rtol, 1 << 22).counts
 
 
 def test_memory_mapped_safetensors_are_read_in_place(tmp_path: Path) -> None:
@@ -498,7 +509,8 @@ def test_exact_ulp_bounds_the_float32_difference(dtype: torch.dtype) -> None:
     """Within ``common.exact_ulp`` ULPs, float32's b - a is the exact difference: every finite pair for the
     float8 types; for the 16-bit types every finite b against 64 values of a spread over the exponents, and a
     million random pairs near the bound."""
-    from validator.numerics.backends.common import ULP_DTYPES, exact_ulp, ulp_distance
+    from validator.numerics.backends.common import ULP_DTYPES, exact_ulp
+    from validator.numerics.p99 import ulp_distance
 
     int_dtype = ULP_DTYPES[dtype][0]
     every = torch.arange(1 << (8 * dtype.itemsize), dtype=torch.int32).to(int_dtype).view(dtype)

@@ -240,27 +240,30 @@ def test_small_pairs_take_the_numpy_pass_alone_and_together() -> None:
     assert bits(small.small_totals_many(pairs, atol=1e-5, rtol=1e-3)) == bits(one)
 
 
-def test_small_chain_is_the_engines_chain_bitwise() -> None:
-    """small.chain and the numba engine's (cpu.merge_rows) add rows in one order, from 0.0: the same bits,
-    -0.0 rows and cancelling rows included."""
-    from validator.numerics.backends.cpu import merge_rows
-
+def test_chain_adds_rows_in_order_from_zero() -> None:
+    """small.chain (every pass adds its rows with it) is a sequential float64 sum from 0.0, bit for bit, in both of
+    its strategies, -0.0 rows and cancelling rows included; small.block_sums is that chain over each block."""
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((300, 5)) * 10.0 ** rng.integers(-8, 8, (300, 1))
     rows[:7] = -0.0
     rows[20:24, 4] = [1e30, 1.0, -1e30, -1.0]
+
+    def in_order(part: np.ndarray) -> list[float]:
+        out = [0.0] * part.shape[1]
+        for row in part.tolist():
+            out = [x + y for x, y in zip(out, row)]
+        return out
+
+    for first in (np.array([0, 7, 7, 150, 300]), np.arange(301), np.array([0, 300])):  # few long pairs, many short
+        want = [in_order(rows[lo:hi]) for lo, hi in zip(first, first[1:])]
+        assert bits(small.chain(rows, first)) == bits(np.array(want))
     owner = np.sort(rng.integers(0, 9, 300))
-    owner[:7] = 0
-    sums, blocks = merge_rows(rows, owner, 10)
-    assert bits(small.chain(rows, np.array([0, 300]))[0]) == bits(sums)
-    seg = np.concatenate(([0], np.flatnonzero(np.diff(owner)) + 1, [300]))
     want = np.zeros((2, 10))
-    want[:, owner[seg[:-1]]] = small.chain(rows[:, [2, 0]], seg).T
-    assert bits(want) == bits(blocks)
-    for first in (np.array([0, 7, 7, 150, 300]), np.arange(301)):  # many pairs of few rows, and the other way
-        got = small.chain(rows, first)
-        assert bits(got) == bits(np.array([merge_rows(rows[lo:hi], np.zeros(hi - lo, np.int64), 1)[0]
-                                           for lo, hi in zip(first, first[1:])]))  # fmt: skip
+    for j in range(10):
+        mine = rows[owner == j]
+        if len(mine):
+            want[:, j] = in_order(mine[:, [2, 0]])
+    assert bits(small.block_sums(rows, owner, 10)) == bits(want)
 
 
 def test_small_comparison_imports_no_numba(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from validator.numerics.backends.small import NUMPY_MAX, SMALL, small_totals, small_totals_many
 from validator.numerics.backends.totals import Totals
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from validator.numerics.host import Array
 
-__all__ = ["Totals", "backend_for", "batchable", "totals_of", "totals_of_many", "info"]
+__all__ = ["Totals", "backend_for", "batchable", "totals_of", "totals_of_many"]
 
 
 @functools.cache
@@ -125,16 +125,3 @@ def batchable(a: torch.Tensor, b: torch.Tensor) -> bool:
     contiguous, not empty and of at most SMALL elements (a larger pair keeps every thread busy alone)."""
     return 0 < a.numel() <= SMALL and a.is_contiguous() and b.is_contiguous()
 
-
-def info() -> dict[str, Any]:
-    """What is available here (for benchmarks and bug reports)."""
-    import torch
-
-    from validator.numerics.backends.cpu import threads
-
-    out: dict[str, Any] = {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": None}
-    if _cuda() is not None:
-        import triton
-
-        out["triton"] = triton.__version__
-    return out

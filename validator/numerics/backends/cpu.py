@@ -20,18 +20,18 @@ bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
   float64 for float16 and float32 (:func:`_acc`), added in float64 per span or piece;
 - the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
-  (``common.EPS``, ``TINY``): equal counts are the float64 count, else the row counts again in float64;
+  (``common.EPS``, ``TINY``): equal counts are the float64 count;
 - the largest ULP distance.
 
-A row whose sums of squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past
-float32's range, tiny values, all zeros) is computed again the reference's way: float64, NaN/Inf
-masked and counted. A pair with a float64 side takes the same fused path with float64 per element (its tolerance
-test and largest |d| checked as above). ``max_abs``: float32 rounding is monotonic, so the exact largest |d|
-is among the positions of the largest float32 |d|; after the pass NumPy reads the rows that hold a pair's
-largest again in float64, unless their ULP distances show their float32 differences exact (``common.exact_ulp``)
-(:func:`_tops`). A pass over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
+A pair with a float64 side takes the same fused path with float64 per element. After the pass NumPy reads again
+(:func:`_redo`), by ``small.rows_of``, the float64 definition the reference runs too: each row whose sums of
+squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past float32's range, tiny values) or whose two
+tolerance counts differ, and, for its largest |d| alone, each row that holds a pair's largest float32 |d| unless
+its ULP distances show its float32 differences exact (``common.exact_ulp``): float32 rounding is monotonic, so the
+exact largest |d| is among those positions. A pass over at most :data:`SMALL` elements runs on the calling thread
+(:func:`_call`).
 
-Each row of elements writes one row of partials, and a pair's rows are added one after another (:func:`_add_rows`,
+Each row of elements writes one row of partials, and a pair's rows are added one after another (``small.add_up``,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
 the thread count, on which thread ran which row, or on how pairs were grouped. Integer and boolean
 pairs take the reference (``backends.backend_for``).
@@ -58,7 +58,9 @@ from validator.numerics.backends.small import (
     ROW,
     SMALL,
     add_ints,
+    add_up,
     lay_out,
+    ordinals,
     pair_totals,
     plan,
     read,
@@ -239,7 +241,8 @@ def _lanes_of(n: int) -> Callable[..., None]:
             s_abs += abs(sd)
             s_ad += sx * sd
             top = max(top, np.float32(ad).view(np.int32))
-            n_lo = np.int32(n_lo + np.int32(ad <= aa * r_lo + a_lo))  # int32 throughout: numba would widen
+            # int32 throughout: numba would widen. A float32 |d| of 0 is an exact 0, which passes whatever atol >= 0
+            n_lo = np.int32(n_lo + np.int32(ad <= max(aa * r_lo + a_lo, np.float32(0))))
             n_hi = np.int32(n_hi + np.int32(ad <= aa * r_hi + a_hi))
             top_ulp = max(top_ulp, _dist(xa[k], xb[k]))
         f[0], f[1], f[2], f[3], f[4] = f[0] + s_a2, f[1] + s_b2, f[2] + s_d2, f[3] + s_abs, f[4] + s_ad
@@ -258,7 +261,7 @@ _short_lanes = _lanes_of(SHORT_SPAN)  # a row cut short by an edge
 def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
     """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. A row cut short by an edge is
     read in spans of SHORT_SPAN, its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but
-    to the tolerance counts). False: the row needs float64 (c untouched)."""
+    to the tolerance counts). A row float32 cannot decide is marked, f[MAX32] = -1, for :func:`_redo`."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
@@ -278,59 +281,16 @@ def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
             _short_lanes(_values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1]), pad_a, pad_b, tol, f, cnt)
             pad = whole + SHORT_SPAN - m
     top = f[MAX32]
+    # zeros padded in pass when 0 <= the low (high) atol; equal counts are float64's count
+    n_lo, n_hi = cnt[0] - pad * int(0 <= np.float32(tol[2])), cnt[1] - pad * int(0 <= np.float32(tol[4]))
     # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
-    if not (SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)):
-        return False
-    n_lo, n_hi, top_ulp = cnt
-    # a zero passes when 0 <= the low (high) atol
-    n_lo -= pad * int(0 <= np.float32(tol[2]))
-    passed = n_lo
-    if tol[6] == 0 or n_lo != n_hi - pad * int(0 <= np.float32(tol[4])):
-        passed = 0
-        for j in range(m):
-            x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
-            passed += abs(y - x) <= tol[0] + tol[1] * abs(x)
-    f[MAX_EXACT] = 0.0  # the exact max: found after the pass (_tops)
-    c[0], c[1], c[2], c[3], c[4], c[5] = m, passed, 0, 0, 0, top_ulp if ulp else 0
+    safe = SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)
+    if not safe or tol[6] == 0 or n_lo != n_hi:
+        f[MAX32] = -1.0
+        return
+    f[MAX_EXACT] = top  # exact, or below the pair's largest |d| unless it is the pair's largest float32 (_redo)
+    c[0], c[1], c[2], c[3], c[4], c[5] = m, n_lo, 0, 0, 0, cnt[2] if ulp else 0
     c[6], c[7], c[8] = 0, 0, 0
-    return True
-
-
-@njit(cache=True)
-def _masked(xa, xb, ta, tb, ulp, atol, rtol, f, c):
-    """A row the reference's way, in float64: NaN/Inf left out of the sums and the ULP distances, and
-    counted."""
-    s_a2 = s_b2 = s_d2 = s_abs = s_ad = top = 0.0
-    both = passed = nf_a = nf_b = mismatch = top_ulp = nan_a = nan_b = inf_same = 0
-    for j in range(xa.size):
-        x, y = np.float64(_float(xa[j], ta)), np.float64(_float(xb[j], tb))
-        fin_a, fin_b = np.isfinite(x), np.isfinite(y)
-        if fin_a and fin_b:
-            d = y - x
-            ad = abs(d)
-            s_a2 += x * x
-            s_b2 += y * y
-            s_d2 += d * d
-            s_abs += ad
-            s_ad += x * d
-            top = max(top, ad)
-            both += 1
-            passed += ad <= atol + rtol * abs(x)
-            if ulp:
-                top_ulp = max(top_ulp, _dist(xa[j], xb[j]))
-        else:
-            nf_a += not fin_a
-            nf_b += not fin_b
-            nan_a += np.isnan(x)
-            nan_b += np.isnan(y)
-            inf_same += x == y  # both the same infinity (NaN equals nothing)
-            if not fin_a and not fin_b and (x == y or (np.isnan(x) and np.isnan(y))):
-                passed += 1  # NaN/NaN, +Inf/+Inf or -Inf/-Inf
-            else:
-                mismatch += 1
-    f[0], f[1], f[2], f[3], f[4], f[5], f[6] = s_a2, s_b2, s_d2, s_abs, s_ad, top, 0.0
-    c[0], c[1], c[2], c[3], c[4], c[5] = both, passed, nf_a, nf_b, mismatch, top_ulp
-    c[6], c[7], c[8] = nan_a, nan_b, inf_same
 
 
 @njit(cache=True, nogil=True)
@@ -343,8 +303,7 @@ def _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u):
     for row in range(units[u], units[u + 1]):
         ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
         f, c = part_f[row], part_i[row]
-        if not _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
-            _masked(ya, yb, ta, tb, ulp, tol[0], tol[1], f, c)
+        _fast(ya, yb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c)
 
 
 @njit(cache=True, nogil=True)
@@ -362,21 +321,6 @@ def _pass_parallel(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i):
     host: 16-18 GB/s against 35, one piece a thread 30; 4 Mi: 11 against 22)."""
     for u in prange(len(units) - 1):
         _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u)
-
-
-@njit(cache=True)
-def _add_rows(rows, owner, first, sums, blocks):
-    """The rows of partials of each pair p (rows first[p] .. first[p+1]) added one after another in float64:
-    a², b², d², |d|, a·d into sums[p], and the d² and a² of row r into blocks[0, owner[r]], blocks[1, owner[r]]."""
-    for p in range(len(first) - 1):
-        for i in range(5):
-            s = 0.0
-            for r in range(first[p], first[p + 1]):
-                s += rows[r, i]
-            sums[p, i] = s
-        for r in range(first[p], first[p + 1]):
-            blocks[0, owner[r]] += rows[r, 2]
-            blocks[1, owner[r]] += rows[r, 0]
 
 
 # ---------------------------------------------------------------- the passes over pairs
@@ -418,37 +362,40 @@ def _float64(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     return values(bits.view(STORAGE[name]), name)
 
 
-def _tops(xa: np.ndarray, xb: np.ndarray, form: _Format, starts: np.ndarray, part_f: np.ndarray,
-          part_i: np.ndarray, first: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Each pair's exact largest |d| (pair p: rows first[p] .. first[p+1]). Float32 rounding is monotonic, so it is
-    in a row whose largest float32 |d| is the pair's largest: that value itself where the row's ULP distances keep
-    its float32 differences exact (``common.exact_ulp``), else the row read again in float64 (:data:`GROUP` rows
-    of elements at a time). Rows redone in float64 (:func:`_masked`) hold their exact largest already."""
-    best = np.maximum.reduceat(part_f[:, MAX_EXACT], first[:-1])
-    top32 = np.maximum.reduceat(part_f[:, MAX32], first[:-1])
-    pair = np.repeat(np.arange(len(first) - 1), np.diff(first))
-    holds = (part_f[:, MAX32] == top32[pair]) & (part_f[:, MAX32] > 0)
+def _redo(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float, starts: np.ndarray,
+          part_f: np.ndarray, part_i: np.ndarray, first: np.ndarray) -> None:  # fmt: skip
+    """Rows read again by ``small.rows_of``, the float64 definition, their partials replaced: the rows float32 did
+    not decide (f[MAX32] -1: NaN/Inf, squares past float32's comfortable range, a tolerance count the band does
+    not settle), and the rows holding a pair's largest float32 |d| (pair p: rows first[p] .. first[p+1]) whose
+    float32 differences may be inexact (``common.exact_ulp``), whose exact largest |d| alone is replaced. Float32
+    rounding is monotonic, so a pair's exact largest |d| is in a row whose float32 largest is the pair's, and every
+    other row's float32 largest is below it. Rows are read :data:`GROUP` at a time."""
+    mine = part_f[:, MAX32]
+    top32 = np.maximum.reduceat(mine, first[:-1])[np.repeat(np.arange(len(first) - 1), np.diff(first))]
     inexact = part_i[:, MAX_ULP] > (exact_ulp(form.a) if form.ulp else -1)
-    best = np.maximum(best, np.where(np.logical_or.reduceat(holds & ~inexact, first[:-1]), top32, 0.0))
-    redo = np.flatnonzero(holds & inexact)
-    if not len(redo):
-        return best
-    runs = np.split(redo, np.flatnonzero(np.diff(redo) != 1) + 1)  # consecutive rows: one span of elements
-    for rows in (run[i : i + GROUP] for run in runs for i in range(0, len(run), GROUP)):
-        lo, hi = starts[rows[0]], starts[rows[-1] + 1]
-        d = np.abs(_float64(xb[lo:hi], form.b) - _float64(xa[lo:hi], form.a))
-        np.maximum.at(best, pair[rows], np.maximum.reduceat(d, starts[rows] - lo))
-    return best
+    undecided = mine < 0
+    redo = np.flatnonzero(undecided | ((mine == top32) & (mine > 0) & inexact))
+    for at in range(0, len(redo), GROUP):
+        rows = redo[at : at + GROUP]
+        n = starts[rows + 1] - starts[rows]
+        begin = np.cumsum(n) - n
+        idx = np.repeat(starts[rows] - begin, n) + np.arange(n.sum())
+        ya, yb = xa[idx], xb[idx]
+        dist = np.abs(ordinals(ya) - ordinals(yb)) if form.ulp else None
+        got_f, got_i = rows_of(_float64(ya, form.a), _float64(yb, form.b), dist, atol, rtol, np.append(begin, n.sum()))
+        part_f[rows, MAX_EXACT] = got_f[:, MAX_EXACT]
+        whole = undecided[rows]  # (a row read again for its largest |d| alone keeps its sums: a range's bits)
+        part_f[rows[whole], :MAX_EXACT], part_i[rows[whole]] = got_f[whole, :MAX_EXACT], got_i[whole]
 
 
 class _Run(NamedTuple):
-    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per pair its exact largest
-    |d| (:func:`_tops`), its sums and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest
-    ULP distance the largest of its rows'); the block d² and a²."""
+    """What :func:`_run` returns: the rows of partials (``[rows, 7]``, see _unit); per pair its sums, its exact
+    largest |d| and the int columns of its rows added (``[pairs, 9]``, as a row's: the largest ULP distance the
+    largest of its rows'); the block d² and a² (``small.add_up``)."""
 
     rows: np.ndarray
-    tops: np.ndarray
     sums: np.ndarray
+    tops: np.ndarray
     ints: np.ndarray
     blocks: np.ndarray
 
@@ -464,9 +411,8 @@ def _run(
     part_f, part_i = np.empty((rows, 7)), np.empty((rows, 9), np.int64)
     args = (xa, xb, _table(form.a), _table(form.b), form.ulp, starts, units, _tolerances(atol, rtol))
     _call(int(starts[-1]), *args, part_f, part_i)
-    sums, blocks = np.empty((len(first) - 1, 5)), np.zeros((2, n_blocks))
-    _add_rows(part_f, owner, first, sums, blocks)
-    return _Run(part_f, _tops(xa, xb, form, starts, part_f, part_i, first), sums, add_ints(part_i, first), blocks)
+    _redo(xa, xb, form, atol, rtol, starts, part_f, part_i, first)
+    return _Run(part_f, *add_up(part_f, part_i, first, owner, n_blocks))
 
 
 def _one(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float,
@@ -554,14 +500,6 @@ def cpu_range_rows(
     nan_a, nan_b, inf_same = ints[NAN_A:].tolist()
     max_ulp = int(ints[MAX_ULP]) if ulp else None
     return np.ascontiguousarray(rows[:, :5]), ints[:MAX_ULP], float(max_abs), max_ulp, (nan_a, nan_b, inf_same)
-
-
-def merge_rows(rows: np.ndarray, owner: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sums, block d² and a²) of a contiguous pair from all its rows of partials (``[rows, 5]``, in row
-    order) and the edge block of each row, added by the code :func:`cpu_totals` adds them with."""
-    sums, blocks = np.zeros((1, 5)), np.zeros((2, n_blocks))
-    _add_rows(rows, owner, np.array([0, len(rows)]), sums, blocks)
-    return sums[0], blocks
 
 
 def row_plan(edges: Sequence[int], numel: int) -> tuple[np.ndarray, np.ndarray]:

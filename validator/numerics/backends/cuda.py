@@ -69,7 +69,7 @@ ROW_WIDTH = 16
 @triton.jit
 def _ordinal(x, BITS: tl.constexpr):
     """Bit pattern -> point on a monotonic integer line (int32, int64 for 32-bit floats), as
-    ``common.ulp_distance``: s where the sign bit is clear, else -(s & mask)."""
+    ``numerics.p99.ulp_distance``: s where the sign bit is clear, else -(s & mask)."""
     if BITS == 32:
         s = x.to(tl.int32, bitcast=True).to(tl.int64)
         neg = s >> 63

@@ -4,8 +4,7 @@ A pair of at most :data:`NUMPY_MAX` elements (the whole pair's count: a size, ne
 of a cache) is read here; a larger one by the numba kernels of ``cpu.py``, which compile at their first use.
 So comparing small tensors (a demo, two small files, a drill-down page) waits for no compiler and does not
 import numba. Both write the same rows of partials (:func:`plan`: at most ``ROW`` elements a row, rows
-laid from each edge of the pair's blocks) and add them in one sequential float64 chain (:func:`chain`, the
-bits of ``cpu._add_rows``), so a small pair measured in ranges (``validator.numerics.ranges``) merges into
+laid from each edge of the pair's blocks) and add them in one sequential float64 chain (:func:`chain`), so a small pair measured in ranges (``validator.numerics.ranges``) merges into
 the bits measured whole.
 
 A side is a CPU torch tensor or a ``host.HostArray`` (a small tensor read from a file as NumPy, bfloat16 and
@@ -111,7 +110,7 @@ def values(bits: np.ndarray, name: str) -> np.ndarray:
 
 
 def ordinals(bits: np.ndarray) -> np.ndarray:
-    """Each element's bit pattern as a point on a monotonic integer line (``common.ulp_distance``): its bits,
+    """Each element's bit pattern as a point on a monotonic integer line (``numerics.p99.ulp_distance``): its bits,
     or minus them without the sign bit where that is set; computed in the storage width (it fits), int64."""
     s = bits.view(_SIGNED[bits.itemsize])
     neg = s >> (8 * bits.itemsize - 1)  # -1 where the sign bit is set, else 0
@@ -160,8 +159,8 @@ def rows_of(x: np.ndarray, y: np.ndarray, dist: np.ndarray | None, atol: float, 
 
 
 def chain(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Each pair's rows (pair p: rows first[p] .. first[p+1]) added one after another in float64, from 0.0:
-    ``cpu._add_rows``' chain, bit for bit (``[pairs, columns]``). ``np.cumsum`` adds in order; its first term
+    """Each pair's rows (pair p: rows first[p] .. first[p+1]) added one after another in float64, from 0.0
+    (``[pairs, columns]``; the NumPy and numba passes and merged ranges add their rows here). ``np.cumsum`` adds in order; its first term
     is the first row, not 0.0 + it, which differs only where that is -0.0: adding 0.0 at the end gives the
     chain's +0.0 there, and changes nothing else."""
     pairs = len(first) - 1
@@ -183,13 +182,19 @@ def add_up(
     rows_f: np.ndarray, rows_i: np.ndarray, first: np.ndarray, owner: np.ndarray, n_blocks: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per pair (rows first[p] .. first[p+1]): the sums (:func:`chain`), the largest |d| and its int columns
-    (:func:`add_ints`); and per edge block (``owner``: each row's, of ``n_blocks``) its d² and a²
-    (``[2, n_blocks]``), each a chain of its rows."""
+    (:func:`add_ints`); and the d² and a² of each edge block (:func:`block_sums`)."""
+    tops = np.maximum.reduceat(rows_f[:, TOP], first[:-1])
+    return chain(rows_f[:, :5], first), tops, add_ints(rows_i, first), block_sums(rows_f, owner, n_blocks)
+
+
+def block_sums(rows_f: np.ndarray, owner: np.ndarray, n_blocks: int) -> np.ndarray:
+    """The d² and a² (``[2, n_blocks]``) of each edge block (``owner``: each row's, never decreasing), each a
+    :func:`chain` of its rows."""
     blocks = np.zeros((2, n_blocks))
     cut = np.flatnonzero(np.diff(owner)) + 1  # owner never decreases: a block's rows lie together
     seg = np.concatenate(([0], cut, [len(owner)]))
     blocks[:, owner[seg[:-1]]] = chain(rows_f[:, [2, 0]], seg).T
-    return chain(rows_f[:, :5], first), np.maximum.reduceat(rows_f[:, TOP], first[:-1]), add_ints(rows_i, first), blocks
+    return blocks
 
 
 def add_ints(rows_i: np.ndarray, first: np.ndarray) -> np.ndarray:

@@ -70,18 +70,11 @@ ROW_WIDTH = 16
 def _ordinal(x, BITS: tl.constexpr):
     """Bit pattern -> point on a monotonic integer line (int32, int64 for 32-bit floats), as
     ``numerics.p99.ulp_distance``: s where the sign bit is clear, else -(s & mask)."""
-    if BITS == 32:
-        s = x.to(tl.int32, bitcast=True).to(tl.int64)
-        neg = s >> 63
-        return (s ^ (neg & 0x7FFFFFFF)) - neg
-    elif BITS == 16:
-        s = x.to(tl.int16, bitcast=True).to(tl.int32)
-        neg = s >> 31
-        return (s ^ (neg & 0x7FFF)) - neg
-    else:
-        s = x.to(tl.int8, bitcast=True).to(tl.int32)
-        neg = s >> 31
-        return (s ^ (neg & 0x7F)) - neg
+    IT: tl.constexpr = tl.int32 if BITS == 32 else (tl.int16 if BITS == 16 else tl.int8)
+    WIDE: tl.constexpr = tl.int64 if BITS == 32 else tl.int32
+    s = x.to(IT, bitcast=True).to(WIDE)
+    neg = s >> (WIDE.primitive_bitwidth - 1)
+    return (s ^ (neg & ((1 << (BITS - 1)) - 1))) - neg
 
 
 @triton.jit
@@ -94,24 +87,17 @@ def _f64(x):
 
 
 @triton.jit
-def _finite(x, raw, F8: tl.constexpr):
-    """Finite positions of x. For float8 (F8: 1 e4m3fn, 2 e5m2) the bits decide, whatever the decoder."""
-    if F8 == 1:  # no Inf; NaN is S.1111.111
-        return (raw.to(tl.int8, bitcast=True) & 0x7F) != 0x7F
-    elif F8 == 2:  # exponent 11111: Inf or NaN
-        return (raw.to(tl.int8, bitcast=True) & 0x7C) != 0x7C
-    else:
-        return tl.abs(x) < float("inf")  # False for NaN and +-Inf
-
-
-@triton.jit
-def _nan(x, raw, F8: tl.constexpr):
+def _finite(x, raw, F8: tl.constexpr, NAN: tl.constexpr = 0):
+    """Finite positions of x (with NAN: its NaN positions). For float8 (F8: 1 e4m3fn, 2 e5m2) the bits decide,
+    whatever the decoder: e4m3fn has no Inf and its NaN is S.1111.111; e5m2's exponent 11111 is Inf or NaN."""
     if F8 == 1:
-        return (raw.to(tl.int8, bitcast=True) & 0x7F) == 0x7F
+        low = raw.to(tl.int8, bitcast=True) & 0x7F
+        return (low == 0x7F) if NAN else (low != 0x7F)
     elif F8 == 2:
-        return (raw.to(tl.int8, bitcast=True) & 0x7F) > 0x7C
+        low = raw.to(tl.int8, bitcast=True) & 0x7F
+        return (low > 0x7C) if NAN else ((low & 0x7C) != 0x7C)
     else:
-        return x != x
+        return (x != x) if NAN else (tl.abs(x) < float("inf"))  # False for NaN and +-Inf
 
 
 @triton.jit
@@ -215,7 +201,7 @@ def _group(
         if CHECK:
             fa, fb = _finite(xa, a, A8), _finite(xb, b, B8)
             both = inb & fa & fb
-            nan_a, nan_b = _nan(xa, a, A8), _nan(xb, b, B8)
+            nan_a, nan_b = _finite(xa, a, A8, 1), _finite(xb, b, B8, 1)
             inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((xa < 0) == (xb < 0))
             same = (inb & nan_a & nan_b) | inf_same
             v_nfa += (inb & ~fa).to(tl.int32)
@@ -332,41 +318,35 @@ def _fix_row(
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64 by
-    :func:`_group` over all the row's tiles: the whole row with NaN/Inf left out and counted, or its count of
-    the tolerance test (a marked count is in a row of finite values only), or its exact largest |d|."""
+    :func:`_group` over all the row's tiles: the whole row with NaN/Inf left out and counted (a row marked so, or
+    one whose largest float32 |d| may be inexact and is the largest of all rows, g), or its count of the tolerance
+    test (a marked count is in a row of finite values only)."""
     start, n = _span(seg_ptr, K, pid, ALIGN)
     a_ptr, b_ptr = a_ptr + start, b_ptr + start
     cols = tl.arange(0, 16)
     tiles = tl.cdiv(n, TILE)
-    if tl.sum(tl.where(cols == BOTH, mine, 0)) < 0:  # the whole row: masked as the reference does
+    whole = tl.sum(tl.where(cols == BOTH, mine, 0)) < 0
+    if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:
+        top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
+        g = tl.cast(-1.0, tl.float64)
+        # g: the largest float32 |d| of all rows (the pass wrote them; each such row reads them all, fine for the
+        # at most PROGRAMS + one per block rows of a pair). Float32 rounding is monotonic: the exact largest |d|
+        # is in a row whose float32 largest is g
+        for r0 in tl.range(0, programs, _CHUNK, num_stages=3):
+            r = r0 + tl.arange(0, _CHUNK)
+            g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + MAX32, mask=r < programs, other=-1.0)))
+        whole = whole | ((top == g) & (g > 0))
+    if whole:  # masked as the reference does
         qa, qb, qd, qabs, qad, qtop, qlo, _, qulp, _, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
             a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, BITS, A8, B8, 1, 0, 1, 1, 1,
         )  # fmt: skip
         _floats(row, qa, qb, qd, qabs, qad, qtop)
         _counts(row, n - qout, qlo + qsame, qnfa, qnfb, qout - qsame, qulp, qnan_a, qnan_b, qinf)
-    else:
-        if tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
-            _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
-                a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, 1, 1, 0,
-            )  # fmt: skip
-            _put(row, PASSED, passed)
-        if tl.sum(tl.where(cols == MAX_EXACT, mine, 0)) < 0:  # the exact largest |d|, if this row holds g
-            top = tl.sum(tl.where(cols == MAX32, mine, 0)).to(tl.float64, bitcast=True)
-            g = tl.cast(-1.0, tl.float64)
-            # g: the largest float32 |d| of all rows (the pass wrote them; each such row reads them all, fine for
-            # the at most PROGRAMS + one per block rows of a pair)
-            for r0 in tl.range(0, programs, _CHUNK, num_stages=3):
-                r = r0 + tl.arange(0, _CHUNK)
-                g = tl.maximum(g, tl.max(tl.load(part_ptr + r * 16 + MAX32, mask=r < programs, other=-1.0)))
-            if (top == g) & (g > 0):
-                g32 = g.to(tl.float32)
-                best = tl.zeros([TILE], dtype=tl.float64)
-                for t in tl.range(tiles):
-                    a, b, inb = _load(a_ptr, b_ptr, n, t, TILE)
-                    xa, xb = a.to(tl.float32), b.to(tl.float32)
-                    hit = inb & (tl.abs(xb - xa) == g32) & _finite(xa, a, A8) & _finite(xb, b, B8)
-                    best = tl.maximum(best, tl.where(hit, tl.abs(_f64(b) - _f64(a)), 0.0))
-                tl.store(row + MAX_EXACT, tl.max(best))
+    elif tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
+        _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
+            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, 1, 1, 0,
+        )  # fmt: skip
+        _put(row, PASSED, passed)
 
 
 @triton.jit(do_not_specialize=["K", "rows", "first", "programs", "fixers", "nseg"])  # see _launch

@@ -316,6 +316,7 @@ def _pass_kernel(
 def _fix_row(
     a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """What the pass marked in ``row`` (its values ``mine``, as int64 bits), done again in float64 by
     :func:`_group` over all the row's tiles: the whole row with NaN/Inf left out and counted (a row marked so, or
@@ -338,13 +339,13 @@ def _fix_row(
         whole = whole | ((top == g) & (g > 0))
     if whole:  # masked as the reference does
         qa, qb, qd, qabs, qad, qtop, qlo, _, qulp, _, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
-            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, BITS, A8, B8, 1, 0, 1, 1, 1,
+            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, BITS, A8, B8, 1, 0, STAGES, 1, 1,
         )  # fmt: skip
         _floats(row, qa, qb, qd, qabs, qad, qtop)
         _counts(row, n - qout, qlo + qsame, qnfa, qnfb, qout - qsame, qulp, qnan_a, qnan_b, qinf)
     elif tl.sum(tl.where(cols == PASSED, mine, 0)) < 0:
         _, _, _, _, _, _, passed, _, _, _, _, _, _, _, _, _, _ = _group(
-            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, 1, 1, 0,
+            a_ptr, b_ptr, n, 0, tiles, atol, rtol, 0.0, 0.0, 0.0, 0.0, TILE, 0, A8, B8, 1, 0, STAGES, 1, 0,
         )  # fmt: skip
         _put(row, PASSED, passed)
 
@@ -353,7 +354,7 @@ def _fix_row(
 def _fix_kernel(
     a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     """Rows first + ROWS * pid ... of this piece's ``rows`` (of all ``programs``): what the pass marked, done
     again in float64 (:func:`_fix_row`). The last program to finish a segment's K rows adds their d² and a²
@@ -368,7 +369,8 @@ def _fix_kernel(
             mine = tl.load(row + cols).to(tl.int64, bitcast=True)  # the row in one read; its -1 marks work
             if tl.min(mine) < 0:
                 _fix_row(
-                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs, TILE, BITS, A8, B8, ALIGN,
+                    a_ptr, b_ptr, seg_ptr, K, pid, row, mine, atol, rtol, part_ptr, programs,
+                    TILE, BITS, A8, B8, ALIGN, STAGES,
                 )  # fmt: skip
             if nseg > 1:  # the row's writes, then its segment's count (release: the segment's last sees them all)
                 s = (first + pid) // K
@@ -469,7 +471,7 @@ def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: boo
     exact = exact_ulp(dtype_a) if bits else -1
     f64 = torch.float64 in (dtype_a, dtype_b)
     pass_args = {"F64": f64, "BAND": band, "EXACT_ULP": exact, "STAGES": STAGES, "FLUSH": FLUSH, **common}
-    return pass_args, {"ROWS": FIX_ROWS, **common}
+    return pass_args, {"ROWS": FIX_ROWS, "STAGES": STAGES, **common}
 
 
 _BINARIES: dict[tuple[Any, ...], tuple[CompiledKernel, tuple[Any, ...]]] = {}

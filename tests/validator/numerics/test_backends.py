@@ -329,13 +329,18 @@ def test_tolerance_boundary_passes_like_float64() -> None:
         assert cpu_totals(a, b, atol=1e-5, rtol=2.0**21).counts == reference_totals(a, b, 1e-5, 2.0**21, 1 << 22).counts
 
 
-def test_zero_atol_counts_exact_zeros_like_float64() -> None:
-    # atol 0: the float32 band's low atol is below 0, and an exact 0 difference still passes (relu-like
-    # pairs, half their elements 0 on both sides, some equal and some past the tolerance)
+def relu_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """Half the elements 0 on both sides, some equal and some past a relative tolerance of 1e-3."""
     g = torch.Generator().manual_seed(12)
     a = torch.relu(torch.randn(100_000, generator=g)).to(torch.bfloat16)
     b = (a.double() * (1 + 2e-3 * torch.randn(100_000, generator=g, dtype=torch.float64))).to(torch.bfloat16)
     b[::7] = a[::7]
+    return a, b
+
+
+def test_zero_atol_counts_exact_zeros_like_float64() -> None:
+    # atol 0: the float32 band's low atol is below 0, and an exact 0 difference still passes
+    a, b = relu_pair()
     for rtol in (0.0, 1e-3):
         assert cpu_totals(a, b, atol=0.0, rtol=rtol).counts == reference_totals(a, b, 0.0, rtol, 1 << 22).counts
 
@@ -471,6 +476,14 @@ def test_cuda_tolerance_boundary_passes_like_float64() -> None:
     for a, b in boundary_pairs():
         got = kernels.totals_of(a.cuda(), b.cuda(), atol=1e-5, rtol=1e-3, chunk_elems=1 << 22)
         assert got.counts == reference_totals(a, b, 1e-5, 1e-3, 1 << 22).counts
+
+
+@CUDA
+def test_cuda_zero_atol_counts_exact_zeros_like_float64() -> None:
+    a, b = relu_pair()
+    for rtol in (0.0, 1e-3):
+        got = kernels.totals_of(a.cuda(), b.cuda(), atol=0.0, rtol=rtol, chunk_elems=1 << 22)
+        assert got.counts == reference_totals(a, b, 0.0, rtol, 1 << 22).counts
 
 
 @CUDA

@@ -226,7 +226,8 @@ def _group(
         if F64:  # the reference's own float64 test
             v_lo += (both & (ad <= atol + _unfused(rtol * aa, both, xa))).to(tl.int32)
         elif BAND:  # counted against tolerances moved down and up: equal counts are the exact count
-            v_lo += (both & (ad <= aa * r_lo + a_lo)).to(tl.int32)
+            # (a float32 |d| of 0 is an exact 0: it passes whatever atol >= 0)
+            v_lo += (both & (ad <= tl.maximum(aa * r_lo + a_lo, 0.0))).to(tl.int32)
             v_hi += (both & (ad <= aa * r_hi + a_hi)).to(tl.int32)
         if BITS != 0:
             dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
@@ -284,7 +285,7 @@ def _pass_kernel(
             if fine == 0:
                 qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
                     a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-                    TILE, BITS, A8, B8, F64, BAND, 1, MASKED, 1,
+                    TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 1,
                 )  # fmt: skip
                 if not F64:  # past float32's range with NaN/Inf left out: the row in float64
                     over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1

@@ -8,8 +8,8 @@ every call. Two kernels, then one small read back to the host:
    |d|, a·d; float32, float64 where a side is float64), the largest |d|, two counts of the tolerance test and
    the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW_WIDTH``). Whole tiles are
    read without a mask (a few instructions an element fewer), a last part-tile under one. A group of FLUSH tiles
-   whose sums come out past float32's range (NaN/Inf among them) is read again at once, NaN/Inf left out and
-   counted. Where the pass could differ from the float64 reference it marks the row:
+   whose sums come out past float32's range (NaN/Inf among them) is read again at once (pipelined as the first
+   read), NaN/Inf left out and counted. Where the pass could differ from the float64 reference it marks the row:
    - float32 squares outside float32's comfortable range (``common.SAFE_LO``, ``SAFE_HI``) with NaN/Inf left
      out: the whole row;
    - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count
@@ -19,7 +19,8 @@ every call. Two kernels, then one small read back to the host:
      exact unless their exponents are far apart, which only a large ULP distance allows (``common.exact_ulp``);
      a row whose distances stay within that bound holds an exact largest |d|, any other is marked.
 2. ``_fix_kernel``: the programs of marked rows read their elements again and redo what was marked in
-   float64, as the reference rounds it; the others only read their row. The program that finishes the last
+   float64, as the reference rounds it (a marked largest |d|: the whole row, where its float32 largest is g);
+   the others only read their row. The program that finishes the last
    row of a segment (a block of the edges, or its part in one piece) adds that segment's d² and a², and the last
    program to finish adds all rows; each in a fixed order (sums and counts added, maxima taken).
 

@@ -112,6 +112,9 @@ def cases() -> dict[str, Case]:
     out["inexact-differences-float32"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
     out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
+    a, b = pair(torch.bfloat16, 5000, seed=18)  # relu-like: half the elements 0 on both sides, atol 0
+    a, b = a.clamp(min=0), torch.where(a > 0, b, 0.0).to(torch.bfloat16)
+    out["relu-zero-atol"] = (a, b, 0.0, 1e-3)
     a, b = pair(torch.bfloat16, 3000, seed=17)
     out["rtol-past-the-band"] = (a, b, 1e-5, 2.0**21)  # the tolerance test counted in float64
     out["atol-past-the-band"] = (a.float(), b.float(), 1e31, 0.0)
@@ -416,7 +419,7 @@ def _interpreter_main(config: str = "default") -> None:
                           "nonfinite": t.nonfinite}))  # fmt: skip
 
 
-SMALL_PROGRAM_CASES = ["plain-bfloat16", "nonfinite-float16", "many-nonfinite-bfloat16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
+SMALL_PROGRAM_CASES = ["plain-bfloat16", "relu-zero-atol", "nonfinite-float16", "many-nonfinite-bfloat16", "spread-float32", "close-bfloat16", "inexact-differences-bfloat16", "non-contiguous"]
 
 
 def many_edges(n: int) -> list[int]:

@@ -96,9 +96,11 @@ def engine_info() -> dict[str, Any]:
     """What the engine has here: numba's threads, CUDA, and Triton's version where the GPU backend imports."""
     from validator.numerics.backends.cpu import threads
 
-    cuda = kernels._cuda()
-    triton = None if cuda is None else cuda.triton.__version__
-    return {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": triton}
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    return {"cpu_threads": threads(), "cuda": torch.cuda.is_available(), "triton": getattr(triton, "__version__", None)}
 
 
 def make_pair(n: int, device: str, seed: int = 0, noise: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:

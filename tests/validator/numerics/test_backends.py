@@ -112,8 +112,10 @@ def cases() -> dict[str, Case]:
     out["inexact-differences-float32"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
     out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
-    a, b = pair(torch.bfloat16, 5000, seed=18)  # relu-like: half the elements 0 on both sides, atol 0
+    # relu-like, atol 0: half the elements 0 on both sides, some equal, some past rtol (large enough for numba)
+    a, b = pair(torch.bfloat16, 20_000, seed=18, noise=2e-3)
     a, b = a.clamp(min=0), torch.where(a > 0, b, 0.0).to(torch.bfloat16)
+    b[::7] = a[::7]
     out["relu-zero-atol"] = (a, b, 0.0, 1e-3)
     a, b = pair(torch.bfloat16, 3000, seed=17)
     out["rtol-past-the-band"] = (a, b, 1e-5, 2.0**21)  # the tolerance test counted in float64
@@ -332,18 +334,9 @@ def test_tolerance_boundary_passes_like_float64() -> None:
         assert cpu_totals(a, b, atol=1e-5, rtol=2.0**21).counts == reference_totals(a, b, 1e-5, 2.0**21, 1 << 22).counts
 
 
-def relu_pair() -> tuple[torch.Tensor, torch.Tensor]:
-    """Half the elements 0 on both sides, some equal and some past a relative tolerance of 1e-3."""
-    g = torch.Generator().manual_seed(12)
-    a = torch.relu(torch.randn(100_000, generator=g)).to(torch.bfloat16)
-    b = (a.double() * (1 + 2e-3 * torch.randn(100_000, generator=g, dtype=torch.float64))).to(torch.bfloat16)
-    b[::7] = a[::7]
-    return a, b
-
-
 def test_zero_atol_counts_exact_zeros_like_float64() -> None:
     # atol 0: the float32 band's low atol is below 0, and an exact 0 difference still passes
-    a, b = relu_pair()
+    a, b, _, _ = CASES["relu-zero-atol"]
     for rtol in (0.0, 1e-3):
         assert cpu_totals(a, b, atol=0.0, rtol=rtol).counts == reference_totals(a, b, 0.0, rtol, 1 << 22).counts
 
@@ -483,7 +476,7 @@ def test_cuda_tolerance_boundary_passes_like_float64() -> None:
 
 @CUDA
 def test_cuda_zero_atol_counts_exact_zeros_like_float64() -> None:
-    a, b = relu_pair()
+    a, b, _, _ = CASES["relu-zero-atol"]
     for rtol in (0.0, 1e-3):
         got = kernels.totals_of(a.cuda(), b.cuda(), atol=0.0, rtol=rtol, chunk_elems=1 << 22)
         assert got.counts == reference_totals(a, b, 0.0, rtol, 1 << 22).counts

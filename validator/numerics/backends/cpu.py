@@ -59,6 +59,7 @@ from validator.numerics.backends.small import (
     SMALL,
     add_ints,
     add_up,
+    dtype_name,
     lay_out,
     ordinals,
     pair_totals,
@@ -358,7 +359,7 @@ def _bits(t: torch.Tensor, mixed: bool) -> np.ndarray:
 
 def _float64(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """The float64 values of elements read as :func:`_bits` gives them: ``small.values`` of their storage form."""
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     return values(bits.view(STORAGE[name]), name)
 
 

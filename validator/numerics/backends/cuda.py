@@ -121,7 +121,7 @@ def _span(seg_ptr, K, pid, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _load(a_ptr, b_ptr, n, t, TILE: tl.constexpr, MASKED: tl.constexpr = 1):
+def _load(a_ptr, b_ptr, n, t, TILE: tl.constexpr, MASKED: tl.constexpr):
     """Tile t of a program's n elements (a_ptr, b_ptr: its first) and where it is inside them. Without
     MASKED the tile is known to be whole: the loads need no mask, and tests of ``inb`` fold away."""
     offs = t * TILE + tl.arange(0, TILE)

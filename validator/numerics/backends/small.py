@@ -80,7 +80,7 @@ def stored(t: Array) -> tuple[np.ndarray, str]:
         return t.bits.reshape(-1), t.dtype
     import torch
 
-    flat, name = t.reshape(-1), _dtype_name(t.dtype)
+    flat, name = t.reshape(-1), dtype_name(t.dtype)
     if flat.stride(0) != 1:  # (one element of stride 2 is "contiguous": contiguous() would keep it)
         flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
     if name not in STORAGE or name in ("float64", "float32", "float16"):  # (integers and bool: the reference's)
@@ -90,7 +90,8 @@ def stored(t: Array) -> tuple[np.ndarray, str]:
 
 
 @functools.cache
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the names ``host.STORAGE`` and :func:`values` read."""
     return str(dtype).removeprefix("torch.")
 
 

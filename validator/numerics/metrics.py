@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from validator.errors import InputError
 from validator.numerics.backends import Totals, as_torch, totals_of, totals_of_many
+from validator.numerics.backends.small import dtype_name
 from validator.numerics.host import HostArray
 from validator.numerics.jsonsafe import json_safe
 
@@ -220,8 +221,8 @@ def metrics_from_totals(
     denom = sum_a2 + sum_b2
     return TensorMetrics(
         numel=numel,
-        dtype_a=_dtype_name(dtype_a),
-        dtype_b=_dtype_name(dtype_b),
+        dtype_a=dtype_name(dtype_a),
+        dtype_b=dtype_name(dtype_b),
         norm_a=norm_a,
         norm_b=norm_b,
         rel_l2=rel_l2,
@@ -238,8 +239,3 @@ def metrics_from_totals(
         nonfinite_mismatch=mismatch,
         max_ulp=totals.max_ulp,
     )
-
-
-@functools.cache
-def _dtype_name(dtype: torch.dtype | str) -> str:
-    return str(dtype).removeprefix("torch.")

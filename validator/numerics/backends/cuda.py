@@ -42,6 +42,7 @@ from triton.compiler import CompiledKernel
 
 from validator.numerics.backends.common import SAFE_HI, SAFE_LO, Totals, blocks_meeting, exact_ulp, tolerances, ulp_spec
 from validator.numerics.backends.reference import chunk_pairs, compute_device
+from validator.numerics.backends.small import empty_totals
 
 TILE = 1024  # elements per tile
 MIN_TILES = 16  # tiles per program at least
@@ -76,15 +77,6 @@ def _ordinal(x, BITS: tl.constexpr):
     s = x.to(IT, bitcast=True).to(WIDE)
     neg = s >> (WIDE.primitive_bitwidth - 1)
     return (s ^ (neg & ((1 << (BITS - 1)) - 1))) - neg
-
-
-@triton.jit
-def _f64(x):
-    """x in float64 (8- and 16-bit floats by way of float32, exactly)."""
-    if x.dtype.is_fp64():
-        return x
-    else:
-        return x.to(tl.float32).to(tl.float64)
 
 
 @triton.jit
@@ -172,9 +164,12 @@ def _layout(buf_ptr, nseg):
 
 @triton.jit
 def _widen(x, F64: tl.constexpr):
-    """x in the pass's arithmetic: float64 where a side is float64, else float32."""
-    if F64:
-        return _f64(x)
+    """x in the pass's arithmetic: float64 where a side is float64 (8- and 16-bit floats by way of float32,
+    exactly), else float32."""
+    if x.dtype.is_fp64():
+        return x
+    elif F64:
+        return x.to(tl.float32).to(tl.float64)
     else:
         return x.to(tl.float32)
 
@@ -506,8 +501,7 @@ def cuda_totals(
     edges = tuple(edges) or (0, a.numel())
     pieces = _chunks(a, b, device, chunk_elems)
     if not pieces:
-        zeros = (0.0,) * (len(edges) - 1)
-        return Totals(a.numel(), (0.0,) * 5, 0.0, (0,) * 5, 0 if spec is not None else None, zeros, zeros, (0, 0, 0))
+        return empty_totals(a, b, edges)
     plan = _plan(tuple(ca.numel() for ca, _ in pieces), edges, device)
     owner, K, nseg, total = plan.owner, plan.K, len(plan.owner), sum(plan.rows)
     tol, band = _tolerances(atol, rtol, device)  # without the band the tolerance test is counted in float64

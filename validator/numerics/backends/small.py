@@ -90,8 +90,9 @@ def stored(t: Array) -> tuple[np.ndarray, str]:
 
 
 @functools.cache
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``: the names ``host.STORAGE`` and :func:`values` read."""
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` (or a HostArray's ``"bfloat16"``) -> ``"bfloat16"``: the names ``host.STORAGE`` and
+    :func:`values` read."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -278,7 +279,7 @@ def small_totals_many(pairs: Sequence[tuple[Array, Array, Sequence[int]]], *, at
 def empty_totals(a: Array, b: Array, edges: Sequence[int]) -> Totals:
     """The totals of a pair of no elements: zeros."""
     zeros = (0.0,) * max(1, len(edges) - 1)
-    ulp = has_ulp(stored(a)[1], stored(b)[1])
+    ulp = has_ulp(dtype_name(a.dtype), dtype_name(b.dtype))
     return Totals(0, (0.0,) * 5, 0.0, (0,) * 5, 0 if ulp else None, zeros, zeros)
 
 

@@ -91,6 +91,13 @@ def cases() -> dict[str, Case]:
     a, b = pair(torch.bfloat16, 5000, seed=7)  # NaN/Inf in one lane of several tiles
     a[::5], b[::5], b[1::50], a[2::100], b[2::100] = math.nan, math.nan, math.inf, -math.inf, -math.inf
     out["many-nonfinite-bfloat16"] = (a, b, 1e-5, 1e-3)
+    for dt in (torch.float32, torch.float16, torch.float64):  # masked logits: NaN/Inf in every row, a short row last
+        a, b = pair(dt, 3 * 2048 + 700, seed=19)
+        g = torch.Generator().manual_seed(19)
+        masked = torch.rand(a.numel(), generator=g) < 0.3
+        a[masked], b[masked] = -math.inf, -math.inf  # the same infinity: passes
+        a[1::97], b[2::89], b[5::211] = math.nan, math.inf, math.nan  # NaN in a, +Inf in b, NaN in b
+        out[f"masked-rows-{_name(dt)}"] = (a, b, 1e-5, 1e-3)
     out["empty"] = (torch.empty(0, dtype=torch.bfloat16), torch.empty(0, dtype=torch.bfloat16), 1e-5, 1e-3)
     out["scalar"] = (torch.tensor(2.0), torch.tensor(2.5), 1e-5, 1e-3)
     a, b = pair(torch.float64, 700, seed=6)

@@ -23,12 +23,14 @@ bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`
   (``common.EPS``, ``TINY``): equal counts are the float64 count;
 - the largest ULP distance.
 
-A pair with a float64 side takes the same fused path with float64 per element. After the pass NumPy reads again
-(:func:`_redo`), by ``small.rows_of``, the float64 definition the reference runs too: each row whose sums of
-squares are not finite or leave 2**-100..2**100 (NaN/Inf, squares past float32's range, tiny values) or whose two
-tolerance counts differ, and, for its largest |d| alone, each row that holds a pair's largest float32 |d| unless
-its ULP distances show its float32 differences exact (``common.exact_ulp``): float32 rounding is monotonic, so the
-exact largest |d| is among those positions. A pass over at most :data:`SMALL` elements runs on the calling thread
+A pair with a float64 side takes the same fused path with float64 per element. A row whose sums come out past
+float32's range (NaN/Inf among its elements) is read again at once by the same loop with the positions not finite in
+both sides left out and counted (:func:`_spans` with ``masked``, as the GPU pass does): a row of masked logits costs
+a second read, not a fall to NumPy. After the pass NumPy reads again (:func:`_redo`), by ``small.rows_of``, the
+float64 definition the reference runs too: each row whose sums of squares still leave 2**-100..2**100 (squares past
+float32's range, tiny values, no finite position) or whose two tolerance counts differ, and, for its largest |d|
+alone, each row that holds a pair's largest float32 |d| unless its ULP distances show its float32 differences exact
+(``common.exact_ulp``): float32 rounding is monotonic, so the exact largest |d| is among those positions. A pass over at most :data:`SMALL` elements runs on the calling thread
 (:func:`_call`).
 
 Each row of elements writes one row of partials, and a pair's rows are added one after another (``small.add_up``,
@@ -215,23 +217,38 @@ def _values_of(x, table, out):
     return lambda x, table, out: x
 
 
-def _lanes_of(n: int) -> Callable[..., None]:
+def _lanes_of(n: int, masked: bool) -> Callable[..., None]:
     """A kernel over ``n`` elements of xa, xb (their values read from va, vb: :func:`_values`): adds the
     float32 (:func:`_acc`) sums of a², b², d², |d|, a·d to f[0..4] and raises f[MAX32] to the largest float32 |d|;
     adds to ``cnt`` the counts of the tolerance test against the band's low and high tolerances, and raises
-    cnt[2] to the largest ULP distance. The sums stay in registers: numba's
-    ``fastmath`` flag ``reassoc`` lets LLVM vectorize them across its lanes (the order is the compiled loop's,
-    the same at every call on one machine), ``contract`` fuses each product into its sum. ``n`` is a constant
-    of the compiled loop: LLVM then vectorizes all of it, in half the time of a loop of any length."""
+    cnt[2] to the largest ULP distance. ``masked``: positions not finite in both sides are left out of all of it,
+    and counted into cnt[3..9] (not finite in a, in b, in either; NaN in a, in b; the same non-finite value in
+    both, NaN or one infinity; the same infinity in both), as ``small.rows_of`` counts them. The sums stay in
+    registers: numba's ``fastmath`` flag ``reassoc`` lets LLVM vectorize them across its lanes (the order is the
+    compiled loop's, the same at every call on one machine), ``contract`` fuses each product into its sum. ``n``
+    is a constant of the compiled loop: LLVM then vectorizes all of it, in half the time of a loop of any length."""
 
     @njit(cache=True, fastmath={"reassoc", "contract"})
     def lanes_of_n(va, vb, xa, xb, tol, f, cnt):
         a_lo, r_lo, a_hi, r_hi = np.float32(tol[2]), np.float32(tol[3]), np.float32(tol[4]), np.float32(tol[5])
         s_a2 = s_b2 = s_d2 = s_abs = s_ad = _acc(xa[0], xb[0], np.float32(0))
         top = n_lo = n_hi = np.int32(0)  # top: the bits of the largest |d| (they order as the values)
-        top_ulp = _dist(xa[0], xa[0])  # 0, of a type the distances fit
+        nf_a = nf_b = out = nan_a = nan_b = same = inf_same = np.int32(0)
+        top_ulp = zero = _dist(xa[0], xa[0])  # 0, of a type the distances fit
         for k in range(n):
             x, y = _float(va[k], va), _float(vb[k], vb)
+            ok = True
+            if masked:  # (a constant: the fast loop has none of it)
+                # (& and |, not and and or: no branches, so the loop vectorizes)
+                fin_x, fin_y, nan_x, nan_y = abs(x) < np.inf, abs(y) < np.inf, x != x, y != y
+                ok = fin_x & fin_y
+                both_inf = (not fin_x) & (x == y)  # (NaN equals nothing)
+                nf_a, nf_b = np.int32(nf_a + np.int32(not fin_x)), np.int32(nf_b + np.int32(not fin_y))
+                out, inf_same = np.int32(out + np.int32(not ok)), np.int32(inf_same + np.int32(both_inf))
+                nan_a, nan_b = np.int32(nan_a + np.int32(nan_x)), np.int32(nan_b + np.int32(nan_y))
+                same = np.int32(same + np.int32(both_inf | (nan_x & nan_y)))
+                x = x if ok else np.float32(0)
+                y = y if ok else np.float32(0)
             d = y - x
             ad, aa = abs(d), abs(x)
             sx, sy = _acc(xa[k], xb[k], x), _acc(xa[k], xb[k], y)
@@ -243,55 +260,78 @@ def _lanes_of(n: int) -> Callable[..., None]:
             s_ad += sx * sd
             top = max(top, np.float32(ad).view(np.int32))
             # int32 throughout: numba would widen. A float32 |d| of 0 is an exact 0, which passes whatever atol >= 0
-            n_lo = np.int32(n_lo + np.int32(ad <= max(aa * r_lo + a_lo, np.float32(0))))
-            n_hi = np.int32(n_hi + np.int32(ad <= aa * r_hi + a_hi))
-            top_ulp = max(top_ulp, _dist(xa[k], xb[k]))
+            n_lo = np.int32(n_lo + np.int32(ok & (ad <= max(aa * r_lo + a_lo, np.float32(0)))))
+            n_hi = np.int32(n_hi + np.int32(ok & (ad <= aa * r_hi + a_hi)))
+            dist = _dist(xa[k], xb[k])
+            top_ulp = max(top_ulp, dist if ok else zero)  # (not "else top_ulp": the loop would not vectorize)
         f[0], f[1], f[2], f[3], f[4] = f[0] + s_a2, f[1] + s_b2, f[2] + s_d2, f[3] + s_abs, f[4] + s_ad
         f[MAX32] = max(f[MAX32], np.float64(np.int32(top).view(np.float32)))
         cnt[0], cnt[1] = cnt[0] + n_lo, cnt[1] + n_hi
         cnt[2] = max(cnt[2], top_ulp)
+        if masked:
+            cnt[3], cnt[4], cnt[5], cnt[6] = cnt[3] + nf_a, cnt[4] + nf_b, cnt[5] + out, cnt[6] + nan_a
+            cnt[7], cnt[8], cnt[9] = cnt[7] + nan_b, cnt[8] + same, cnt[9] + inf_same
 
     return lanes_of_n
 
 
-_lanes = _lanes_of(SPAN)  # a whole row, SPAN elements at a time
-_short_lanes = _lanes_of(SHORT_SPAN)  # a row cut short by an edge
+# a whole row, SPAN elements at a time; a row cut short by an edge; each also with NaN/Inf left out and counted
+_lanes, _short_lanes = _lanes_of(SPAN, False), _lanes_of(SHORT_SPAN, False)
+_lanes_masked, _short_lanes_masked = _lanes_of(SPAN, True), _lanes_of(SHORT_SPAN, True)
 
 
 @njit(cache=True)
-def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
-    """A row in float32 (:func:`_lanes`): sums and largest |d| into f, counts into c. A row cut short by an edge is
-    read in spans of SHORT_SPAN, its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but
-    to the tolerance counts). A row float32 cannot decide is marked, f[MAX32] = -1, for :func:`_redo`."""
+def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
+    """A row in float32 (:func:`_lanes`, with ``masked`` :func:`_lanes_masked`): sums and largest |d| into f,
+    counts into cnt; returns how many zeros it padded. A row cut short by an edge is read in spans of SHORT_SPAN,
+    its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but to the tolerance counts)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
     va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
-    pad = 0
     if m == ROW:  # (a constant trip count: the loop LLVM unrolls)
         for p in range(0, ROW, SPAN):
-            _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
-    else:  # a row cut short by an edge: spans of SHORT_SPAN, the last with zeros after it
-        whole = m - m % SHORT_SPAN
-        for p in range(0, whole, SHORT_SPAN):
-            q = p + SHORT_SPAN
-            _short_lanes(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
-        if whole < m:  # element by element: a slice assignment compiles numba's shape-error messages
+            q = p + SPAN
+            if masked:
+                _lanes_masked(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
+            else:
+                _lanes(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
+        return 0
+    whole = m - m % SHORT_SPAN  # a row cut short by an edge: spans of SHORT_SPAN, the last with zeros after it
+    for p in range(0, whole + SHORT_SPAN * (whole < m), SHORT_SPAN):
+        q = p + SHORT_SPAN
+        ya, yb, wa, wb = va[p:q], vb[p:q], xa[p:q], xb[p:q]
+        if p == whole:  # element by element: a slice assignment compiles numba's shape-error messages
             for j in range(SHORT_SPAN):
                 pad_a[j], pad_b[j] = (xa[whole + j], xb[whole + j]) if whole + j < m else (0, 0)
-            _short_lanes(_values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1]), pad_a, pad_b, tol, f, cnt)
-            pad = whole + SHORT_SPAN - m
+            ya, yb, wa, wb = _values(pad_a, ta, scratch[0]), _values(pad_b, tb, scratch[1]), pad_a, pad_b
+        if masked:
+            _short_lanes_masked(ya, yb, wa, wb, tol, f, cnt)
+        else:
+            _short_lanes(ya, yb, wa, wb, tol, f, cnt)
+    return whole + SHORT_SPAN - m if whole < m else 0
+
+
+@njit(cache=True)
+def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
+    """A row in float32 (:func:`_spans`): sums and largest |d| into f, counts into c. A row whose sums come out past
+    float32's range (NaN/Inf among them) is read again with NaN/Inf left out and counted. A row float32 cannot
+    decide is marked, f[MAX32] = -1, for :func:`_redo`."""
+    pad = _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, False)
+    if not (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI):  # (NaN compares false)
+        pad = _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, True)
     top = f[MAX32]
     # zeros padded in pass when 0 <= the low (high) atol; equal counts are float64's count
     n_lo, n_hi = cnt[0] - pad * int(0 <= np.float32(tol[2])), cnt[1] - pad * int(0 <= np.float32(tol[4]))
-    # NaN/Inf make a sum NaN or large (NaN fails every test); tiny squares lose precision
+    # squares past float32's range, or tiny ones, which lose precision
     safe = SAFE_LO <= f[0] <= SAFE_HI and SAFE_LO <= f[1] <= SAFE_HI and (SAFE_LO <= f[2] <= SAFE_HI or top == 0)
     if not safe or tol[6] == 0 or n_lo != n_hi:
         f[MAX32] = -1.0
         return
     f[MAX_EXACT] = top  # exact, or below the pair's largest |d| unless it is the pair's largest float32 (_redo)
-    c[0], c[1], c[2], c[3], c[4], c[5] = m, n_lo, 0, 0, 0, cnt[2] if ulp else 0
-    c[6], c[7], c[8] = 0, 0, 0
+    out, same = cnt[5], cnt[8]  # (0 and 0 unless masked)
+    c[0], c[1], c[2], c[3], c[4], c[5] = xa.size - out, n_lo + same, cnt[3], cnt[4], out - same, cnt[2] if ulp else 0
+    c[6], c[7], c[8] = cnt[6], cnt[7], cnt[9]
 
 
 @njit(cache=True, nogil=True)
@@ -299,7 +339,7 @@ def _unit(xa, xb, ta, tb, ulp, starts, units, tol, part_f, part_i, u):
     """The partials of every row (row i: elements starts[i] .. starts[i+1]; its f: a², b², d², |d|, a·d,
     exact max |d|, float32 max |d|; its c: both, passed, non-finite a, b, mismatched, max ULP, NaN in a, in b,
     the same infinity in both), for unit u of rows units[u] .. units[u+1]."""
-    cnt, scratch = np.empty(3, np.int64), np.empty((2, ROW), np.uint32)
+    cnt, scratch = np.empty(10, np.int64), np.empty((2, ROW), np.uint32)
     pad_a, pad_b = np.empty(SHORT_SPAN, xa.dtype), np.empty(SHORT_SPAN, xb.dtype)
     for row in range(units[u], units[u + 1]):
         ya, yb = xa[starts[row] : starts[row + 1]], xb[starts[row] : starts[row + 1]]
@@ -366,8 +406,8 @@ def _float64(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 def _redo(xa: np.ndarray, xb: np.ndarray, form: _Format, atol: float, rtol: float, starts: np.ndarray,
           part_f: np.ndarray, part_i: np.ndarray, first: np.ndarray) -> None:  # fmt: skip
     """Rows read again by ``small.rows_of``, the float64 definition, their partials replaced: the rows float32 did
-    not decide (f[MAX32] -1: NaN/Inf, squares past float32's comfortable range, a tolerance count the band does
-    not settle), and the rows holding a pair's largest float32 |d| (pair p: rows first[p] .. first[p+1]) whose
+    not decide (f[MAX32] -1: squares past float32's comfortable range, a tolerance count the band does not
+    settle), and the rows holding a pair's largest float32 |d| (pair p: rows first[p] .. first[p+1]) whose
     float32 differences may be inexact (``common.exact_ulp``), whose exact largest |d| alone is replaced. Float32
     rounding is monotonic, so a pair's exact largest |d| is in a row whose float32 largest is the pair's, and every
     other row's float32 largest is below it. Rows are read :data:`GROUP` at a time."""

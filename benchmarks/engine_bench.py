@@ -10,6 +10,8 @@ Pair classes (``CLASSES``; a = reference, b = candidate, the sizes below per ten
 - ``drift 1e-2``, ``drift 5e-2``: bf16, relative noise 1e-2 and 5e-2: pairs that drift like a real port's;
 - ``nonfinite``: ``drift 1e-2`` with 16 NaN and 16 +Inf at the same positions on both sides and 16 NaN in
   b only, scattered;
+- ``masked``: ``drift 1e-2`` with -inf at the same 30% of the positions on both sides, in every row: logits
+  under a mask (a vocabulary or grammar mask, top-k), where NaN/Inf are not rare but everywhere;
 - ``bf16 vs fp32``: a float32, b = bf16(a * (1 + 2e-2 N)): the dtypes and drift (rel_l2 ~2e-2) of the
   transformers engine's bf16 capture against its float32 one;
 - ``projection``: the projection probe's own capture (``probes.workloads.projection.run_probe`` at hidden 7168, 6
@@ -117,6 +119,13 @@ def _nonfinite(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return a, b
 
 
+def _masked(n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = _noisy(n, device, 1e-2)
+    at = torch.rand(n, generator=torch.Generator(device=device).manual_seed(2), device=device) < 0.3
+    a[at], b[at] = float("-inf"), float("-inf")
+    return a, b
+
+
 @functools.cache
 def projection_capture(device: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``pre_norm`` of the probe's ref (float64) and partial-bf16 paths at hidden 7168."""
@@ -138,6 +147,7 @@ CLASSES: dict[str, Callable[[int, str], tuple[torch.Tensor, torch.Tensor]]] = {
     "drift 1e-2": lambda n, dev: _noisy(n, dev, 1e-2),
     "drift 5e-2": lambda n, dev: _noisy(n, dev, 5e-2),
     "nonfinite": _nonfinite,
+    "masked": _masked,
     "bf16 vs fp32": lambda n, dev: _noisy(n, dev, 2e-2, dtype=torch.float32),
     "projection": _projection,
 }

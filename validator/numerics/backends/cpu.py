@@ -275,29 +275,28 @@ def _lanes_of(n: int, masked: bool) -> Callable[..., None]:
     return lanes_of_n
 
 
-# a whole row, SPAN elements at a time; a row cut short by an edge; each also with NaN/Inf left out and counted
-_lanes, _short_lanes = _lanes_of(SPAN, False), _lanes_of(SHORT_SPAN, False)
-_lanes_masked, _short_lanes_masked = _lanes_of(SPAN, True), _lanes_of(SHORT_SPAN, True)
+# a whole row, SPAN elements at a time; a row cut short by an edge; any row with NaN/Inf left out and counted
+_lanes, _short_lanes, _short_lanes_masked = _lanes_of(SPAN, False), _lanes_of(SHORT_SPAN, False), _lanes_of(SHORT_SPAN, True)
 
 
 @njit(cache=True)
 def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
-    """A row in float32 (:func:`_lanes`, with ``masked`` :func:`_lanes_masked`): sums and largest |d| into f,
-    counts into cnt; returns how many zeros it padded. A row cut short by an edge is read in spans of SHORT_SPAN,
-    its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but to the tolerance counts)."""
+    """A row in float32 (:func:`_lanes`, with ``masked`` :func:`_short_lanes_masked`): sums and largest |d| into f,
+    counts into cnt; returns how many zeros it padded, or, not ``masked``, -1 as soon as a span leaves the sums past
+    float32's range (NaN/Inf among its elements: the row is to be read masked). A row cut short by an edge is read
+    in spans of SHORT_SPAN, its last part from ``pad_a``, ``pad_b`` with zeros after it (they add nothing but to
+    the tolerance counts)."""
     m = xa.size
     f[:] = 0
     cnt[:] = 0
     va, vb = _values(xa, ta, scratch[0]), _values(xb, tb, scratch[1])
-    if m == ROW:  # (a constant trip count: the loop LLVM unrolls)
+    if m == ROW and not masked:  # (a constant trip count: the loop LLVM unrolls)
         for p in range(0, ROW, SPAN):
-            q = p + SPAN
-            if masked:
-                _lanes_masked(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
-            else:
-                _lanes(va[p:q], vb[p:q], xa[p:q], xb[p:q], tol, f, cnt)
+            _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
+            if not (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI):  # (NaN compares false)
+                return -1
         return 0
-    whole = m - m % SHORT_SPAN  # a row cut short by an edge: spans of SHORT_SPAN, the last with zeros after it
+    whole = m - m % SHORT_SPAN  # spans of SHORT_SPAN (a row cut short by an edge: the last with zeros after it)
     for p in range(0, whole + SHORT_SPAN * (whole < m), SHORT_SPAN):
         q = p + SHORT_SPAN
         ya, yb, wa, wb = va[p:q], vb[p:q], xa[p:q], xb[p:q]
@@ -309,17 +308,20 @@ def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
             _short_lanes_masked(ya, yb, wa, wb, tol, f, cnt)
         else:
             _short_lanes(ya, yb, wa, wb, tol, f, cnt)
+        if not (masked or (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI)):
+            return -1
     return whole + SHORT_SPAN - m if whole < m else 0
 
 
 @njit(cache=True)
 def _fast(xa, xb, ta, tb, ulp, tol, cnt, scratch, pad_a, pad_b, f, c):
     """A row in float32 (:func:`_spans`): sums and largest |d| into f, counts into c. A row whose sums come out past
-    float32's range (NaN/Inf among them) is read again with NaN/Inf left out and counted. A row float32 cannot
-    decide is marked, f[MAX32] = -1, for :func:`_redo`."""
-    pad = _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, False)
-    if not (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI):  # (NaN compares false)
-        pad = _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, True)
+    float32's range (NaN/Inf among its elements) is read again from its start with NaN/Inf left out and counted. A
+    row float32 cannot decide is marked, f[MAX32] = -1, for :func:`_redo`."""
+    for masked in (False, True):  # (one call site: numba and LLVM compile _spans into _fast once)
+        pad = _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked)
+        if pad >= 0:
+            break
     top = f[MAX32]
     # zeros padded in pass when 0 <= the low (high) atol; equal counts are float64's count
     n_lo, n_hi = cnt[0] - pad * int(0 <= np.float32(tol[2])), cnt[1] - pad * int(0 <= np.float32(tol[4]))

@@ -30,8 +30,8 @@ a second read, not a fall to NumPy. After the pass NumPy reads again (:func:`_re
 float64 definition the reference runs too: each row whose sums of squares still leave 2**-100..2**100 (squares past
 float32's range, tiny values, no finite position) or whose two tolerance counts differ, and, for its largest |d|
 alone, each row that holds a pair's largest float32 |d| unless its ULP distances show its float32 differences exact
-(``common.exact_ulp``): float32 rounding is monotonic, so the exact largest |d| is among those positions. A pass over at most :data:`SMALL` elements runs on the calling thread
-(:func:`_call`).
+(``common.exact_ulp``): float32 rounding is monotonic, so the exact largest |d| is among those positions. A pass
+over at most :data:`SMALL` elements runs on the calling thread (:func:`_call`).
 
 Each row of elements writes one row of partials, and a pair's rows are added one after another (``small.add_up``,
 the same code for one pair, many pairs and a pair merged from ranges), so the result does not depend on
@@ -275,8 +275,9 @@ def _lanes_of(n: int, masked: bool) -> Callable[..., None]:
     return lanes_of_n
 
 
-# a whole row, SPAN elements at a time; a row cut short by an edge; any row with NaN/Inf left out and counted
-_lanes, _short_lanes, _short_lanes_masked = _lanes_of(SPAN, False), _lanes_of(SHORT_SPAN, False), _lanes_of(SHORT_SPAN, True)
+_lanes = _lanes_of(SPAN, False)  # a whole row, SPAN elements at a time
+_short_lanes = _lanes_of(SHORT_SPAN, False)  # a row cut short by an edge
+_short_lanes_masked = _lanes_of(SHORT_SPAN, True)  # any row, NaN/Inf left out and counted
 
 
 @njit(cache=True)

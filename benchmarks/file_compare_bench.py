@@ -2,9 +2,11 @@
 float64 script doing the same (``numpy_compare.py``), side by side in one run.
 
     python benchmarks/file_compare_bench.py --dir /tmp/fc --reps 3 --noise 1e-2
+    python benchmarks/file_compare_bench.py --dir /tmp/fc --reps 3 --noise 1e-2 --masked 0.3   # masked logits
 
 Writes the files into ``--dir`` once (a ~ N(0,1), b = bf16(a * (1 + NOISE N(0,1))), 32768 x 8192; one b per
-noise), then runs ``validator compare A B``, ``validator compare A B --json`` and the NumPy script in turn,
+noise; with ``--masked F``, -inf on both sides at the same fraction F of the positions: engine_bench's masked
+class), then runs ``validator compare A B``, ``validator compare A B --json`` and the NumPy script in turn,
 ``--reps`` times each, and prints every time, the medians and the ratios. ``validator compare`` exits 1 where
 the drift fails the default policy; the time is the time either way.
 """
@@ -21,8 +23,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def make_files(folder: Path, rows: int, cols: int, noise: float) -> tuple[Path, Path]:
-    a_path, b_path = folder / f"a-{rows}x{cols}.safetensors", folder / f"b-{rows}x{cols}-{noise:g}.safetensors"
+def make_files(folder: Path, rows: int, cols: int, noise: float, masked: float) -> tuple[Path, Path]:
+    tag = f"-masked{masked:g}" if masked else ""
+    a_path, b_path = folder / f"a-{rows}x{cols}{tag}.safetensors", folder / f"b-{rows}x{cols}-{noise:g}{tag}.safetensors"
     if a_path.exists() and b_path.exists():
         return a_path, b_path
     import torch
@@ -31,6 +34,9 @@ def make_files(folder: Path, rows: int, cols: int, noise: float) -> tuple[Path, 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
     b = (a.float() * (1 + noise * torch.randn(rows, cols, generator=g))).to(torch.bfloat16)
+    if masked:
+        at = torch.rand(rows, cols, generator=g) < masked
+        a[at], b[at] = float("-inf"), float("-inf")
     folder.mkdir(parents=True, exist_ok=True)
     save_file({"x": a}, str(a_path))
     save_file({"x": b}, str(b_path))
@@ -52,8 +58,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32768)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--noise", type=float, default=1e-2, help="relative noise of b (1e-2: a drifting port)")
+    ap.add_argument("--masked", type=float, default=0.0, help="fraction of positions -inf on both sides")
     args = ap.parse_args()
-    a, b = make_files(args.dir, args.rows, args.cols, args.noise)
+    a, b = make_files(args.dir, args.rows, args.cols, args.noise, args.masked)
     validator = str(Path(sys.executable).with_name("validator"))  # the console script, as a user runs it
     commands = {
         "validator compare": [validator, "compare", str(a), str(b)],

@@ -281,6 +281,13 @@ _short_lanes_masked = _lanes_of(SHORT_SPAN, True)  # any row, NaN/Inf left out a
 
 
 @njit(cache=True)
+def _fine(f):
+    """Whether a row's float32 sums of squares so far stay within float32's range: NaN/Inf make one NaN or large
+    (NaN compares false)."""
+    return f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI
+
+
+@njit(cache=True)
 def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
     """A row in float32 (:func:`_lanes`, with ``masked`` :func:`_short_lanes_masked`): sums and largest |d| into f,
     counts into cnt; returns how many zeros it padded, or, not ``masked``, -1 as soon as a span leaves the sums past
@@ -294,7 +301,7 @@ def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
     if m == ROW and not masked:  # (a constant trip count: the loop LLVM unrolls)
         for p in range(0, ROW, SPAN):
             _lanes(va[p : p + SPAN], vb[p : p + SPAN], xa[p : p + SPAN], xb[p : p + SPAN], tol, f, cnt)
-            if not (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI):  # (NaN compares false)
+            if not _fine(f):
                 return -1
         return 0
     whole = m - m % SHORT_SPAN  # spans of SHORT_SPAN (a row cut short by an edge: the last with zeros after it)
@@ -309,7 +316,7 @@ def _spans(xa, xb, ta, tb, tol, cnt, scratch, pad_a, pad_b, f, masked):
             _short_lanes_masked(ya, yb, wa, wb, tol, f, cnt)
         else:
             _short_lanes(ya, yb, wa, wb, tol, f, cnt)
-        if not (masked or (f[0] <= SAFE_HI and f[1] <= SAFE_HI and f[2] <= SAFE_HI)):
+        if not (masked or _fine(f)):
             return -1
     return whole + SHORT_SPAN - m if whole < m else 0
 

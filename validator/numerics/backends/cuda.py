@@ -9,11 +9,7 @@ every call. Two kernels, then one small read back to the host:
    the largest ULP distance; it reduces them once and writes one row of partials (see ``ROW_WIDTH``). Whole tiles are
    read without a mask (a few instructions an element fewer), a last part-tile under one. A group of FLUSH tiles
    whose sums come out past float32's range (NaN/Inf among them) is read again at once (pipelined as the first
-   read), NaN/Inf left out and counted. A group is read so at once, with no fast read first, where the program's
-   group before it held NaN/Inf or most groups of the call so far have (masked logits hold them in every row):
-   two counts on the device (:func:`_stats`), cleared by the call's last program. Both reads give the same values,
-   so the choice, which hangs on the order the programs run in, changes no bit. The per-lane counts are kept two
-   to an int32. Where the pass could differ from the float64 reference it marks the row:
+   read), NaN/Inf left out and counted. Where the pass could differ from the float64 reference it marks the row:
    - float32 squares outside float32's comfortable range (``common.SAFE_LO``, ``SAFE_HI``) with NaN/Inf left
      out: the whole row;
    - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count
@@ -191,10 +187,8 @@ def _group(
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     v_a2 = tl.zeros([TILE], dtype=CT)
     v_b2, v_d2, v_abs, v_ad, v_top = v_a2, v_a2, v_a2, v_a2, v_a2
-    # counts two to an int32 (16 bits each: a program reads < 2**25 elements, _plan): tolerance test lo | hi,
-    # not finite in a | in b, in either | same, NaN in a | in b, the same infinity
-    v_band = tl.zeros([TILE], dtype=tl.int32)
-    v_bad, v_nf, v_out, v_nan, v_inf = v_band, v_band, v_band, v_band, v_band
+    v_lo = tl.zeros([TILE], dtype=tl.int32)
+    v_hi, v_bad, v_nfa, v_nfb, v_out, v_nan_a, v_nan_b, v_same, v_inf = (v_lo,) * 9
     v_ulp = tl.zeros([TILE], dtype=tl.int64 if BITS == 32 else tl.int32)
     for t in tl.range(t0, t1, num_stages=STAGES):  # later tiles' loads go out early
         a, b, inb = _load(a_ptr, b_ptr, n, t, TILE, MASKED)
@@ -204,11 +198,14 @@ def _group(
             fa, fb = _finite(xa, a, A8), _finite(xb, b, B8)
             both = inb & fa & fb
             nan_a, nan_b = _finite(xa, a, A8, 1), _finite(xb, b, B8, 1)
-            inf_same = inb & ~fa & ~nan_a & (xa == xb)  # (float8: a NaN's bits decide, whatever it decodes to)
+            inf_same = inb & ~fa & ~fb & ~nan_a & ~nan_b & ((xa < 0) == (xb < 0))
             same = (inb & nan_a & nan_b) | inf_same
-            v_nf += tl.where(inb & ~fa, 1, 0) + tl.where(inb & ~fb, 65536, 0)
-            v_out += tl.where(inb & ~both, 1, 0) + tl.where(same, 65536, 0)
-            v_nan += tl.where(inb & nan_a, 1, 0) + tl.where(inb & nan_b, 65536, 0)
+            v_nfa += (inb & ~fa).to(tl.int32)
+            v_nfb += (inb & ~fb).to(tl.int32)
+            v_out += (inb & ~both).to(tl.int32)
+            v_nan_a += (inb & nan_a).to(tl.int32)
+            v_nan_b += (inb & nan_b).to(tl.int32)
+            v_same += same.to(tl.int32)
             v_inf += inf_same.to(tl.int32)
             xa, xb = tl.where(both, xa, 0.0), tl.where(both, xb, 0.0)
         elif A8 or B8:  # float8: the bits say what is finite, whatever the decoder
@@ -223,11 +220,11 @@ def _group(
         v_top = tl.maximum(v_top, ad)
         aa = tl.abs(xa)
         if F64:  # the reference's own float64 test
-            v_band += (both & (ad <= atol + _unfused(rtol * aa, both, xa))).to(tl.int32)
+            v_lo += (both & (ad <= atol + _unfused(rtol * aa, both, xa))).to(tl.int32)
         elif BAND:  # counted against tolerances moved down and up: equal counts are the exact count
             # (a float32 |d| of 0 is an exact 0: it passes whatever atol >= 0)
-            v_band += tl.where(both & (ad <= tl.maximum(aa * r_lo + a_lo, 0.0)), 1, 0)
-            v_band += tl.where(both & (ad <= aa * r_hi + a_hi), 65536, 0)
+            v_lo += (both & (ad <= tl.maximum(aa * r_lo + a_lo, 0.0))).to(tl.int32)
+            v_hi += (both & (ad <= aa * r_hi + a_hi)).to(tl.int32)
         if BITS != 0:
             dist = tl.abs(_ordinal(a, BITS) - _ordinal(b, BITS))
             if CHECK:
@@ -236,15 +233,15 @@ def _group(
     return (
         tl.sum(v_a2).to(tl.float64), tl.sum(v_b2).to(tl.float64), tl.sum(v_d2).to(tl.float64),
         tl.sum(v_abs).to(tl.float64), tl.sum(v_ad).to(tl.float64), tl.max(v_top).to(tl.float64),
-        tl.sum(v_band & 0xFFFF), tl.sum(v_band >> 16), tl.max(v_ulp).to(tl.int64), tl.max(v_bad),
-        tl.sum(v_nf & 0xFFFF), tl.sum(v_nf >> 16), tl.sum(v_out & 0xFFFF), tl.sum(v_nan & 0xFFFF),
-        tl.sum(v_nan >> 16), tl.sum(v_out >> 16), tl.sum(v_inf),
+        tl.sum(v_lo), tl.sum(v_hi), tl.max(v_ulp).to(tl.int64), tl.max(v_bad), tl.sum(v_nfa), tl.sum(v_nfb),
+        tl.sum(v_out), tl.sum(v_nan_a),
+        tl.sum(v_nan_b), tl.sum(v_same), tl.sum(v_inf),
     )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["K", "first", "nseg", "zero"])  # see _launch
 def _pass_kernel(
-    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, stat_ptr, first, nseg, zero,
+    a_ptr, b_ptr, seg_ptr, K, tol_ptr, buf_ptr, first, nseg, zero,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, F64: tl.constexpr,
     BAND: tl.constexpr, EXACT_ULP: tl.constexpr, STAGES: tl.constexpr, FLUSH: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
@@ -266,40 +263,28 @@ def _pass_kernel(
     c_lo, over = tl.cast(0, tl.int32), tl.cast(0, tl.int32)
     c_hi, c_nfa, c_nfb, c_out, c_nan_a, c_nan_b, c_same, c_inf = c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo, c_lo
     top_ulp = tl.cast(0, tl.int64)
-    prev = tl.cast(0, tl.int32)
     whole = n // TILE
     for MASKED in tl.static_range(2):  # the whole tiles, then the last part of one (if any) under a mask
         lo, hi = whole * MASKED, whole + (tl.cdiv(n, TILE) - whole) * MASKED
         for t0 in tl.range(lo, hi, FLUSH):  # FLUSH tiles at most in float32 per lane, then float64
             t1 = tl.minimum(t0 + FLUSH, hi)
-            # NaN/Inf left out and counted at once, no fast read first, where the program's group before held
-            # them or most groups of the call so far have (masked logits); both reads give the same values
-            done, held = tl.load(stat_ptr, volatile=True), tl.load(stat_ptr + 1, volatile=True)
-            if (prev != 0) | ((held * 2 > done) & (done >= 32)):
+            qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
+                a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
+                TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 0,
+            )  # fmt: skip
+            # NaN/Inf (float32: or squares past its range) make a sum large or not a number: these tiles again,
+            # NaN/Inf left out and counted
+            if F64:
+                fine = (qa < float("inf")) & (qb < float("inf")) & (qd < float("inf")) & (qbad == 0)
+            else:
+                fine = (qa <= _HI) & (qb <= _HI) & (qd <= _HI) & (qbad == 0)
+            if fine == 0:
                 qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
                     a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
                     TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 1,
                 )  # fmt: skip
-            else:
-                qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
-                    a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-                    TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 0,
-                )  # fmt: skip
-                # NaN/Inf (float32: or squares past its range) make a sum large or not a number: these tiles again
-                if F64:
-                    fine = (qa < float("inf")) & (qb < float("inf")) & (qd < float("inf")) & (qbad == 0)
-                else:
-                    fine = (qa <= _HI) & (qb <= _HI) & (qd <= _HI) & (qbad == 0)
-                if fine == 0:
-                    qa, qb, qd, qabs, qad, qtop, qlo, qhi, qulp, qbad, qnfa, qnfb, qout, qnan_a, qnan_b, qsame, qinf = _group(
-                        a_ptr, b_ptr, n, t0, t1, atol, rtol, a_lo, r_lo, a_hi, r_hi,
-                        TILE, BITS, A8, B8, F64, BAND, STAGES, MASKED, 1,
-                    )  # fmt: skip
-            if not F64:  # past float32's range with NaN/Inf left out: the row in float64
-                over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
-            prev = (qout > 0).to(tl.int32)
-            tl.atomic_add(stat_ptr, 1, sem="relaxed")
-            tl.atomic_add(stat_ptr + 1, prev, sem="relaxed")
+                if not F64:  # past float32's range with NaN/Inf left out: the row in float64
+                    over += ((qa <= _HI) & (qb <= _HI) & (qd <= _HI)).to(tl.int32) ^ 1
             s_a2, s_b2, s_d2, s_abs, s_ad = s_a2 + qa, s_b2 + qb, s_d2 + qd, s_abs + qabs, s_ad + qad
             top, top_ulp = tl.maximum(top, qtop), tl.maximum(top_ulp, qulp)
             c_lo, c_hi, c_out = c_lo + qlo, c_hi + qhi, c_out + qout
@@ -364,7 +349,7 @@ def _fix_row(
 
 @triton.jit(do_not_specialize=["K", "rows", "first", "programs", "fixers", "nseg"])  # see _launch
 def _fix_kernel(
-    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, stat_ptr, first, programs, fixers, nseg,
+    a_ptr, b_ptr, seg_ptr, K, rows, tol_ptr, buf_ptr, first, programs, fixers, nseg,
     TILE: tl.constexpr, BITS: tl.constexpr, A8: tl.constexpr, B8: tl.constexpr, ALIGN: tl.constexpr,
     ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
@@ -394,7 +379,6 @@ def _fix_kernel(
     if tl.atomic_add(count_ptr, 1, sem="acq_rel") == fixers - 1:
         tl.debug_barrier()
         _finish(part_ptr, programs, buf_ptr, seg_out_ptr, nseg)
-        tl.store(stat_ptr + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))  # for the next call
 
 
 @triton.jit
@@ -470,9 +454,8 @@ def _plan(sizes: tuple[int, ...], edges: tuple[int, ...], device: torch.device) 
     aligned = all(lo % VECTOR == 0 for found in segs for _, lo, _ in found) and all(n % VECTOR == 0 for n in sizes)
     longest = max(hi - lo for found in segs for _, lo, hi in found)
     owner = [j for found in segs for j, _, _ in found]
-    # at most PROGRAMS programs past MIN_TILES tiles each, and none of 2**25 elements or more (_group's per-lane
-    # counts in 16 bits)
-    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, TILE * MIN_TILES)), triton.cdiv(longest + 1, 1 << 25))
+    # at most PROGRAMS programs past MIN_TILES tiles each, and none of 2**28 elements or more (int32 counts)
+    K = max(1, min(PROGRAMS // len(owner), triton.cdiv(longest, TILE * MIN_TILES)), triton.cdiv(longest + 1, 1 << 28))
     return _Plan(owner, seg_edges, [K * len(found) for found in segs], VECTOR if aligned else 1, K)
 
 
@@ -486,12 +469,6 @@ def _constants(dtype_a: torch.dtype, dtype_b: torch.dtype, align: int, band: boo
     f64 = torch.float64 in (dtype_a, dtype_b)
     pass_args = {"F64": f64, "BAND": band, "EXACT_ULP": exact, "STAGES": STAGES, "FLUSH": FLUSH, **common}
     return pass_args, {"ROWS": FIX_ROWS, "STAGES": STAGES, **common}
-
-
-@functools.lru_cache(maxsize=16)
-def _stats(device: torch.device) -> torch.Tensor:
-    """Per device: groups read and groups that held NaN/Inf in the running call (reset by its last program)."""
-    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 _BINARIES: dict[tuple[Any, ...], tuple[CompiledKernel, tuple[Any, ...]]] = {}
@@ -531,14 +508,13 @@ def cuda_totals(
     pass_args, fix_args = _constants(a.dtype, b.dtype, plan.align, band)
     head = -(-(ROW_WIDTH + 3 * nseg + 1) // ROW_WIDTH) * ROW_WIDTH  # see _layout
     buf = torch.empty(head + ROW_WIDTH * total, dtype=torch.float64, device=device)
-    stats = _stats(device)
     first = 0
     for (ca, cb), se, rows in zip(pieces, plan.seg_edges, plan.rows):
-        _launch(_pass_kernel, rows, pass_args, ca, cb, se, K, tol, buf, stats, first, nseg, first == 0)
+        _launch(_pass_kernel, rows, pass_args, ca, cb, se, K, tol, buf, first, nseg, first == 0)
         first += rows
     first, fixes = 0, [-(-rows // FIX_ROWS) for rows in plan.rows]
     for (ca, cb), se, rows, fix in zip(pieces, plan.seg_edges, plan.rows, fixes):
-        _launch(_fix_kernel, fix, fix_args, ca, cb, se, K, rows, tol, buf, stats, first, total, sum(fixes), nseg)
+        _launch(_fix_kernel, fix, fix_args, ca, cb, se, K, rows, tol, buf, first, total, sum(fixes), nseg)
         first += rows
     res = buf[:head].cpu().numpy()
     floats, ints = res[: MAX_EXACT.value + 1].tolist(), res[:ROW_WIDTH].view(np.int64).tolist()  # the totals' row

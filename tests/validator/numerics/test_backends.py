@@ -118,6 +118,16 @@ def cases() -> dict[str, Case]:
     a[7], b[7], a[100], b[100], a[2000], b[2000] = 2.0**24, -0.25, 2.0**24, -0.5, -(2.0**24), 0.375
     out["inexact-differences-float32"] = (a, b, 1e-5, 1e-3)
     out["tolerance-boundary"] = (v, v + (1e-5 + 1e-3 * v.abs()), 1e-5, 1e-3)  # |d| == atol + rtol|a| exactly
+    # float32 |d| within a few float32 steps of atol + rtol |a|, atol or rtol the larger part: inside the float32
+    # band around the tolerances and just outside it, where float32 alone must decide as float64 does
+    g = torch.Generator().manual_seed(20)
+    n = 9001
+    a = 10 ** (torch.rand(n, generator=g, dtype=torch.float64) * 5 - 6) * (torch.rand(n, generator=g) - 0.5).sign()
+    a = a.float()
+    side = (torch.rand(n, generator=g) - 0.5).sign().double()
+    b = (a.double() + side * (1e-5 + 1e-3 * a.double().abs())).float()
+    steps = torch.randint(-12, 13, (n,), generator=g, dtype=torch.int32)
+    out["tolerance-band-float32"] = (a, (b.view(torch.int32) + steps).view(torch.float32), 1e-5, 1e-3)
     out["zero-tolerances"] = (v, v.clone(), 0.0, 0.0)
     # relu-like, atol 0: half the elements 0 on both sides, some equal, some past rtol (large enough for numba)
     a, b = pair(torch.bfloat16, 20_000, seed=18, noise=2e-3)

@@ -19,7 +19,7 @@ bootstrap resamples); ``prange`` hands units of rows to numba's threads (:func:`
 - sums of a², b², d², |d|, a·d, kept in registers across the vector's lanes (numba's ``fastmath``
   ``reassoc``: the order is the compiled loop's, fixed on one machine), float32 for bfloat16 and float8,
   float64 for float16 and float32 (:func:`_acc`), added in float64 per span or piece;
-- the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-18 down and up
+- the largest float32 |d|, and the tolerance test counted against tolerances moved 2**-20 down and up
   (``common.EPS``, ``TINY``): equal counts are the float64 count;
 - the largest ULP distance.
 

@@ -12,7 +12,7 @@ every call. Two kernels, then one small read back to the host:
    read), NaN/Inf left out and counted. Where the pass could differ from the float64 reference it marks the row:
    - float32 squares outside float32's comfortable range (``common.SAFE_LO``, ``SAFE_HI``) with NaN/Inf left
      out: the whole row;
-   - the tolerance test counted against tolerances moved 2**-18 down and up, with different counts: the count
+   - the tolerance test counted against tolerances moved 2**-20 down and up, with different counts: the count
      (float64 pairs count it as the reference does);
    - the largest |d|: float32 rounding is monotonic, so the exact largest |d| is among the positions whose
      float32 |d| equals the largest of all rows', g. The float32 difference of two 8- or 16-bit floats is

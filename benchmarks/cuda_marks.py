@@ -35,7 +35,7 @@ from benchmarks.engine_bench import CLASSES  # noqa: E402
 from validator.numerics import floors  # noqa: E402
 from validator.numerics.backends import cuda  # noqa: E402
 from validator.numerics.backends.common import exact_ulp, tolerances, ulp_spec  # noqa: E402
-from validator.numerics.backends.small import ordinals  # noqa: E402
+from validator.numerics.backends.small import ordinals, stored  # noqa: E402
 
 SIZES = {"8192x7168": (8192, 7168), "1gib": (1 << 29,)}
 PIECE = 1 << 24
@@ -75,7 +75,7 @@ def main() -> None:
                 hi = d <= aa * r_hi + a_hi
                 band.append(at + np.flatnonzero((fine & (lo != hi)).numpy()))
                 if ulp_spec(a.dtype, b.dtype) is not None:
-                    bits = [t.view(torch.int16).numpy() for t in (pa, pb)]
+                    bits = [stored(t)[0] for t in (pa, pb)]  # each format's bits, as the engine reads them
                     top = max(top, int(np.abs(ordinals(bits[0]) - ordinals(bits[1]))[fine.numpy()].max()))
             found = np.concatenate(band)
             rows = len(np.unique(np.searchsorted(edges, found, side="right")))

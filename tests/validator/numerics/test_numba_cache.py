@@ -39,8 +39,10 @@ def _child(case: str, **env: str) -> dict[str, object]:
 # the x86-64 psABI levels in the names Linux gives the CPU's flags (/proc/cpuinfo): an oracle apart from LLVM's
 # feature map, which numba_cache.levels reads
 _V3_FLAGS = "cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave".split()
-_LEVEL_FLAGS = {"x86-64-v4": [*_V3_FLAGS, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]}
-_LEVEL_FLAGS["x86-64-v3"] = _V3_FLAGS
+_LEVEL_FLAGS = {
+    "x86-64-v4": [*_V3_FLAGS, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"],
+    "x86-64-v3": _V3_FLAGS,
+}
 
 
 def _host_levels() -> list[str] | None:
